@@ -1,0 +1,31 @@
+# Two commands for a newcomer: `make lab` opens the lessons, `make test` runs every test.
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8866
+
+.PHONY: lab app test notebooks bench clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+lab: $(VENV)/.installed  ## open the lessons in JupyterLab
+	$(VENV)/bin/jupyter lab notebooks/01_large_batch_problem.ipynb
+
+app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila
+	$(VENV)/bin/voila notebooks/dashboards.ipynb --port=$(PORT)
+
+test: $(VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
+	$(PY) -m pytest tests --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+
+notebooks: $(VENV)/.installed  ## re-execute every notebook in a fresh kernel and store its outputs and widget state
+	$(PY) -m accumlib.notebook_runner notebooks/*.ipynb
+
+bench: $(VENV)/.installed  ## benchmark table (benchmarks/results.json)
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
