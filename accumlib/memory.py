@@ -228,7 +228,7 @@ def _report(device_name, method, micro, accum_steps, params, opt, activations, p
                         activations=activations, peak=peak)
 
 
-def _batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`size` samples made by repeating the example batch (shapes are all that matter for memory)."""
     x, y = example
     reps = -(-size // len(x))
@@ -284,7 +284,7 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     budget_bytes = positive_int("budget_bytes", budget_bytes)
 
     def peak(size: int) -> int:
-        x, y = _batch_of(example_batch, size)
+        x, y = batch_of(example_batch, size)
         return measure_step(model, x, y, optimizer=optimizer, loss_fn=loss_fn, fake=True).peak
 
     if peak(1) > budget_bytes:
