@@ -1,6 +1,8 @@
 """Small models for the lessons: fast on 2 CPU cores, built reproducibly from a seed."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -8,12 +10,12 @@ from .data import PAD
 
 
 def _seeded(build):
-    """Wrap a model builder so `seed=` fixes its initial weights without touching the global RNG."""
+    """Give a model builder `seed=` (fixes the initial weights, global RNG untouched) and `dtype=` arguments."""
+    @functools.wraps(build)
     def builder(*args, seed: int = 0, dtype: torch.dtype = torch.float32, **kwargs) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return build(*args, **kwargs).to(dtype)
-    builder.__name__, builder.__doc__ = build.__name__, build.__doc__
     return builder
 
 
