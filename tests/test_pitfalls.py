@@ -52,8 +52,8 @@ def test_scheduler_stepped_per_micro_batch_runs_accum_steps_times_too_fast():
     with pytest.warns(UserWarning, match="before `optimizer.step\\(\\)`"):  # PyTorch notices, too late
         log = pitfalls.classic_train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3,
                                      scheduler=scheduler, scheduler_per_micro_batch=True)
-    # 3 scheduler steps per optimizer step, and the first step already runs at the third value
-    assert log.step_lrs == pytest.approx([0.5 * 0.9 ** (3 * i + 2) for i in range(8)])
+    # 3 scheduler steps per optimizer step, all taken before it: the first step already runs at the 4th value
+    assert log.step_lrs == pytest.approx([0.5 * 0.9 ** (3 * (i + 1)) for i in range(8)])
     model, opt = fresh()
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     history = accumlib.train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3, scheduler=scheduler)
