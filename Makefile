@@ -22,7 +22,7 @@ test: $(VENV)/.installed  ## every test: the library, the notebooks' stored outp
 	$(PY) -m pytest tests --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
 notebooks: $(VENV)/.installed  ## re-execute every notebook in a fresh kernel and store its outputs and widget state
-	$(PY) -m accumlib.notebook_runner notebooks/*.ipynb
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
 
 bench: $(VENV)/.installed  ## benchmark table (benchmarks/results.json)
 	$(PY) benchmarks/run.py
