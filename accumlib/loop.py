@@ -150,7 +150,7 @@ class _Run:
     count: Callable | None
     scheduler: object
     clip_grad_norm: float | None
-    amp_dtype: torch.dtype | None
+    autocast: Callable  # a fresh context per micro-batch: torch.autocast, or a no-op without AMP
     scaler: torch.amp.GradScaler | None
     device: torch.device
     on_nonfinite: str
@@ -202,8 +202,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
         x, y = samples.fetch(torch.arange(micro_batch_size))
         memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn, accum_steps=accum_steps,
                           budget_bytes=memory_budget)
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     run = _Run(model, optimizer, params, samples, loss_fn, accum_steps, normalize, count, scheduler, clip_grad_norm,
-               amp_dtype, scaler, device, on_nonfinite, ddp, ddp_no_sync, world)
+               autocast, scaler, device, on_nonfinite, ddp, ddp_no_sync, world)
     generator = torch.Generator().manual_seed(seed)
     history = History()
     seen = 0
@@ -244,20 +245,21 @@ def _accumulate_and_step(run: _Run, micro: list[torch.Tensor], cycle_samples: in
     """
     run.optimizer.zero_grad(set_to_none=True)  # once, at the start of the cycle
     total = _cycle_total(run, micro, cycle_samples)
-    loss_sum = torch.zeros((), device=run.device, dtype=torch.float64)
+    loss_sum = 0.0  # unscaled, for the record
     for i, idx in enumerate(micro):
-        x, y = run.samples.fetch(idx if len(idx) else pad_index)  # padding: one sample at weight 0
+        size = len(idx)
+        x, y = run.samples.fetch(idx if size else pad_index)  # padding: one sample at weight 0
         x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
-        share = _share(run.normalize, len(idx), total, run.accum_steps) * run.world if len(idx) else 0.0
+        share = _share(run.normalize, size, total, run.accum_steps) * run.world if size else 0.0
         last = i == len(micro) - 1
         sync = run.model.no_sync() if run.ddp and run.ddp_no_sync and not last else contextlib.nullcontext()
-        with sync, torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
+        with sync, run.autocast():
             loss = run.loss_fn(run.model(x), y)
             if loss.dim() != 0:
                 raise ValueError(f"loss_fn must return a scalar, got a tensor of shape {tuple(loss.shape)}")
             scaled = loss * share
             (run.scaler.scale(scaled) if run.scaler else scaled).backward()
-        loss_sum += loss.detach().double() * (1 if run.normalize == "count" else len(idx))
+        loss_sum += loss.item() * (1 if run.normalize == "count" else size)
     if run.scaler:
         run.scaler.unscale_(run.optimizer)  # once per cycle, before clipping
     grad_norm = _grad_norm(run.params, run.clip_grad_norm)
@@ -300,11 +302,13 @@ def _share(normalize: str, n_micro: int, total: float, accum_steps: int) -> floa
     return 1 / total  # sum-reduced loss / loss terms in the cycle
 
 
-def _mean_loss(run: _Run, loss_sum: torch.Tensor, total: float, cycle_samples: int) -> float:
+def _mean_loss(run: _Run, loss_sum: float, total: float, cycle_samples: int) -> float:
     """The cycle's unscaled mean loss per sample (per loss term for normalize="count"), all processes."""
     if run.ddp:
-        dist.all_reduce(loss_sum)
-    return (loss_sum / (total if run.normalize == "count" else cycle_samples)).item()
+        summed = torch.tensor(loss_sum, dtype=torch.float64)
+        dist.all_reduce(summed)
+        loss_sum = summed.item()
+    return loss_sum / (total if run.normalize == "count" else cycle_samples)
 
 
 def _grad_norm(params: list[torch.Tensor], clip: float | None) -> float:

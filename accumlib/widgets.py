@@ -75,10 +75,12 @@ class Dashboard:
     def _changed(self, _change=None) -> None:
         self._readout()
         self._generation += 1
-        self._thread = threading.Thread(target=self._run, args=(self._generation,), daemon=True)
+        self._thread = threading.Thread(target=self.run, args=(self._generation,), daemon=True)
         self._thread.start()
 
-    def _run(self, generation: int) -> None:
+    def run(self, generation: int | None = None) -> None:
+        """Run the experiment for the current values in this thread, then redraw; a newer change cancels it."""
+        generation = self._generation if generation is None else generation
         started = time.perf_counter()
         settings = self.current_settings()
 
@@ -94,7 +96,8 @@ class Dashboard:
             return
         self.draw(figures)
         self.summary = summary
-        self.settings.value = f"<pre>{summary}</pre>"
+        if self.runs:  # the first run's summary is the cell's printed output; later ones show here
+            self.settings.value = f"<pre>latest run, after your change:\n{summary}</pre>"
         self.update_seconds = time.perf_counter() - started
         self.runs.append((settings, "done"))
 
@@ -110,7 +113,7 @@ class Dashboard:
 
     def show(self) -> None:
         """Run once for the current values, display the widgets, print the settings and the finding."""
-        self._run(self._generation)
+        self.run()
         display(self)
         print(self.summary)
 

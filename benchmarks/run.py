@@ -1,0 +1,161 @@
+"""What accumulation costs, and what accumlib adds on top: one run, ratios measured side by side.
+
+    .venv/bin/python benchmarks/run.py            # prints a table, writes benchmarks/results.json
+    .venv/bin/python benchmarks/run.py --quick    # fewer repeats, no nbval suite
+
+Every time is the median over repeats after a warm-up, and configurations are interleaved (ABAB...) so that
+drift of the machine hits them alike. Ratios, not absolute times, are the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import accumlib
+from accumlib import data, memory, models, widgets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hand_written(model, X, y, optimizer, m, k, generator):
+    """The six-line recipe: the baseline accumlib is measured against."""
+    optimizer.zero_grad()
+    for step, idx in enumerate(torch.randperm(len(X), generator=generator).split(m)):
+        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx]) / k
+        loss.backward()
+        if (step + 1) % k == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def with_accelerate(model, X, y, optimizer, m, k, generator):
+    """Hugging Face Accelerate's accumulate() on the same micro-batches."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=k, cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for idx in torch.randperm(len(X), generator=generator).split(m):
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def with_accumlib(measure_memory):
+    def run(model, X, y, optimizer, m, k, generator):
+        accumlib.train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, seed=int(generator.initial_seed()),
+                       measure_memory=measure_memory)
+    return run
+
+
+def seconds_per_effective_batch(loops: dict, m: int, k: int, repeats: int, samples: int = 1792) -> dict[str, float]:
+    """Median seconds per optimizer step of each loop, one epoch of `samples` per repeat, interleaved.
+
+    samples is a multiple of m * k, so every loop does the same work (the six-line recipe skips a last,
+    incomplete cycle).
+    """
+    X, y = data.digits(samples)
+    steps = samples // (m * k)
+    times = {name: [] for name in loops}
+    for repeat in range(repeats + 1):  # the first round is the warm-up
+        for name, loop in loops.items():
+            model = models.cnn(seed=0)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+            started = time.perf_counter()
+            loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
+            if repeat:
+                times[name].append((time.perf_counter() - started) / steps)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def accumulation_cost(repeats: int) -> list[dict]:
+    X, y = data.digits()
+    rows = []
+    for k in (1, 2, 4, 8, 16):
+        m = 64 // k
+        timing = accumlib.time_config(models.cnn(), (X, y), micro_batch_size=m, accum_steps=k, warmup=3, repeats=repeats)
+        peak = memory.measure_step(models.cnn(), X[:m], y[:m], accum_steps=k)
+        rows.append({"accum_steps": k, "micro_batch_size": m, "seconds": timing.seconds_per_step,
+                     **{f"{name}_bytes": value for name, value in peak.categories().items()}, "peak_bytes": peak.peak})
+    for row in rows:
+        row["time_ratio"] = row["seconds"] / rows[0]["seconds"]
+        row["peak_ratio"] = row["peak_bytes"] / rows[0]["peak_bytes"]
+    return rows
+
+
+def responsiveness(changes: int) -> dict[str, float]:
+    """Median seconds from a slider change to the dashboard's final redrawn figure."""
+    result = {}
+    for cls in (widgets.LossDashboard, widgets.MemoryDashboard, widgets.BatchNormDashboard):
+        dashboard = cls()
+        dashboard.run()
+        seconds = []
+        for value in [2, 6, 3, 8, 4, 5, 7][:changes]:
+            dashboard.accum_steps.value = value
+            dashboard.wait()
+            seconds.append(dashboard.update_seconds)
+        result[cls.__name__] = statistics.median(seconds)
+    return result
+
+
+def nbval_suite_seconds() -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "notebooks",
+                    "--nbval-sanitize-with", "notebooks/sanitize.cfg"], cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and no nbval suite")
+    args = parser.parse_args()
+    repeats = 5 if args.quick else 15
+    machine = (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+               f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
+    print(f"machine: {machine}\n")
+
+    loops = {"hand-written": hand_written, "accumlib": with_accumlib(False),
+             "accumlib (memory measured)": with_accumlib(True)}
+    try:
+        import accelerate  # noqa: F401  (benchmark-only extra: pip install accelerate)
+        loops["accelerate"] = with_accelerate
+    except ImportError:
+        print("accelerate is not installed (pip install -e '.[bench]'): its row is skipped\n")
+    overhead = seconds_per_effective_batch(loops, m=8, k=4, repeats=repeats)
+    base = overhead["hand-written"]
+    print("1-2. time per effective batch, CNN on digits, micro-batch 8 x accum_steps 4 (ratio to the hand-written loop)")
+    for name, seconds in overhead.items():
+        print(f"   {name:<28} {seconds / base:5.2f}x")
+
+    cost = accumulation_cost(repeats)
+    print("\n3. cost of accumulation at a fixed effective batch of 64 (ratios to accum_steps = 1)")
+    print(f"   {'accum_steps':>11} {'micro':>5} {'time':>6} {'peak':>6} {'activations':>12} {'params+grads':>13}")
+    for r in cost:
+        print(f"   {r['accum_steps']:>11} {r['micro_batch_size']:>5} {r['time_ratio']:5.2f}x {r['peak_ratio']:5.2f}x "
+              f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}")
+
+    response = responsiveness(3 if args.quick else 7)
+    print("\n4. slider change to redrawn figure (median seconds)")
+    for name, seconds in response.items():
+        print(f"   {name:<20} {seconds:.2f} s")
+    suite = None if args.quick else nbval_suite_seconds()
+    if suite is not None:
+        print(f"   whole nbval notebook suite: {suite:.0f} s")
+
+    results = {"machine": machine, "overhead_ratio": {k: v / base for k, v in overhead.items()},
+               "accumulation_cost": cost, "slider_seconds": response, "nbval_suite_seconds": suite}
+    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\nwritten: benchmarks/results.json")
+
+
+if __name__ == "__main__":
+    main()

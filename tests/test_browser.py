@@ -1,0 +1,151 @@
+"""Real-browser tests: JupyterLab and Voila render the dashboards, and moving the accum_steps slider redraws.
+
+Playwright drives Debian's Chromium (headless; no browser is downloaded). Without Chromium these tests skip:
+install it with `apt-get install -y chromium` (.ci/run does).
+"""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="browser tests need Debian's Chromium: "
+                                                          "apt-get install -y chromium (then rerun make test)")
+TOKEN = "accumlib-browser-test"
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, seconds: float = 60) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {seconds} s")
+
+
+@pytest.fixture
+def lessons(tmp_path):
+    """A copy of the notebooks: JupyterLab autosaves, and must not rewrite the stored outputs."""
+    folder = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", folder)
+    return folder
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                                           "--disable-background-networking", "--disable-component-update",
+                                           "--disable-sync"])
+        yield chromium
+        chromium.close()
+
+
+def server(command: list[str], cwd: Path, ready_url: str):
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(ready_url)
+    except TimeoutError:
+        process.kill()
+        raise
+    return process
+
+
+def stop(process) -> None:
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def menu(page, name: str, item: str) -> None:
+    page.get_by_role("menuitem", name=name, exact=True).click()
+    page.get_by_role("menuitem", name=re.compile(f"^{re.escape(item)}")).click()  # names end in a shortcut
+
+
+def dashboard_image(page) -> str:
+    """src of the loss dashboard's figure (a data: URL of the PNG)."""
+    return page.locator(".widget-output img").first.get_attribute("src")
+
+
+def move_accum_steps(page, value: int) -> None:
+    """Type a new value into the accum_steps slider's readout, as a learner can."""
+    slider = page.locator(".widget-slider", has=page.locator("label", has_text="accum_steps")).first
+    readout = slider.locator(".widget-readout")
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(str(value))
+    page.keyboard.press("Enter")
+
+
+def assert_no_errors(page) -> None:
+    assert page.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+    assert "Traceback" not in page.inner_text("body")
+
+
+def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(lessons, browser):
+    port = free_port()
+    lab = server([str(BIN / "jupyter"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
+                  f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={lessons}"],
+                 lessons, f"http://127.0.0.1:{port}/api/status?token={TOKEN}")
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/lab/tree/03_the_loop.ipynb?token={TOKEN}")
+        menu(page, "Edit", "Clear Outputs of All Cells")  # so what we see next was computed now
+        assert page.locator(".widget-output img").count() == 0
+        menu(page, "Run", "Run All Cells")
+        page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(state="attached", timeout=90_000)
+        page.locator(".widget-output img").first.scroll_into_view_if_needed()
+        before = dashboard_image(page)
+        move_accum_steps(page, 2)
+        page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
+        assert "accum_steps=2, effective_batch=16" in page.inner_text(".widget-html pre")
+        page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
+                               timeout=30_000)
+        assert dashboard_image(page) != before
+        assert_no_errors(page)
+    finally:
+        stop(lab)
+
+
+def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browser):
+    port = free_port()
+    app = server([str(BIN / "voila"), "dashboards.ipynb", "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+                  "--ServerApp.allow_root=True"], lessons, f"http://127.0.0.1:{port}/")
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
+        page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=120_000)
+        page.locator(".widget-output img").first.wait_for(timeout=30_000)
+        assert page.locator("label", has_text="accum_steps").count() == 3  # one per dashboard
+        before = dashboard_image(page)
+        move_accum_steps(page, 6)
+        page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
+        assert "accum_steps=6, effective_batch=48" in page.inner_text(".widget-html pre")
+        page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
+                               timeout=30_000)
+        assert_no_errors(page)
+    finally:
+        stop(app)
