@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch import nn
@@ -9,11 +10,17 @@ from torch import nn
 from .data import PAD
 
 
+_GLOBAL_RNG = threading.Lock()  # layer initialisers draw from the global RNG: one seeded build at a time
+
+
 def _seeded(build):
-    """Give a model builder `seed=` (fixes the initial weights, global RNG untouched) and `dtype=` arguments."""
+    """Give a model builder `seed=` (fixes the initial weights, global RNG untouched) and `dtype=` arguments.
+
+    Thread-safe: dashboards build models in background threads while a stale run may still be building one.
+    """
     @functools.wraps(build)
     def builder(*args, seed: int = 0, dtype: torch.dtype = torch.float32, **kwargs) -> nn.Module:
-        with torch.random.fork_rng(devices=[]):
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return build(*args, **kwargs).to(dtype)
     return builder

@@ -82,3 +82,20 @@ def test_every_widget_has_a_label_and_bad_defaults_are_refused():
         widgets.LossDashboard(micro_batch_size=5)
     with pytest.raises(ValueError, match="accum_steps must be an integer from 1 to 16, got 0"):
         widgets.LossDashboard(accum_steps=0)
+
+
+def test_models_built_in_parallel_threads_get_their_seeded_weights():
+    import threading
+
+    import torch
+
+    from accumlib import models
+
+    reference = models.mlp(seed=0)
+    built = []
+    threads = [threading.Thread(target=lambda: built.append(models.mlp(seed=0))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(m[0].weight, reference[0].weight) for m in built)
