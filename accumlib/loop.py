@@ -105,7 +105,7 @@ def _cycles(n: int, micro_batch_size: int, accum_steps: int, world: int, rank: i
     effective = micro_batch_size * accum_steps * world
     for start in range(0, n, effective):
         cycle = order[start:start + effective]
-        shards = torch.tensor_split(cycle, world)
+        shards = torch.tensor_split(cycle, world) if world > 1 else (cycle,)
         counts = [math.ceil(len(s) / micro_batch_size) for s in shards]
         micro = list(torch.split(shards[rank], micro_batch_size)) if len(shards[rank]) else []
         micro += [cycle[:0]] * (max(counts) - len(micro))
@@ -215,10 +215,10 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
                 order = torch.randperm(samples.n, generator=generator) if shuffle else torch.arange(samples.n)
                 pad_index = order[:1]
                 for cycle_samples, micro in _cycles(samples.n, micro_batch_size, accum_steps, world, rank, order):
-                    layout = tuple(len(idx) for idx in micro)
+                    layout = tuple(len(idx) for idx in micro) if measure_memory else ()
                     measure = measure_memory and (device.type == "cuda" or layout not in peaks)
                     started = time.perf_counter()
-                    with memory.step_peak(device, params, optimizer, enabled=measure) as peak:
+                    with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
                         loss, grad_norm, lr, skipped = _accumulate_and_step(run, micro, cycle_samples, pad_index)
                     if measure:
                         peaks[layout] = peak.bytes

@@ -99,12 +99,10 @@ class _Peak:
 
 
 @contextlib.contextmanager
-def step_peak(device: torch.device, params, optimizer, *, enabled: bool = True):
+def step_peak(device: torch.device, params, optimizer):
     """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included)."""
     result = _Peak()
-    if not enabled:
-        yield result
-    elif device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         yield result

@@ -47,6 +47,18 @@ def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1):
     return figure, axes
 
 
+def _finish(ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = True, legend_size=None) -> None:
+    """Axis labels (with units), the title that states the finding, a legend, a light grid."""
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=legend_size)
+    if grid:
+        ax.grid(alpha=0.3)
+
+
 def mib(nbytes: float) -> str:
     return f"{nbytes / MIB:.2f} MiB"
 
@@ -58,11 +70,7 @@ def loss_curves(curves: dict[str, dict[str, list]], title: str, alt: str) -> Plo
         ax.plot(columns["samples_seen"], columns["loss"], label=label, color=OKABE_ITO[i % 8],
                 linestyle=LINE_STYLES[i % 4], linewidth=3 if i == 0 else 1.6,
                 marker=MARKERS[i % 4] if i else None, markevery=max(len(columns["loss"]) // 12, 1), markersize=4)
-    ax.set_xlabel("samples seen")
-    ax.set_ylabel("training loss (cross-entropy, nats)")
-    ax.set_title(title, fontsize=10)
-    ax.legend()
-    ax.grid(alpha=0.3)
+    _finish(ax, title, "samples seen", "training loss (cross-entropy, nats)")
     return Plot(figure, alt)
 
 
@@ -72,11 +80,7 @@ def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], budget_byt
     ax.plot(batch_sizes, [p / MIB for p in peaks], color=OKABE_ITO[0], marker="o", label="measured peak")
     ax.axhline(budget_bytes / MIB, color=OKABE_ITO[3], linestyle="--", label=f"card budget ({mib(budget_bytes)})")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (samples, log scale)")
-    ax.set_ylabel("peak memory of one step (MiB)")
-    ax.set_title(title, fontsize=10)
-    ax.legend()
-    ax.grid(alpha=0.3)
+    _finish(ax, title, "batch size (samples, log scale)", "peak memory of one step (MiB)")
     return Plot(figure, alt)
 
 
@@ -94,9 +98,7 @@ def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budge
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     if budget_bytes is not None:
         ax.axhline(budget_bytes / MIB, color="black", linestyle="--", label=f"card budget ({mib(budget_bytes)})")
-    ax.set_ylabel("peak memory (MiB)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    _finish(ax, title, None, "peak memory (MiB)", grid=False, legend_size=8)
     return Plot(figure, alt)
 
 
@@ -109,8 +111,7 @@ def bars(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str
            hatch=[hatches[i % 5] for i in range(len(labels))], edgecolor="white")
     if reference is not None:
         ax.axhline(reference, color="black", linestyle=":", linewidth=1)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    _finish(ax, title, None, ylabel, grid=False)
     return Plot(figure, alt)
 
 
@@ -126,9 +127,7 @@ def deviation_bars(groups: dict[str, dict[str, float]], ylabel: str, title: str,
         ax.bar(xs, [groups[name][x] for x in xlabels], width=width, label=name, color=OKABE_ITO[i % 8],
                hatch=hatches[i % 4], edgecolor="white")
     ax.set_xticks(range(len(xlabels)), xlabels)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    _finish(ax, title, None, ylabel, grid=False, legend_size=8)
     return Plot(figure, alt)
 
 
@@ -141,9 +140,5 @@ def lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], xlabel: st
                 marker=MARKERS[i % 4], markevery=max(len(xs) // 10, 1), markersize=4)
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    _finish(ax, title, xlabel, ylabel, legend_size=8)
     return Plot(figure, alt)

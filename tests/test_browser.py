@@ -90,14 +90,19 @@ def dashboard_image(page) -> str:
     return page.locator(".widget-output img").first.get_attribute("src")
 
 
-def move_accum_steps(page, value: int) -> None:
-    """Type a new value into the accum_steps slider's readout, as a learner can."""
+def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int) -> None:
+    """Type a new value into the first accum_steps slider's readout, as a learner can; the figure must change."""
+    before = dashboard_image(page)
     slider = page.locator(".widget-slider", has=page.locator("label", has_text="accum_steps")).first
-    readout = slider.locator(".widget-readout")
-    readout.click()
+    slider.locator(".widget-readout").click()
     page.keyboard.press("Control+A")
     page.keyboard.type(str(value))
     page.keyboard.press("Enter")
+    page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
+    assert f"accum_steps={value}, effective_batch={effective_batch}" in page.inner_text(".widget-html pre")
+    page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
+                           timeout=30_000)
+    assert_no_errors(page)
 
 
 def assert_no_errors(page) -> None:
@@ -116,16 +121,15 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
         menu(page, "Edit", "Clear Outputs of All Cells")  # so what we see next was computed now
         assert page.locator(".widget-output img").count() == 0
         menu(page, "Run", "Run All Cells")
-        page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(state="attached", timeout=90_000)
-        page.locator(".widget-output img").first.scroll_into_view_if_needed()
-        before = dashboard_image(page)
-        move_accum_steps(page, 2)
-        page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
-        assert "accum_steps=2, effective_batch=16" in page.inner_text(".widget-html pre")
-        page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
-                               timeout=30_000)
-        assert dashboard_image(page) != before
-        assert_no_errors(page)
+        summary = page.get_by_text("curves equal to within 1e-5: yes").first
+        summary.wait_for(state="attached", timeout=120_000)
+        summary.scroll_into_view_if_needed()  # JupyterLab renders only the cells near the viewport
+        try:
+            page.locator(".widget-output img").first.wait_for(timeout=60_000)
+        except Exception:
+            page.screenshot(path=lessons / "failure.png")
+            raise AssertionError(f"no dashboard figure; screenshot: {lessons / 'failure.png'}")
+        move_accum_steps_and_see_redraw(page, 2, effective_batch=16)
     finally:
         stop(lab)
 
@@ -140,12 +144,6 @@ def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browse
         page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=120_000)
         page.locator(".widget-output img").first.wait_for(timeout=30_000)
         assert page.locator("label", has_text="accum_steps").count() == 3  # one per dashboard
-        before = dashboard_image(page)
-        move_accum_steps(page, 6)
-        page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
-        assert "accum_steps=6, effective_batch=48" in page.inner_text(".widget-html pre")
-        page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
-                               timeout=30_000)
-        assert_no_errors(page)
+        move_accum_steps_and_see_redraw(page, 6, effective_batch=48)
     finally:
         stop(app)
