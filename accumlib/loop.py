@@ -47,6 +47,11 @@ class StepRecord:
     peak_memory_bytes: int | None  # peak bytes during the cycle (CUDA allocator / CPU live tensors)
     skipped: bool = False  # True when a NaN/inf loss or gradient made this step leave the weights untouched
 
+    @property
+    def samples_per_second(self) -> float:
+        """Throughput of this step: samples / wall seconds."""
+        return self.samples / self.seconds
+
 
 @dataclass
 class History:
@@ -65,8 +70,8 @@ class History:
         return iter(self.records)
 
     def columns(self) -> dict[str, list]:
-        """The records as plain columns, one list per field, ready for plotting."""
-        names = StepRecord.__dataclass_fields__
+        """The records as plain columns, one list per field (and samples_per_second), ready for plotting."""
+        names = [*StepRecord.__dataclass_fields__, "samples_per_second"]
         return {name: [getattr(r, name) for r in self.records] for name in names}
 
     def deterministic(self) -> list[dict]:

@@ -42,7 +42,7 @@ class Dashboard:
         self.figures = w.Output(layout=w.Layout(min_height="320px"))
         self.settings = w.HTML()
         self.controls = [self.micro_batch_size, self.accum_steps, *extra_controls]
-        self.widget = w.VBox([w.HTML(f"<h4>{self.title}</h4>"), w.HBox(self.controls[:2] + [self.effective]),
+        self.widget = w.VBox([w.HTML(f"<h3>{self.title}</h3>"), w.HBox(self.controls[:2] + [self.effective]),
                               *[w.HBox([c]) for c in self.controls[2:]], self.figures, self.settings])
         self.plots: list[plots.Plot] = []
         self.summary = ""

@@ -57,8 +57,8 @@ def with_accumlib(measure_memory):
     return run
 
 
-def seconds_per_effective_batch(loops: dict, m: int, k: int, repeats: int, samples: int = 1792) -> dict[str, float]:
-    """Median seconds per optimizer step of each loop, one epoch of `samples` per repeat, interleaved.
+def paired_ratios(loops: dict, m: int, k: int, repeats: int, samples: int = 1792) -> dict[str, list[float]]:
+    """Per repeat, each loop's seconds per optimizer step over the first loop's in the same round (interleaved).
 
     samples is a multiple of m * k, so every loop does the same work (the six-line recipe skips a last,
     incomplete cycle).
@@ -74,7 +74,13 @@ def seconds_per_effective_batch(loops: dict, m: int, k: int, repeats: int, sampl
             loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
             if repeat:
                 times[name].append((time.perf_counter() - started) / steps)
-    return {name: statistics.median(t) for name, t in times.items()}
+    first = next(iter(times.values()))
+    return {name: [a / b for a, b in zip(t, first)] for name, t in times.items()}
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return q1, median, q3
 
 
 def accumulation_cost(repeats: int) -> list[dict]:
@@ -118,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and no nbval suite")
     args = parser.parse_args()
-    repeats = 5 if args.quick else 15
+    repeats = 5 if args.quick else 31
     machine = (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
                f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
     print(f"machine: {machine}\n")
@@ -130,11 +136,12 @@ def main() -> None:
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its row is skipped\n")
-    overhead = seconds_per_effective_batch(loops, m=8, k=4, repeats=repeats)
-    base = overhead["hand-written"]
-    print("1-2. time per effective batch, CNN on digits, micro-batch 8 x accum_steps 4 (ratio to the hand-written loop)")
-    for name, seconds in overhead.items():
-        print(f"   {name:<28} {seconds / base:5.2f}x")
+    ratios = paired_ratios(loops, m=8, k=4, repeats=repeats)
+    overhead = {name: quartiles(r) for name, r in ratios.items()}
+    print("1-2. time per effective batch, CNN on digits, micro-batch 8 x accum_steps 4, ratio to the hand-written")
+    print(f"     loop in the same round: median (interquartile range) of {repeats} rounds")
+    for name, (q1, median, q3) in overhead.items():
+        print(f"   {name:<28} {median:5.2f}x ({q1:.2f}-{q3:.2f})")
 
     cost = accumulation_cost(repeats)
     print("\n3. cost of accumulation at a fixed effective batch of 64 (ratios to accum_steps = 1)")
@@ -151,7 +158,7 @@ def main() -> None:
     if suite is not None:
         print(f"   whole nbval notebook suite: {suite:.0f} s")
 
-    results = {"machine": machine, "overhead_ratio": {k: v / base for k, v in overhead.items()},
+    results = {"machine": machine, "overhead_ratio": {k: dict(zip(("q1", "median", "q3"), v)) for k, v in overhead.items()},
                "accumulation_cost": cost, "slider_seconds": response, "nbval_suite_seconds": suite}
     (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\nwritten: benchmarks/results.json")

@@ -235,6 +235,8 @@ def test_history_columns_for_plotting():
     assert columns["step"] == [1, 2, 3, 4, 5]
     assert columns["samples_seen"] == [12, 24, 36, 48, 50]
     assert all(isinstance(b, int) and b > 0 for b in columns["peak_memory_bytes"])
+    assert columns["samples_per_second"] == [r.samples / r.seconds for r in history]
+    assert all(s > 0 for s in columns["seconds"])
 
 
 def test_token_count_normalisation_equals_the_full_batch():

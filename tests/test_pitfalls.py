@@ -107,7 +107,8 @@ def test_ddp_all_reduces_once_per_step_with_no_sync_and_matches_one_process():
     assert with_no_sync.allreduce_per_step == 1
     assert without.allreduce_calls == 2 * (4 * 3 + 1)  # every backward all-reduces; the short cycle has 1
     single = builder()
-    accumlib.train(single, (X, Y), torch.optim.SGD(single.parameters(), lr=0.5), micro_batch_size=24,
-                   accum_steps=1, epochs=2)
+    history = accumlib.train(single, (X, Y), torch.optim.SGD(single.parameters(), lr=0.5), micro_batch_size=24,
+                             accum_steps=1, epochs=2)
     for result in (with_no_sync, without):
         assert max((result.state[k] - v).abs().max().item() for k, v in single.state_dict().items()) <= 1e-10
+        assert result.losses == pytest.approx([r.loss for r in history], abs=1e-12)  # mean over both processes

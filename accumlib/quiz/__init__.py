@@ -175,7 +175,7 @@ class QuizWidget:
 
     def _render(self) -> None:
         q, quiz = self.current, self.quiz
-        self.heading.value = f"<h4>{quiz.ui('title')}</h4>"
+        self.heading.value = f"<h3>{quiz.ui('title')}</h3>"
         self.prompt.value = f"<p><b>{self.index + 1}.</b> {quiz.text(q['prompt'])}</p>"
         numeric = q["kind"] == "number"
         self.choices.layout.display = "none" if numeric else None
