@@ -113,7 +113,8 @@ def assert_no_errors(page) -> None:
 def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(lessons, browser):
     port = free_port()
     lab = server([str(BIN / "jupyter"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
-                  f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={lessons}"],
+                  f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={lessons}",
+                  f"--LabApp.workspaces_dir={lessons.parent / 'workspaces'}"],  # no tabs restored from elsewhere
                  lessons, f"http://127.0.0.1:{port}/api/status?token={TOKEN}")
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
