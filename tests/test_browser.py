@@ -119,6 +119,8 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"http://127.0.0.1:{port}/lab/tree/03_the_loop.ipynb?token={TOKEN}")
+        page.locator(".jp-RenderedMarkdown h1", has_text="Lesson 3").first.wait_for(timeout=60_000)
+        page.get_by_text("Python 3 (ipykernel) | Idle").first.wait_for(timeout=60_000)  # notebook menus are ready
         menu(page, "Edit", "Clear Outputs of All Cells")  # so what we see next was computed now
         assert page.locator(".widget-output img").count() == 0
         menu(page, "Run", "Run All Cells")
