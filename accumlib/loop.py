@@ -90,9 +90,11 @@ class _Samples:
             if len(X) != len(y):
                 raise ValueError(f"data: X has {len(X)} samples but y has {len(y)}; they must have the same length")
             self.n = len(X)
+            self.device = X.device if X.device == y.device else None
             self.fetch = lambda idx: (X[idx], y[idx])
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n = len(data)
+            self.device = None  # unknown until fetched
             self.fetch = lambda idx: default_collate([data[i] for i in idx.tolist()])
         else:
             raise TypeError(f"data must be a torch Dataset with a length or a tuple (X, y) of tensors, got {type(data).__name__}")
@@ -101,20 +103,27 @@ class _Samples:
 
 
 def _cycles(n: int, micro_batch_size: int, accum_steps: int, world: int, rank: int, order: torch.Tensor):
-    """Yield (samples in the cycle over all processes, this process's micro-batch index tensors).
+    """Yield (samples in the cycle over all processes, this process's micro-batch index tensors, their sizes).
 
     Each cycle takes the next micro_batch_size * accum_steps * world samples of `order` (fewer at the end);
     each process takes a contiguous shard and splits it into micro-batches. Processes with fewer micro-batches
     than the others get zero-weight padding micro-batches (empty index tensors) so all run the same count.
     """
+    if world == 1:  # split the epoch once; a cycle is then a slice of that tuple
+        micro = order.split(micro_batch_size)
+        sizes = [micro_batch_size] * (n // micro_batch_size) + ([n % micro_batch_size] if n % micro_batch_size else [])
+        for first in range(0, len(micro), accum_steps):
+            cycle_sizes = sizes[first:first + accum_steps]
+            yield sum(cycle_sizes), micro[first:first + accum_steps], cycle_sizes
+        return
     effective = micro_batch_size * accum_steps * world
     for start in range(0, n, effective):
         cycle = order[start:start + effective]
-        shards = torch.tensor_split(cycle, world) if world > 1 else (cycle,)
+        shards = torch.tensor_split(cycle, world)
         counts = [math.ceil(len(s) / micro_batch_size) for s in shards]
         micro = list(torch.split(shards[rank], micro_batch_size)) if len(shards[rank]) else []
         micro += [cycle[:0]] * (max(counts) - len(micro))
-        yield len(cycle), micro
+        yield len(cycle), micro, [len(idx) for idx in micro]
 
 
 def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -156,6 +165,7 @@ class _Run:
     scheduler: object
     clip_grad_norm: float | None
     autocast: Callable  # a fresh context per micro-batch: torch.autocast, or a no-op without AMP
+    move: bool  # whether fetched batches must be moved to `device`
     scaler: torch.amp.GradScaler | None
     device: torch.device
     on_nonfinite: str
@@ -209,7 +219,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
                           budget_bytes=memory_budget)
     autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     run = _Run(model, optimizer, params, samples, loss_fn, accum_steps, normalize, count, scheduler, clip_grad_norm,
-               autocast, scaler, device, on_nonfinite, ddp, ddp_no_sync, world)
+               autocast, samples.device != device, scaler, device, on_nonfinite, ddp, ddp_no_sync, world)
     generator = torch.Generator().manual_seed(seed)
     history = History()
     seen = 0
@@ -219,16 +229,18 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
             for epoch in range(epochs):
                 order = torch.randperm(samples.n, generator=generator) if shuffle else torch.arange(samples.n)
                 pad_index = order[:1]
-                for cycle_samples, micro in _cycles(samples.n, micro_batch_size, accum_steps, world, rank, order):
-                    layout = tuple(len(idx) for idx in micro) if measure_memory else ()
+                for cycle_samples, micro, sizes in _cycles(samples.n, micro_batch_size, accum_steps, world, rank,
+                                                           order):
+                    layout = tuple(sizes)
                     measure = measure_memory and (device.type == "cuda" or layout not in peaks)
                     started = time.perf_counter()
                     with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
-                        loss, grad_norm, lr, skipped = _accumulate_and_step(run, micro, cycle_samples, pad_index)
+                        loss, grad_norm, lr, skipped = _accumulate_and_step(run, micro, sizes, cycle_samples,
+                                                                            pad_index)
                     if measure:
                         peaks[layout] = peak.bytes
                     seen += cycle_samples
-                    record = StepRecord(len(history) + 1, epoch, seen, sum(1 for idx in micro if len(idx)),
+                    record = StepRecord(len(history) + 1, epoch, seen, sum(1 for size in sizes if size),
                                         cycle_samples, loss, lr, grad_norm, time.perf_counter() - started,
                                         peaks.get(layout) if measure_memory else None, skipped)
                     history.records.append(record)
@@ -243,18 +255,18 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
     return history
 
 
-def _accumulate_and_step(run: _Run, micro: list[torch.Tensor], cycle_samples: int, pad_index: torch.Tensor):
+def _accumulate_and_step(run: _Run, micro, sizes: list[int], cycle_samples: int, pad_index: torch.Tensor):
     """One cycle: zero, forward/backward each micro-batch with its loss share, then one optimizer step.
 
     Returns (mean loss over the cycle, gradient norm before clipping, learning rate used, skipped?).
     """
     run.optimizer.zero_grad(set_to_none=True)  # once, at the start of the cycle
-    total = _cycle_total(run, micro, cycle_samples)
+    total = _cycle_total(run, micro, sizes, cycle_samples)
     loss_sum = 0.0  # unscaled, for the record
-    for i, idx in enumerate(micro):
-        size = len(idx)
+    for i, (idx, size) in enumerate(zip(micro, sizes)):
         x, y = run.samples.fetch(idx if size else pad_index)  # padding: one sample at weight 0
-        x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
+        if run.move:
+            x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
         share = _share(run.normalize, size, total, run.accum_steps) * run.world if size else 0.0
         last = i == len(micro) - 1
         sync = run.model.no_sync() if run.ddp and run.ddp_no_sync and not last else contextlib.nullcontext()
@@ -283,13 +295,13 @@ def _accumulate_and_step(run: _Run, micro: list[torch.Tensor], cycle_samples: in
     return mean_loss, grad_norm, lr, skipped
 
 
-def _cycle_total(run: _Run, micro: list[torch.Tensor], cycle_samples: int) -> float:
+def _cycle_total(run: _Run, micro, sizes: list[int], cycle_samples: int) -> float:
     """The denominator of the cycle: its samples, accum_steps, or its loss terms (all processes)."""
     if run.normalize == "samples":
         return cycle_samples
     if run.normalize == "steps":
         return run.accum_steps
-    terms = torch.tensor(float(sum(int(run.count(*run.samples.fetch(idx))) for idx in micro if len(idx))),
+    terms = torch.tensor(float(sum(int(run.count(*run.samples.fetch(idx))) for idx, size in zip(micro, sizes) if size)),
                          device=run.device)
     if run.ddp:
         dist.all_reduce(terms)
@@ -322,6 +334,8 @@ def _grad_norm(params: list[torch.Tensor], clip: float | None) -> float:
         return 0.0
     if clip is not None:
         return float(torch.nn.utils.clip_grad_norm_(params, clip))
+    if len({(g.device, g.dtype) for g in grads}) == 1:  # one fused kernel, without get_total_norm's regrouping
+        return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
     return float(torch.nn.utils.get_total_norm(grads))
 
 

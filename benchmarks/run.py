@@ -40,7 +40,7 @@ def with_accelerate(model, X, y, optimizer, m, k, generator):
     """Hugging Face Accelerate's accumulate() on the same micro-batches."""
     from accelerate import Accelerator
 
-    accelerator = Accelerator(gradient_accumulation_steps=k, cpu=True)
+    accelerator = Accelerator(gradient_accumulation_steps=k, cpu=X.device.type == "cpu")
     model, optimizer = accelerator.prepare(model, optimizer)
     for idx in torch.randperm(len(X), generator=generator).split(m):
         with accelerator.accumulate(model):
@@ -53,29 +53,37 @@ def with_accelerate(model, X, y, optimizer, m, k, generator):
 def with_accumlib(measure_memory):
     def run(model, X, y, optimizer, m, k, generator):
         accumlib.train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, seed=int(generator.initial_seed()),
-                       measure_memory=measure_memory)
+                       measure_memory=measure_memory, device=X.device)
     return run
 
 
-def paired_ratios(loops: dict, m: int, k: int, repeats: int, samples: int = 1792) -> dict[str, list[float]]:
+def paired_ratios(loops: dict, m: int, k: int, repeats: int, device: torch.device,
+                  samples: int = 1792) -> dict[str, list[float]]:
     """Per repeat, each loop's seconds per optimizer step over the first loop's in the same round (interleaved).
 
     samples is a multiple of m * k, so every loop does the same work (the six-line recipe skips a last,
     incomplete cycle).
     """
-    X, y = data.digits(samples)
+    X, y = (t.to(device) for t in data.digits(samples))
     steps = samples // (m * k)
     times = {name: [] for name in loops}
     for repeat in range(repeats + 1):  # the first round is the warm-up
         for name, loop in loops.items():
-            model = models.cnn(seed=0)
+            model = models.cnn(seed=0).to(device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+            synchronize(device)
             started = time.perf_counter()
             loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
+            synchronize(device)
             if repeat:
                 times[name].append((time.perf_counter() - started) / steps)
     first = next(iter(times.values()))
     return {name: [a / b for a, b in zip(t, first)] for name, t in times.items()}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -83,13 +91,14 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def accumulation_cost(repeats: int) -> list[dict]:
+def accumulation_cost(repeats: int, device: torch.device) -> list[dict]:
     X, y = data.digits()
     rows = []
     for k in (1, 2, 4, 8, 16):
         m = 64 // k
-        timing = accumlib.time_config(models.cnn(), (X, y), micro_batch_size=m, accum_steps=k, warmup=3, repeats=repeats)
-        peak = memory.measure_step(models.cnn(), X[:m], y[:m], accum_steps=k)
+        timing = accumlib.time_config(models.cnn(), (X, y), micro_batch_size=m, accum_steps=k, warmup=3,
+                                      repeats=repeats, device=device)
+        peak = memory.measure_step(models.cnn(), X[:m], y[:m], accum_steps=k, device=device)
         rows.append({"accum_steps": k, "micro_batch_size": m, "seconds": timing.seconds_per_step,
                      **{f"{name}_bytes": value for name, value in peak.categories().items()}, "peak_bytes": peak.peak})
     for row in rows:
@@ -125,9 +134,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and no nbval suite")
     args = parser.parse_args()
     repeats = 5 if args.quick else 31
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     machine = (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
                f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
     print(f"machine: {machine}\n")
+    results = {"machine": machine}
+    for device in devices:
+        results[device.type] = measure(device, repeats, quick=args.quick)
+    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\nwritten: benchmarks/results.json")
+
+
+def measure(device: torch.device, repeats: int, quick: bool) -> dict:
+    """Sections 1-3 on `device`; section 4 (the lessons, CPU) with the CPU."""
+    print(f"== {device.type} ==")
 
     loops = {"hand-written": hand_written, "accumlib": with_accumlib(False),
              "accumlib (memory measured)": with_accumlib(True)}
@@ -136,32 +156,32 @@ def main() -> None:
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its row is skipped\n")
-    ratios = paired_ratios(loops, m=8, k=4, repeats=repeats)
+    ratios = paired_ratios(loops, m=8, k=4, repeats=repeats, device=device)
     overhead = {name: quartiles(r) for name, r in ratios.items()}
     print("1-2. time per effective batch, CNN on digits, micro-batch 8 x accum_steps 4, ratio to the hand-written")
     print(f"     loop in the same round: median (interquartile range) of {repeats} rounds")
     for name, (q1, median, q3) in overhead.items():
         print(f"   {name:<28} {median:5.2f}x ({q1:.2f}-{q3:.2f})")
 
-    cost = accumulation_cost(repeats)
+    cost = accumulation_cost(repeats, device)
     print("\n3. cost of accumulation at a fixed effective batch of 64 (ratios to accum_steps = 1)")
     print(f"   {'accum_steps':>11} {'micro':>5} {'time':>6} {'peak':>6} {'activations':>12} {'params+grads':>13}")
     for r in cost:
         print(f"   {r['accum_steps']:>11} {r['micro_batch_size']:>5} {r['time_ratio']:5.2f}x {r['peak_ratio']:5.2f}x "
               f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}")
 
-    response = responsiveness(3 if args.quick else 7)
+    result = {"overhead_ratio": {k: dict(zip(("q1", "median", "q3"), v)) for k, v in overhead.items()},
+              "accumulation_cost": cost}
+    if device.type != "cpu":
+        return result
+    response = responsiveness(3 if quick else 7)
     print("\n4. slider change to redrawn figure (median seconds)")
     for name, seconds in response.items():
         print(f"   {name:<20} {seconds:.2f} s")
-    suite = None if args.quick else nbval_suite_seconds()
+    suite = None if quick else nbval_suite_seconds()
     if suite is not None:
         print(f"   whole nbval notebook suite: {suite:.0f} s")
-
-    results = {"machine": machine, "overhead_ratio": {k: dict(zip(("q1", "median", "q3"), v)) for k, v in overhead.items()},
-               "accumulation_cost": cost, "slider_seconds": response, "nbval_suite_seconds": suite}
-    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print("\nwritten: benchmarks/results.json")
+    return {**result, "slider_seconds": response, "nbval_suite_seconds": suite}
 
 
 if __name__ == "__main__":
