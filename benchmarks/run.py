@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/run.py            # prints a table, writes benchmarks/results.json
     .venv/bin/python benchmarks/run.py --quick    # fewer repeats, no nbval suite
 
-Every time is the median over repeats after a warm-up, and configurations are interleaved (ABAB...) so that
-drift of the machine hits them alike. Ratios, not absolute times, are the result.
+Every time is the median over repeats after a warm-up, and configurations are interleaved, in alternating order
+(ABBA...), so that drift of the machine and position in the round hit them alike. Ratios, not absolute times, are the result.
 """
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def paired_ratios(loops: dict, m: int, k: int, repeats: int, device: torch.devic
     steps = samples // (m * k)
     times = {name: [] for name in loops}
     for repeat in range(repeats + 1):  # the first round is the warm-up
-        for name, loop in loops.items():
+        order = list(loops.items())
+        for name, loop in (order if repeat % 2 else order[::-1]):  # ABBA: no loop always runs first
             model = models.cnn(seed=0).to(device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
             synchronize(device)
@@ -79,6 +80,25 @@ def paired_ratios(loops: dict, m: int, k: int, repeats: int, device: torch.devic
                 times[name].append((time.perf_counter() - started) / steps)
     first = next(iter(times.values()))
     return {name: [a / b for a, b in zip(t, first)] for name, t in times.items()}
+
+
+def fixed_cost_microseconds(device: torch.device, repeats: int, samples: int = 1792) -> dict[str, float]:
+    """Seconds per optimizer step (as microseconds) with a trivial Linear(4, 2): the loops' own bookkeeping."""
+    X = torch.randn(samples, 4, generator=torch.Generator().manual_seed(0)).to(device)
+    y = (X[:, 0] > 0).long()
+    times = {"hand-written": [], "accumlib": []}
+    loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
+    for repeat in range(repeats + 1):
+        for name, loop in loops.items():
+            model = torch.nn.Linear(4, 2).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            synchronize(device)
+            started = time.perf_counter()
+            loop(model, X, y, optimizer, 8, 4, torch.Generator().manual_seed(repeat))
+            synchronize(device)
+            if repeat:
+                times[name].append((time.perf_counter() - started) / (samples // 32) * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def synchronize(device: torch.device) -> None:
@@ -163,6 +183,11 @@ def measure(device: torch.device, repeats: int, quick: bool) -> dict:
     for name, (q1, median, q3) in overhead.items():
         print(f"   {name:<28} {median:5.2f}x ({q1:.2f}-{q3:.2f})")
 
+    fixed = fixed_cost_microseconds(device, repeats)
+    print(f"   fixed cost per optimizer step with a trivial model (4 micro-batches): hand-written "
+          f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
+          f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)")
+
     cost = accumulation_cost(repeats, device)
     print("\n3. cost of accumulation at a fixed effective batch of 64 (ratios to accum_steps = 1)")
     print(f"   {'accum_steps':>11} {'micro':>5} {'time':>6} {'peak':>6} {'activations':>12} {'params+grads':>13}")
@@ -171,7 +196,7 @@ def measure(device: torch.device, repeats: int, quick: bool) -> dict:
               f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}")
 
     result = {"overhead_ratio": {k: dict(zip(("q1", "median", "q3"), v)) for k, v in overhead.items()},
-              "accumulation_cost": cost}
+              "fixed_cost_microseconds": fixed, "accumulation_cost": cost}
     if device.type != "cpu":
         return result
     response = responsiveness(3 if quick else 7)
