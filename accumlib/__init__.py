@@ -3,10 +3,11 @@
 The loop (`train`, `gradient_gap`) and the measurements (`memory`, `timing`, `batchnorm`) know nothing of
 plots or widgets; `plots`, `widgets` and `quiz` sit on top of them.
 """
-from .loop import History, NonFiniteError, StepRecord, StopTraining, gradient_gap, train
+from .loop import History, NonFiniteError, StepRecord, StopTraining, gradient_gap, parameter_gap, train
 from .memory import FitPlan, MemoryReport, OutOfMemory, fit_batch, measure_step
 from .timing import TimingReport, time_config
 
-__all__ = ["train", "History", "StepRecord", "StopTraining", "NonFiniteError", "gradient_gap", "measure_step",
+__all__ = ["train", "History", "StepRecord", "StopTraining", "NonFiniteError", "gradient_gap", "parameter_gap",
+           "measure_step",
            "MemoryReport", "fit_batch", "FitPlan", "OutOfMemory", "time_config", "TimingReport"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The gradient-accumulation loop, done right: `train`, its `History`, and the `gradient_gap` check.
+"""The gradient-accumulation loop, done right: `train`, its `History`, and the `gradient_gap` and `parameter_gap`
+checks.
 
 One optimizer step per cycle of `accum_steps` micro-batches. Each micro-batch loss is weighted by its share
 of the cycle (its samples, or its loss terms, over the cycle's total), so a cycle's gradient equals the
@@ -337,6 +338,14 @@ def _grad_norm(params: list[torch.Tensor], clip: float | None) -> float:
     if len({(g.device, g.dtype) for g in grads}) == 1:  # one fused kernel, without get_total_norm's regrouping
         return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
     return float(torch.nn.utils.get_total_norm(grads))
+
+
+def parameter_gap(model, reference) -> float:
+    """Max |difference| over every parameter and buffer of two models (or state dicts) of the same layout."""
+    a, b = (m.state_dict() if isinstance(m, torch.nn.Module) else m for m in (model, reference))
+    if a.keys() != b.keys():
+        raise ValueError(f"model and reference differ in layout: {sorted(a.keys() ^ b.keys())[:5]}")
+    return max(((a[k].double() - b[k].double()).abs().max().item() for k in a), default=0.0)
 
 
 def gradient_gap(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor, accum_steps: int,

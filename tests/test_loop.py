@@ -18,8 +18,18 @@ def run(m, k, n, *, epochs=2, lr=0.5, normalize="samples", **kwargs):
     return model, history
 
 
-def max_param_diff(a, b):
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+max_param_diff = accumlib.parameter_gap
+
+
+def test_parameter_gap_compares_every_tensor_and_refuses_other_layouts():
+    a, b = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    assert accumlib.parameter_gap(a, b) == 0
+    with torch.no_grad():
+        b[2].bias[3] += 0.25
+    assert accumlib.parameter_gap(a, b) == 0.25
+    assert accumlib.parameter_gap(a.state_dict(), b) == 0.25
+    with pytest.raises(ValueError, match="differ in layout"):
+        accumlib.parameter_gap(a, models.cnn())
 
 
 @pytest.mark.parametrize("m,k", [(4, 3), (3, 4), (1, 8), (5, 2), (16, 4)])

@@ -108,7 +108,7 @@ class Quiz:
 
 def classic_division_last_cycle() -> str:
     """50 samples, micro-batch 4, accum_steps 3: parameter error of loss/accum_steps and of accumlib's weighting."""
-    from .. import data, models, train
+    from .. import data, models, parameter_gap, train
 
     X, y = data.digits(50, flat=True, dtype=torch.float64)
 
@@ -121,8 +121,7 @@ def classic_division_last_cycle() -> str:
     full = fit(12, 1, "samples")
     errors = {}
     for normalize in ("steps", "samples"):
-        model = fit(4, 3, normalize)
-        errors[normalize] = max((p - q).abs().max().item() for p, q in zip(model.parameters(), full.parameters()))
+        errors[normalize] = parameter_gap(fit(4, 3, normalize), full)
     return (f"max |weight difference| against one batch of 12 per step, after one epoch of 50 samples:\n"
             f"  loss / accum_steps (classic): {errors['steps']:.1e}\n"
             f"  weighted by samples (accumlib): {'below 1e-12' if errors['samples'] < 1e-12 else errors['samples']}")
