@@ -2,6 +2,8 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8866
+# JupyterLab refuses to start as root (as in many containers) unless told to
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab app test notebooks bench clean
 
@@ -13,7 +15,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 lab: $(VENV)/.installed  ## open the lessons in JupyterLab
-	$(VENV)/bin/jupyter lab notebooks/01_large_batch_problem.ipynb
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/01_large_batch_problem.ipynb
 
 app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila
 	$(VENV)/bin/voila notebooks/dashboards.ipynb --port=$(PORT)
