@@ -34,34 +34,68 @@ class OutOfMemory(torch.OutOfMemoryError):
                          f"use a smaller micro_batch_size and more accum_steps")
 
 
+CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "other")
+
+
+class _Storage:
+    """One live storage: its bytes and what it holds (one of CATEGORIES)."""
+
+    __slots__ = ("nbytes", "category")
+
+    def __init__(self, nbytes: int, category: str):
+        self.nbytes, self.category = nbytes, category
+
+
 class LiveTensorBytes(TorchDispatchMode):
-    """Counts bytes of live tensor storages: those adopted at entry and every one created under the mode.
+    """Counts bytes of live tensor storages: those adopted with `track` and every one created under the mode.
 
     `current` and `peak` are in bytes. A storage is counted once however many views share it, and stops
-    counting when it is freed (a weakref finalizer on the storage).
+    counting when it is freed (a weakref finalizer on the storage). Storages carry a category (`tag`), and
+    `peak_categories()` splits the peak by what was alive at that moment, so the categories add up to it.
     """
 
-    def __init__(self, existing: Iterable[torch.Tensor] = ()):
+    def __init__(self):
         super().__init__()
         self.current = self.peak = 0
-        self._live: dict[int, int] = {}
+        self._live: dict[int, _Storage] = {}
+        self._at_peak: list[_Storage] = []
         self._finalizers: list[weakref.finalize] = []
-        for t in existing:
-            self._track(t)
 
-    def _track(self, t: torch.Tensor) -> None:
+    def track(self, tensors: Iterable[torch.Tensor], category: str = "other") -> None:
+        """Count these (already existing) tensors' storages from now on, under `category`."""
+        for t in tensors:
+            self._track(t, category)
+
+    def tag(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Name what these live storages hold, unless they already have a category other than "other"."""
+        for t in tensors:
+            record = self._live.get(id(t.untyped_storage()))
+            if record is not None and record.category == "other":
+                record.category = category
+
+    def peak_categories(self) -> dict[str, int]:
+        """Bytes by category of the storages alive at the peak; they add up to `peak`."""
+        totals = dict.fromkeys(CATEGORIES, 0)
+        for record in self._at_peak:
+            totals[record.category] += record.nbytes
+        return totals
+
+    def _track(self, t: torch.Tensor, category: str = "other") -> None:
         storage = t.untyped_storage()
         key = id(storage)
         if key in self._live:
             return
-        nbytes = storage.nbytes()
-        self._live[key] = nbytes
-        self.current += nbytes
-        self.peak = max(self.peak, self.current)
+        record = self._live[key] = _Storage(storage.nbytes(), category)
+        self.current += record.nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+            self._at_peak = list(self._live.values())  # the records themselves: later tags still apply
         self._finalizers.append(weakref.finalize(storage, self._free, key))
 
     def _free(self, key: int) -> None:
-        self.current -= self._live.pop(key, 0)
+        record = self._live.pop(key, None)
+        if record is not None:
+            self.current -= record.nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -74,15 +108,6 @@ class LiveTensorBytes(TorchDispatchMode):
         for f in self._finalizers:
             f.detach()
         return super().__exit__(*exc)
-
-
-def unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind `tensors`."""
-    seen = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        seen[id(storage)] = storage.nbytes()
-    return sum(seen.values())
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -108,7 +133,9 @@ def step_peak(device: torch.device, params, optimizer):
         yield result
         result.bytes = torch.cuda.max_memory_allocated(device)
     else:
-        with LiveTensorBytes(_persistent_tensors(params, optimizer)) as tracker:
+        tracker = LiveTensorBytes()
+        tracker.track(_persistent_tensors(params, optimizer))
+        with tracker:
             yield result
         result.bytes = tracker.peak
 
@@ -124,16 +151,12 @@ class MemoryReport:
     parameters: int  # bytes
     gradients: int  # bytes
     optimizer_state: int  # bytes
-    activations: int  # bytes saved for backward by one micro-batch's forward (parameters excluded)
+    activations: int  # bytes saved for backward (parameters excluded)
+    other: int  # bytes: inputs, outputs and temporaries (on CUDA also the allocator's rounding and workspaces)
     peak: int  # bytes, the highest total alive at any moment of the step
 
-    @property
-    def other(self) -> int:
-        """Bytes of the peak not in the four categories: inputs, outputs and temporaries."""
-        return max(self.peak - self.parameters - self.gradients - self.optimizer_state - self.activations, 0)
-
     def categories(self) -> dict[str, int]:
-        """Bytes by category, adding up to the peak."""
+        """Bytes by category, each as alive at the moment of the peak: they add up to the peak."""
         return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer_state,
                 "activations": self.activations, "other": self.other}
 
@@ -144,27 +167,23 @@ def _clone_optimizer(optimizer: torch.optim.Optimizer | None, params) -> torch.o
     return type(optimizer)(params, **optimizer.defaults)
 
 
-def _run_step(model, optimizer, x, y, loss_fn, accum_steps, saved_bytes: list[int]) -> None:
-    param_storages = {id(p.untyped_storage()) for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if id(storage) not in param_storages:
-            saved[id(storage)] = storage.nbytes()
-        return t
-
-    optimizer.zero_grad(set_to_none=True)
-    for i in range(accum_steps):
-        if i == 0:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+def _run_step(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes | None = None) -> None:
+    """accum_steps forward/backward passes of (x, y), one optimizer step; `tracker` learns what each storage holds."""
+    name = tracker.tag if tracker is not None else (lambda tensors, category: None)
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: name([p.grad], "gradients"))
+             for p in model.parameters() if p.requires_grad]
+    try:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: name([t], "activations") or t, lambda t: t):
+            for _ in range(accum_steps):
                 loss = loss_fn(model(x), y) / accum_steps
-        else:
-            loss = loss_fn(model(x), y) / accum_steps
-        loss.backward()
-        del loss
-    optimizer.step()
-    saved_bytes.append(sum(saved.values()))
+                loss.backward()
+                del loss
+        optimizer.step()
+        name(optimizer_state_tensors(optimizer), "optimizer state")
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, optimizer=None,
@@ -173,8 +192,10 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     """Measure the memory of one step on a copy of `model` (the model and optimizer are not touched).
 
     x, y: one micro-batch. optimizer: its type and settings are copied (default: SGD, which keeps no state).
+    A warm-up step comes first, so the step measured is a steady one (Adam's state exists, as from step 2 on).
+    The categories are what was alive at the moment of the peak.
     fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed.
-    device: "cpu" or "cuda" (default: where the model is); on CUDA the allocator is read after a warm-up step.
+    device: "cpu" or "cuda" (default: where the model is); on CUDA the peak is the allocator's.
     """
     accum_steps = positive_int("accum_steps", accum_steps)
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
@@ -195,10 +216,15 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
 def _tracked(model, optimizer, x, y, loss_fn, accum_steps, method, device_name) -> MemoryReport:
     params = list(model.parameters())
     opt = _clone_optimizer(optimizer, params)
-    saved: list[int] = []
-    with LiveTensorBytes(params + [x, y]) as tracker:
-        _run_step(model, opt, x, y, loss_fn, accum_steps, saved)
-    return _report(device_name, method, len(x), accum_steps, params, opt, saved[0], tracker.peak)
+    _run_step(model, opt, x, y, loss_fn, accum_steps)  # warm-up: the optimizer state exists from step 2 on
+    tracker = LiveTensorBytes()
+    tracker.track(params, "parameters")
+    tracker.track([p.grad for p in params if p.grad is not None], "gradients")
+    tracker.track(optimizer_state_tensors(opt), "optimizer state")
+    tracker.track([x, y])
+    with tracker:
+        _run_step(model, opt, x, y, loss_fn, accum_steps, tracker)
+    return _report(device_name, method, len(x), accum_steps, tracker.peak_categories(), tracker.peak)
 
 
 def _allocator(model, optimizer, x, y, loss_fn, accum_steps, device) -> MemoryReport:
@@ -208,22 +234,28 @@ def _allocator(model, optimizer, x, y, loss_fn, accum_steps, device) -> MemoryRe
     x, y = x.to(device), y.to(device)
     params = list(model.parameters())
     opt = _clone_optimizer(optimizer, params)
-    saved: list[int] = []
-    _run_step(model, opt, x, y, loss_fn, accum_steps, saved)  # warm-up: optimizer state, workspaces
+    _run_step(model, opt, x, y, loss_fn, accum_steps)  # warm-up: optimizer state, workspaces
+    tracker = LiveTensorBytes()
+    tracker.track(params, "parameters")
+    tracker.track([p.grad for p in params if p.grad is not None], "gradients")
+    tracker.track(optimizer_state_tensors(opt), "optimizer state")
+    tracker.track([x, y])
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    _run_step(model, opt, x, y, loss_fn, accum_steps, saved)
+    with tracker:
+        _run_step(model, opt, x, y, loss_fn, accum_steps, tracker)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before
-    return _report(torch.cuda.get_device_name(device), ALLOCATOR, len(x), accum_steps, params, opt, saved[-1], peak)
+    categories = tracker.peak_categories()
+    categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding, workspaces
+    return _report(torch.cuda.get_device_name(device), ALLOCATOR, len(x), accum_steps, categories, peak)
 
 
-def _report(device_name, method, micro, accum_steps, params, opt, activations, peak) -> MemoryReport:
+def _report(device_name, method, micro, accum_steps, categories: dict[str, int], peak: int) -> MemoryReport:
     return MemoryReport(device=device_name, method=method, micro_batch_size=micro, accum_steps=accum_steps,
-                        parameters=unique_bytes(params),
-                        gradients=unique_bytes(p.grad for p in params if p.grad is not None),
-                        optimizer_state=unique_bytes(optimizer_state_tensors(opt)),
-                        activations=activations, peak=peak)
+                        parameters=categories["parameters"], gradients=categories["gradients"],
+                        optimizer_state=categories["optimizer state"], activations=categories["activations"],
+                        other=categories["other"], peak=peak)
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:

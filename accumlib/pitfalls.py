@@ -43,7 +43,7 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
     one_of("last_cycle", last_cycle, LAST_CYCLE)
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     X, y = data
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     log = ClassicLog()
     generator = torch.Generator().manual_seed(seed)  # the same sample order as accumlib.train(seed=seed)
     for _ in range(epochs):

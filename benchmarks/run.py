@@ -57,48 +57,43 @@ def with_accumlib(measure_memory):
     return run
 
 
-def paired_ratios(loops: dict, m: int, k: int, repeats: int, device: torch.device,
-                  samples: int = 1792) -> dict[str, list[float]]:
-    """Per repeat, each loop's seconds per optimizer step over the first loop's in the same round (interleaved).
+def step_seconds(loops: dict, build, X, y, m: int, k: int, repeats: int) -> dict[str, list[float]]:
+    """Each loop's seconds per optimizer step, one epoch of (X, y) per round on a fresh build(), rounds interleaved
+    in alternating order (ABBA: no loop always runs first); the first round is a warm-up.
 
-    samples is a multiple of m * k, so every loop does the same work (the six-line recipe skips a last,
+    len(X) must be a multiple of m * k, so every loop does the same work (the six-line recipe skips a last,
     incomplete cycle).
     """
-    X, y = (t.to(device) for t in data.digits(samples))
-    steps = samples // (m * k)
+    steps = len(X) // (m * k)
     times = {name: [] for name in loops}
-    for repeat in range(repeats + 1):  # the first round is the warm-up
+    for repeat in range(repeats + 1):
         order = list(loops.items())
-        for name, loop in (order if repeat % 2 else order[::-1]):  # ABBA: no loop always runs first
-            model = models.cnn(seed=0).to(device)
+        for name, loop in (order if repeat % 2 else order[::-1]):
+            model = build().to(X.device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-            synchronize(device)
+            synchronize(X.device)
             started = time.perf_counter()
             loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
-            synchronize(device)
+            synchronize(X.device)
             if repeat:
                 times[name].append((time.perf_counter() - started) / steps)
+    return times
+
+
+def paired_ratios(loops: dict, m: int, k: int, repeats: int, device: torch.device) -> dict[str, list[float]]:
+    """Per round, each loop's time per step over the first loop's in the same round (CNN on 1,792 digits)."""
+    X, y = (t.to(device) for t in data.digits(1792))
+    times = step_seconds(loops, lambda: models.cnn(seed=0), X, y, m, k, repeats)
     first = next(iter(times.values()))
     return {name: [a / b for a, b in zip(t, first)] for name, t in times.items()}
 
 
-def fixed_cost_microseconds(device: torch.device, repeats: int, samples: int = 1792) -> dict[str, float]:
-    """Seconds per optimizer step (as microseconds) with a trivial Linear(4, 2): the loops' own bookkeeping."""
-    X = torch.randn(samples, 4, generator=torch.Generator().manual_seed(0)).to(device)
+def fixed_cost_microseconds(loops: dict, repeats: int, device: torch.device) -> dict[str, float]:
+    """Median microseconds per step (8 x 4) with a trivial Linear(4, 2): what is left is the loops' bookkeeping."""
+    X = torch.randn(1792, 4, generator=torch.Generator().manual_seed(0)).to(device)
     y = (X[:, 0] > 0).long()
-    times = {"hand-written": [], "accumlib": []}
-    loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
-    for repeat in range(repeats + 1):
-        for name, loop in loops.items():
-            model = torch.nn.Linear(4, 2).to(device)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            synchronize(device)
-            started = time.perf_counter()
-            loop(model, X, y, optimizer, 8, 4, torch.Generator().manual_seed(repeat))
-            synchronize(device)
-            if repeat:
-                times[name].append((time.perf_counter() - started) / (samples // 32) * 1e6)
-    return {name: statistics.median(t) for name, t in times.items()}
+    times = step_seconds(loops, lambda: torch.nn.Linear(4, 2), X, y, 8, 4, repeats)
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
 def synchronize(device: torch.device) -> None:
@@ -183,7 +178,7 @@ def measure(device: torch.device, repeats: int, quick: bool) -> dict:
     for name, (q1, median, q3) in overhead.items():
         print(f"   {name:<28} {median:5.2f}x ({q1:.2f}-{q3:.2f})")
 
-    fixed = fixed_cost_microseconds(device, repeats)
+    fixed = fixed_cost_microseconds({name: loops[name] for name in ("hand-written", "accumlib")}, repeats, device)
     print(f"   fixed cost per optimizer step with a trivial model (4 micro-batches): hand-written "
           f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
           f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)")

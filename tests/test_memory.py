@@ -17,11 +17,14 @@ def test_activation_bytes_are_proportional_to_micro_batch_size():
 def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps():
     net = models.cnn()
     adam = torch.optim.Adam(net.parameters())
-    reports = [memory.measure_step(net, X[:m], Y[:m], optimizer=adam, accum_steps=k) for m, k in [(8, 1), (64, 1), (8, 8)]]
-    n_params = sum(p.numel() for p in net.parameters())
-    for r in reports:
-        assert r.parameters == r.gradients == 4 * n_params
-        assert r.optimizer_state == 2 * 4 * n_params + 4 * len(list(net.parameters()))  # exp_avg, exp_avg_sq, step
+    reports = {(m, k): memory.measure_step(net, X[:m], Y[:m], optimizer=adam, accum_steps=k)
+               for m, k in [(8, 1), (64, 1), (8, 8)]}
+    full_gradient = 4 * sum(p.numel() for p in net.parameters())
+    for (m, k), r in reports.items():
+        assert r.parameters == full_gradient
+        assert r.optimizer_state == 2 * full_gradient + 4 * len(list(net.parameters()))  # exp_avg, exp_avg_sq, step
+        assert 0 < r.gradients <= full_gradient  # at the peak, never more than one gradient
+    assert reports[8, 8].gradients == full_gradient  # accumulating keeps the whole gradient alive through the cycle
     assert net.parameters().__next__().grad is None and not adam.state  # the real model and optimizer untouched
 
 
@@ -50,7 +53,15 @@ def test_cpu_measurement_is_deterministic_and_fake_mode_agrees_without_computing
     assert a == b
     assert (fake.peak, fake.activations, fake.parameters) == (a.peak, a.activations, a.parameters)
     assert a.method == memory.TRACKER and fake.method == memory.FAKE
-    assert sum(a.categories().values()) == a.peak
+    assert fake.categories() == a.categories()
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (1, 4), (8, 1), (64, 4)])
+def test_categories_are_what_was_alive_at_the_peak_and_add_up_to_it(m, k):
+    r = memory.measure_step(models.cnn(norm="batch"), X[:m], Y[:m], optimizer=torch.optim.Adam(models.cnn().parameters()),
+                            accum_steps=k)
+    assert all(value >= 0 for value in r.categories().values())
+    assert sum(r.categories().values()) == r.peak  # the tracker's own peak, not a sum by definition
 
 
 def test_history_records_carry_the_cpu_peak():
