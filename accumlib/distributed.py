@@ -7,6 +7,7 @@ keep a Jupyter kernel out of the workers.
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -50,27 +51,35 @@ def _counting_allreduce(state: dict, bucket):
     return allreduce_hook(None, bucket)
 
 
-def _worker(job: Path) -> None:
-    """One process of a run_ddp job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)."""
+def _train_rank(job: Path) -> None:
+    """This process's share of a run_ddp job; rank 0 writes the result. Its DDP objects die when it returns."""
     from .loop import train
 
     spec = torch.load(job / "job.pt", weights_only=False)
+    model = DistributedDataParallel(spec["builder"]())
+    counter = {"calls": 0}
+    model.register_comm_hook(counter, _counting_allreduce)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec["lr"])
+    history = train(model, spec["data"], optimizer, micro_batch_size=spec["micro_batch_size"],
+                    accum_steps=spec["accum_steps"], epochs=spec["epochs"], seed=spec["seed"],
+                    ddp_no_sync=spec["no_sync"], measure_memory=False, device="cpu")
+    if dist.get_rank() == 0:
+        torch.save({"steps": len(history), "calls": counter["calls"], "losses": tuple(r.loss for r in history),
+                    "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()}},
+                   job / "result.pt")
+
+
+def _worker(job: Path) -> None:
+    """One process of a run_ddp job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        model = DistributedDataParallel(spec["builder"]())
-        counter = {"calls": 0}
-        model.register_comm_hook(counter, _counting_allreduce)
-        optimizer = torch.optim.SGD(model.parameters(), lr=spec["lr"])
-        history = train(model, spec["data"], optimizer, micro_batch_size=spec["micro_batch_size"],
-                        accum_steps=spec["accum_steps"], epochs=spec["epochs"], seed=spec["seed"],
-                        ddp_no_sync=spec["no_sync"], measure_memory=False, device="cpu")
-        if dist.get_rank() == 0:
-            torch.save({"steps": len(history), "calls": counter["calls"], "losses": tuple(r.loss for r in history),
-                        "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()}},
-                       job / "result.pt")
+        _train_rank(job)
         dist.barrier()
     finally:
+        # DDP's reducer holds the process group and sits in reference cycles. Left to the interpreter's shutdown,
+        # gloo's threads are destroyed after Python is gone and the process aborts (SIGABRT, seen under load).
+        gc.collect()
         dist.destroy_process_group()
 
 
