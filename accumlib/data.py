@@ -1,7 +1,14 @@
-"""Small, offline data: scikit-learn's 8x8 handwritten digits (shipped inside the package) and generated sequences."""
+"""Small, offline data: 8x8 handwritten digits (shipped inside this package) and generated sequences.
+
+The digits are the UCI "Optical Recognition of Handwritten Digits" test set (E. Alpaydin and C. Kaynak, 1998;
+CC BY 4.0), exactly as scikit-learn ships it as `load_digits()`: 1,797 images of 8x8 pixels with values 0..16.
+`digits.bin.gz` holds their pixels (uint8, row-major) followed by their labels, so loading needs torch alone.
+"""
 from __future__ import annotations
 
 import functools
+import gzip
+from importlib import resources
 
 import torch
 
@@ -10,12 +17,15 @@ from ._validate import positive_int
 PAD = -100  # target value of padding positions; cross_entropy(ignore_index=PAD) skips them
 
 
-@functools.lru_cache(maxsize=None)
-def _digits_arrays():
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
+DIGITS = 1797  # samples in the shipped digits
 
-    digits = load_digits()
-    return digits.images, digits.target
+
+@functools.lru_cache(maxsize=None)
+def _digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """(images as uint8 of shape (1797, 8, 8) with values 0..16, labels as uint8 of shape (1797,))."""
+    raw = gzip.decompress((resources.files(__package__) / "digits.bin.gz").read_bytes())
+    pixels = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return pixels[:DIGITS * 64].view(DIGITS, 8, 8), pixels[DIGITS * 64:]
 
 
 def digits(n: int | None = None, *, flat: bool = False, dtype: torch.dtype = torch.float32):
@@ -28,8 +38,8 @@ def digits(n: int | None = None, *, flat: bool = False, dtype: torch.dtype = tor
         n = positive_int("n", n)
         if n > len(images):
             raise ValueError(f"n must be between 1 and {len(images)} (the digits dataset size), got {n}")
-    X = torch.tensor(images[:n], dtype=dtype).unsqueeze(1) / 16
-    y = torch.tensor(target[:n], dtype=torch.long)
+    X = images[:n].to(dtype).unsqueeze(1) / 16
+    y = target[:n].long()
     return (X.flatten(1) if flat else X), y
 
 

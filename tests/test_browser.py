@@ -118,7 +118,7 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
                  lessons, f"http://127.0.0.1:{port}/api/status?token={TOKEN}")
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"http://127.0.0.1:{port}/lab/tree/03_the_loop.ipynb?token={TOKEN}")
+        page.goto(f"http://127.0.0.1:{port}/lab/tree/en/03_the_loop.ipynb?token={TOKEN}")
         page.locator(".jp-RenderedMarkdown h1", has_text="Lesson 3").first.wait_for(timeout=60_000)
         page.get_by_text("Python 3 (ipykernel) | Idle").first.wait_for(timeout=60_000)  # notebook menus are ready
         menu(page, "Edit", "Clear Outputs of All Cells")  # so what we see next was computed now
@@ -139,7 +139,7 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
 
 def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browser):
     port = free_port()
-    app = server([str(BIN / "voila"), "dashboards.ipynb", "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+    app = server([str(BIN / "voila"), "en/dashboards.ipynb", "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
                   "--ServerApp.allow_root=True"], lessons, f"http://127.0.0.1:{port}/")
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

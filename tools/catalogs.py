@@ -1,0 +1,142 @@
+"""accumlib's message catalogues: extract every translatable string, merge it into each language's PO file, compile.
+
+    python tools/catalogs.py           # extract -> accumlib/locale/accumlib.pot, update every accumlib.po, compile .mo
+    python tools/catalogs.py --check   # change nothing; exit 1 naming each string that is untranslated, fuzzy or stale
+
+Sources of strings: `_()`, `ngettext()`, `pgettext()` and `N_()` in accumlib's Python files (Babel's extractor),
+and the English texts of the quiz bank (`accumlib/quiz/questions.json`). A translator edits only the PO files;
+`make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a fuzzy or empty
+translation is shown in English until a translator confirms it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import sys
+from pathlib import Path
+
+from babel.messages import mofile, pofile
+from babel.messages.catalog import Catalog
+from babel.messages.extract import DEFAULT_KEYWORDS, extract_from_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "accumlib"
+LOCALE = PACKAGE / "locale"
+DOMAIN = "accumlib"
+FIXED_DATE = datetime.datetime(2026, 11, 30, tzinfo=datetime.timezone.utc)  # stable headers: no diff noise
+HEADER = dict(project="accumlib", version="0.2", copyright_holder="the accumlib authors", charset="utf-8",
+              msgid_bugs_address="the accumlib issue tracker", creation_date=FIXED_DATE, revision_date=FIXED_DATE,
+              header_comment="# The accumlib course's messages (widgets, plots, findings, quiz, exercises).\n"
+                             "# Terms: translations/glossary.tsv. Regenerate with `make translations`.")
+
+
+def languages() -> list[str]:
+    return sorted(p.name for p in LOCALE.iterdir() if (p / "LC_MESSAGES").is_dir())
+
+
+def quiz_messages():
+    """(message, context, location) for every English text of the quiz bank: any {"en": ...} field."""
+    bank = json.loads((PACKAGE / "quiz" / "questions.json").read_text(encoding="utf-8"))
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if isinstance(node.get("en"), str):
+                yield node["en"], None, f"accumlib/quiz/questions.json:{path}"
+            for key, value in node.items():
+                if key != "en":
+                    yield from walk(value, f"{path}/{node.get('id', key)}" if key in ("questions", "options") else f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                yield from walk(value, f"{path}/{value.get('id', i) if isinstance(value, dict) else i}")
+
+    yield from walk(bank, "")
+
+
+def template() -> Catalog:
+    """Every translatable string of the package, as a POT catalogue."""
+    catalog = Catalog(domain=DOMAIN, **HEADER)
+    for filename, lineno, message, comments, context in extract_from_dir(
+            PACKAGE, keywords=DEFAULT_KEYWORDS, comment_tags=("TRANSLATORS:",), strip_comment_tags=True):
+        catalog.add(message, locations=[(f"accumlib/{filename}", None)], auto_comments=comments, context=context)
+    for message, context, location in quiz_messages():
+        catalog.add(message, locations=[(location, None)], context=context)
+    return catalog
+
+
+def _po_bytes(catalog: Catalog) -> bytes:
+    buffer = io.BytesIO()
+    pofile.write_po(buffer, catalog, width=120, include_lineno=False, sort_output=True, ignore_obsolete=True)
+    return buffer.getvalue()
+
+
+def _mo_bytes(catalog: Catalog) -> bytes:
+    buffer = io.BytesIO()
+    mofile.write_mo(buffer, catalog, use_fuzzy=False)
+    return buffer.getvalue()
+
+
+def read(path: Path, locale: str | None = None) -> Catalog:
+    with path.open("rb") as f:
+        return pofile.read_po(f, locale=locale, domain=DOMAIN)
+
+
+def merged(language: str, pot: Catalog) -> Catalog:
+    """The language's PO catalogue updated to the template (new strings empty, changed ones fuzzy)."""
+    path = LOCALE / language / "LC_MESSAGES" / f"{DOMAIN}.po"
+    catalog = read(path, language) if path.exists() else Catalog(locale=language, domain=DOMAIN, **HEADER)
+    catalog.update(pot, update_creation_date=False)
+    catalog.revision_date = FIXED_DATE
+    catalog.last_translator = catalog.language_team = "the accumlib authors"
+    catalog.fuzzy = False  # the header (charset, plural forms) must reach the compiled catalogue
+    return catalog
+
+
+def problems(language: str, pot: Catalog) -> list[str]:
+    """One line per string of the template that the language's committed catalogue does not translate."""
+    path = LOCALE / language / "LC_MESSAGES" / f"{DOMAIN}.po"
+    if not path.exists():
+        return [f"{path.relative_to(ROOT)} is missing: run make translations"]
+    po = read(path, language)
+    found = []
+    for message in pot:
+        if not message.id:
+            continue
+        entry = po.get(message.id, message.context)
+        where = ", ".join(f for f, _ in message.locations)
+        text = message.id if isinstance(message.id, str) else message.id[0]
+        if entry is None:
+            found.append(f"{language}: not in the catalogue (run make translations): {text!r} ({where})")
+        elif entry.fuzzy:
+            found.append(f"{language}: fuzzy (the English changed; confirm the translation): {text!r} ({where})")
+        elif not entry.string or (isinstance(entry.string, tuple) and not all(entry.string)):
+            found.append(f"{language}: untranslated: {text!r} ({where})")
+    compiled = path.with_suffix(".mo")
+    if not compiled.exists() or compiled.read_bytes() != _mo_bytes(po):
+        found.append(f"{compiled.relative_to(ROOT)} is not compiled from its .po: run make translations")
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; report what is not translated")
+    args = parser.parse_args()
+    pot = template()
+    if args.check:
+        found = [line for language in languages() for line in problems(language, pot)]
+        print("\n".join(found) or "every string is translated and compiled")
+        return 1 if found else 0
+    (LOCALE / f"{DOMAIN}.pot").write_bytes(_po_bytes(pot))
+    for language in languages():
+        folder = LOCALE / language / "LC_MESSAGES"
+        catalog = merged(language, pot)
+        (folder / f"{DOMAIN}.po").write_bytes(_po_bytes(catalog))
+        (folder / f"{DOMAIN}.mo").write_bytes(_mo_bytes(catalog))
+        untranslated = sum(1 for m in catalog if m.id and (m.fuzzy or not m.string))
+        print(f"{language}: {len(catalog)} strings, {untranslated} untranslated or fuzzy")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
