@@ -1,114 +1,409 @@
-"""The quiz: schema-valid bilingual data, grading rules, and the widget driven from pytest."""
+"""The quiz: a bank valid against its schema, questions a teacher would set (balanced options, feedback per wrong
+answer, facts the experiments confirm), grading and hostile inputs, the widget, and its Hindi from the catalogue."""
+import copy
+import importlib.util
 import json
 import re
+import subprocess
+import sys
 from importlib import resources
+from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
+from torch.nn import functional as F
 
-from accumlib import quiz
+import accumlib
+from accumlib import data, models, quiz
+from accumlib.quiz import experiments
 
-DEVANAGARI = re.compile(r"[\u0900-\u097F]")
-TOPICS = {"grad-adds-up", "step", "loss-scaling", "zero-grad", "effective-batch", "memory", "time", "batchnorm",
-          "last-cycle", "once-per-step", "ddp"}
+sys.path.insert(0, str(Path(__file__).parent))
+import hindi  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = quiz.bank()["questions"]
+BY_ID = {q["id"]: q for q in QUESTIONS}
+PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 
 
-def texts(node):
-    """Every {en, hi} pair in the bank."""
-    if isinstance(node, dict):
-        if set(node) == {"en", "hi"}:
-            yield node
+def _catalogs():
+    spec = importlib.util.spec_from_file_location("catalogs", ROOT / "tools" / "catalogs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def course_language():
+    """Restores the course language after a test that changes it."""
+    yield accumlib.set_language
+    accumlib.set_language("en")
+
+
+def schema() -> dict:
+    return json.loads((resources.files("accumlib.quiz") / "schema.json").read_text(encoding="utf-8"))
+
+
+def first_of_kind(bank, kind):
+    return next(q for q in bank["questions"] if q["kind"] == kind)
+
+
+def wrong_options(q):
+    return [o for o in q["options"] if o["id"] != q["answer"]]
+
+
+def right_option(q):
+    return next(o for o in q["options"] if o["id"] == q["answer"])
+
+
+# ------------------------------------------------------------------------------------------------ the bank
+
+
+def test_bank_is_valid_against_the_schema_and_broken_banks_are_not():
+    jsonschema.validate(quiz.bank(), schema())
+    breakages = {
+        "Hindi in the bank": lambda b: b["questions"][0].__setitem__("prompt", "हम बड़े batches क्यों चाहते हैं?"),
+        "no lesson": lambda b: b["questions"][0].pop("lesson"),
+        "a lesson past the quizzed ones": lambda b: b["questions"][0].__setitem__("lesson", 10),
+        "options on a number question": lambda b: first_of_kind(b, "number").__setitem__("options", first_of_kind(b, "choice")["options"]),
+        "a predict question without its run": lambda b: first_of_kind(b, "predict").pop("run"),
+        "a run on a choice question": lambda b: first_of_kind(b, "choice").__setitem__("run", "memory_categories"),
+        "an option without text": lambda b: first_of_kind(b, "choice")["options"][0].pop("text"),
+    }
+    for name, breakage in breakages.items():
+        broken = copy.deepcopy(quiz.bank())
+        breakage(broken)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema())
+            pytest.fail(f"the schema accepted a bank with {name}")
+
+
+def test_accumlib_quiz_does_not_import_jsonschema():
+    code = "import sys, accumlib.quiz; print('jsonschema' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_every_answer_is_an_option_ids_are_unique_and_runs_exist():
+    assert len(BY_ID) == len(QUESTIONS)
+    for q in QUESTIONS:
+        if q["kind"] == "number":
+            causes = [c["answer"] for c in q["known_wrong"]]
+            assert q["answer"] not in causes and len(set(causes)) == len(causes), q["id"]
         else:
-            for value in node.values():
-                yield from texts(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from texts(value)
+            assert q["answer"] in [o["id"] for o in q["options"]], q["id"]
+        assert ("run" in q) == (q["kind"] == "predict") and q.get("run", "classic_division_last_cycle") in experiments.RUNS
 
 
-def test_bank_is_valid_against_the_schema_and_a_broken_one_is_not():
-    bank = quiz.bank()
-    schema = json.loads((resources.files("accumlib.quiz") / "schema.json").read_text())
-    jsonschema.validate(bank, schema)
-    broken = json.loads(json.dumps(bank))
-    del broken["questions"][0]["options"][1]["feedback"]["hi"]
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, schema)
+def test_each_lesson_has_a_quick_check_and_every_topic_a_question():
+    assert {q["lesson"] for q in QUESTIONS} == set(range(1, 10))  # lesson 10 (the recap) asks the whole quiz
+    assert {q["topic"] for q in QUESTIONS} == set(schema()["properties"]["questions"]["items"]["properties"]["topic"]["enum"])
+    assert all(quiz.check(lesson=n).quiz.questions for n in range(1, 10))
 
 
-def test_both_languages_have_the_same_questions_options_and_answers():
-    questions = quiz.bank()["questions"]
-    en, hi = quiz.Quiz(language="en"), quiz.Quiz(language="hi")
-    assert [q["id"] for q in en.questions] == [q["id"] for q in hi.questions]
-    for text in texts(quiz.bank()["questions"]):
-        assert text["en"].strip() and DEVANAGARI.search(text["hi"]), text
-    for q in questions:  # options and answers are shared by both languages, so only the texts can differ
-        assert ("options" in q) == (q["kind"] != "number")
-        assert q["kind"] == "number" or q["answer"] in [o["id"] for o in q["options"]]
-    assert set(quiz.bank()["ui"]["en"]) == set(quiz.bank()["ui"]["hi"])
-    # PyTorch names stay in Latin script in Hindi
-    assert "optimizer.step()" in next(q for q in questions if q["id"] == "when-to-step")["prompt"]["hi"]
+def test_options_are_balanced_and_the_right_one_is_not_the_giveaway():
+    for q in QUESTIONS:
+        if q["kind"] == "number":
+            continue
+        lengths = [len(o["text"]) for o in q["options"]]
+        assert max(lengths) <= 2 * min(lengths), (q["id"], lengths)
+        assert len(right_option(q)["text"]) <= 1.25 * max(len(o["text"]) for o in wrong_options(q)), q["id"]
 
 
-def test_every_lesson_topic_is_covered_with_a_numeric_and_a_predict_question():
-    questions = quiz.bank()["questions"]
-    assert {q["topic"] for q in questions} == TOPICS
-    assert any(q["kind"] == "number" for q in questions) and any(q["kind"] == "predict" for q in questions)
-    central = next(q for q in questions if q["id"] == "when-to-step")
-    assert "(step + 1) % accum_steps == 0" in central["explanation"]["en"]
-    assert "last" in central["explanation"]["en"] and len(central["options"]) >= 4
+def test_every_wrong_option_has_its_own_feedback_and_hints_do_not_give_the_answer():
+    for q in QUESTIONS:
+        if q["kind"] == "number":
+            continue
+        feedback = [o["feedback"] for o in wrong_options(q)]
+        assert len(set(feedback)) == len(feedback) and "feedback" not in right_option(q), q["id"]
+        assert right_option(q)["text"].lower() not in (q["hint"] + " ".join(feedback)).lower(), q["id"]
 
 
-def test_first_wrong_answer_reveals_the_hint_not_the_answer_and_retries_count():
-    q = quiz.Quiz(["when-to-step", "effective-batch"])
-    first = q.answer("when-to-step", "a")
-    assert not first.correct and first.hint and "every mini-batch" in first.message
-    assert "(step + 1)" not in first.message + first.hint  # the answer is not given away
-    assert q.progress() == (1, 0, 2)
-    right = q.answer("when-to-step", "c")
-    assert right.correct and "(step + 1) % accum_steps == 0" in right.message
-    assert q.answer("effective-batch", "64").correct  # 8 x 4 x 2
-    assert not q.answer("effective-batch", 32).correct
-    assert q.progress() == (2, 2, 2)
+def test_the_real_traps_are_there_as_distractors():
+    """The traps the course teaches: the step % k off-by-one, dividing twice, the tail skipped, leaked or stepped
+    without its weight; and the numbers they produce (32: the processes forgotten, 3: the tail dropped)."""
+    assert "When step % accum_steps == 0" in wrong_texts("when-to-step")
+    assert "(loss_fn(out, y) / (4 * 8)).backward()" in wrong_texts("scale-the-loss")
+    tails = wrong_texts("last-cycle")
+    for trap in ("Skip it", "Step it, dividing its loss by accum_steps", "Keep its gradient for the next epoch"):
+        assert any(text.startswith(trap) for text in tails), trap
+    assert 32 in [c["answer"] for c in BY_ID["effective-batch"]["known_wrong"]]
+    assert 3 in [c["answer"] for c in BY_ID["steps-per-epoch"]["known_wrong"]]
 
 
-def test_bad_answers_and_ids_are_named():
-    q = quiz.Quiz(["when-to-step", "effective-batch"])
-    with pytest.raises(ValueError, match="'z' is not an option of 'when-to-step'"):
-        q.answer("when-to-step", "z")
-    with pytest.raises(ValueError, match="needs a number, got 'many'"):
-        q.answer("effective-batch", "many")
-    with pytest.raises(ValueError, match="unknown question id"):
-        quiz.Quiz(["nope"])
-    with pytest.raises(ValueError, match="language must be one of"):
-        quiz.Quiz(language="fr")
+def wrong_texts(qid):
+    return [o["text"] for o in wrong_options(BY_ID[qid])]
 
 
-def test_predict_question_runs_real_code():
-    q = quiz.Quiz(["predict-classic-division"])
-    output = q.run_check("predict-classic-division")
-    classic = float(re.search(r"classic\): ([0-9.e+-]+)", output).group(1))
-    assert classic > 1e-3 and "accumlib): below 1e-12" in output
+# ------------------------------------------------------------------------------------------------ grading
 
 
-def test_widget_language_switch_progress_and_feedback():
-    widget = quiz.QuizWidget()
-    assert widget.language.value == "en" and "Quick check" in widget.heading.value
-    assert widget.check.description == "Check"
+def test_the_right_answer_passes_and_each_wrong_option_gets_its_own_feedback():
+    for q in QUESTIONS:
+        graded = quiz.Quiz([q["id"]], "en")
+        if q["kind"] == "number":
+            for cause in q["known_wrong"]:
+                assert graded.answer(q["id"], cause["answer"]).message == cause["feedback"]
+        else:
+            for option in wrong_options(q):
+                result = graded.answer(q["id"], option["id"])
+                assert not result.correct and result.message == option["feedback"]
+        right = graded.answer(q["id"], q["answer"] if q["kind"] != "number" else float(q["answer"]))
+        assert right.correct and right.message == q["explanation"]
+        assert graded.progress() == (1, 1, 1)
+
+
+def test_numeric_feedback_names_the_known_cause_and_falls_back_to_a_general_one():
+    graded = quiz.Quiz(["effective-batch", "steps-per-epoch"], "en")
+    forgot_processes = graded.answer("effective-batch", 32)
+    assert not forgot_processes.correct and "process" in forgot_processes.message
+    dropped_tail = graded.answer("steps-per-epoch", 3)
+    assert "tail" in dropped_tail.message and "short" in dropped_tail.message
+    unknown = graded.answer("steps-per-epoch", 7)
+    assert unknown.message == BY_ID["steps-per-epoch"]["wrong_feedback"]
+    assert graded.answer("effective-batch", 64.0).correct
+
+
+def test_the_hint_comes_with_the_first_wrong_answer_and_not_before():
+    graded = quiz.Quiz(["when-to-step", "loop-order"], "en")
+    assert graded.answer("loop-order", "a").hint is None  # right at once: no hint needed
+    first = graded.answer("when-to-step", "b")
+    assert not first.correct and first.hint == BY_ID["when-to-step"]["hint"]
+    assert "off by one" in first.message.lower()
+    assert graded.answer("when-to-step", "c").hint == BY_ID["when-to-step"]["hint"]  # it stays once earned
+    assert graded.progress() == (2, 2, 2)
+
+
+def test_a_lesson_quick_check_asks_only_that_lesson_and_earlier_ones():
+    third = quiz.check(lesson=3).quiz.questions
+    assert third and {q["lesson"] for q in third} == {3}
+    assert quiz.check("grad-adds-up", "loop-order", lesson=3).quiz.questions[1]["id"] == "loop-order"
+    with pytest.raises(ValueError, match=r"lesson 2 .*'loop-order' \(lesson 3\)"):
+        quiz.check("grad-adds-up", "loop-order", lesson=2)
+    with pytest.raises(ValueError, match="no question belongs to lesson 10"):
+        quiz.check(lesson=10)
+
+
+# ------------------------------------------------------------------------------------------------ facts the runs confirm
+
+
+def test_classic_division_is_right_on_full_cycles_and_wrong_only_on_the_short_last_one():
+    result = experiments.classic_division_last_cycle()
+    assert result["steps"] == 5 and result["full_cycles"] < 1e-12 < 1e-3 < result["classic"]
+    assert result["weighted"] < 1e-12
+    assert right_option(BY_ID["predict-classic-division"])["text"] == "No: only the last, short step is too small"
+
+
+def test_forgetting_the_division_is_a_k_times_learning_rate_for_sgd_and_largely_cancels_for_adam():
+    result = experiments.no_division_sgd_adam()
+    assert result["sgd"] > result["sgd_moved"]  # the weights end further from the right run than they moved
+    assert result["adam"] < 0.05 * result["adam_moved"]
+    # "exactly a 4 times larger learning rate" for plain SGD: the two runs agree to rounding error
+    X, y = data.digits(64, flat=True, dtype=torch.float64)
+    ends = []
+    for lr, scale in ((0.4, 1), (0.1, 4)):
+        model = models.mlp(dtype=torch.float64)
+        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=lr), micro_batch_size=8, accum_steps=4,
+                       loss_fn=lambda out, target, scale=scale: scale * F.cross_entropy(out, target),
+                       measure_memory=False)
+        ends.append(model)
+    assert accumlib.parameter_gap(*ends) < 1e-12
+
+
+def test_what_shrinks_is_what_is_held_per_sample():
+    bytes_ = experiments.memory_categories()
+    for held_per_sample in ("activations", "other"):
+        assert bytes_[f"{held_per_sample}_split"] * 4 < bytes_[f"{held_per_sample}_one"], held_per_sample
+    for held_per_parameter in ("parameters", "optimizer_state"):
+        assert bytes_[f"{held_per_parameter}_split"] == bytes_[f"{held_per_parameter}_one"] > 0
+    # under accumulation the whole gradient is alive at the peak: never less than without it
+    assert bytes_["gradients_split"] == bytes_["parameters_split"] >= bytes_["gradients_one"]
+
+
+def test_only_groupnorm_matches_the_full_batch():
+    gaps = experiments.batchnorm_gradient_gap()
+    assert gaps["group"] < 1e-12 < 1e-4 < gaps["batch"]
+
+
+# ------------------------------------------------------------------------------------------------ hostile inputs
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: quiz.check(["when-to-step"]), TypeError, ["ids", "separate arguments", "quiz.check('when-to-step')"]),
+    (lambda: quiz.check(("when-to-step", "loop-order")), TypeError, ["ids", "separate arguments"]),
+    (lambda: quiz.Quiz("when-to-step"), TypeError, ["ids must be a list"]),
+    (lambda: quiz.check("when-to-step", 3), TypeError, ["ids", "must be a string", "3"]),
+    (lambda: quiz.check("when-to-step", "when-to-step"), ValueError, ["ids", "'when-to-step'", "more than once"]),
+    (lambda: quiz.check("nope"), ValueError, ["ids", "'nope'", "valid ids", "when-to-step"]),
+    (lambda: quiz.check(lesson=0), ValueError, ["lesson must be", "1 to 10", "0"]),
+    (lambda: quiz.check(lesson=True), ValueError, ["lesson must be", "True"]),
+    (lambda: quiz.check(lesson="3"), ValueError, ["lesson must be", "'3'"]),
+    (lambda: quiz.check(language="fr"), ValueError, ["language must be one of", "'en'", "'hi'", "'fr'"]),
+    (lambda: quiz.Quiz(language=1), ValueError, ["language must be one of", "1"]),
+])
+def test_bad_quiz_arguments_are_refused_naming_the_parameter_and_the_valid_values(call, error, words):
+    with pytest.raises(error) as refused:
+        call()
+    for word in words:
+        assert word in str(refused.value), (word, str(refused.value))
+
+
+@pytest.mark.parametrize("qid, value, error, words", [
+    ("when-to-step", ["c"], TypeError, ["value", "'when-to-step'", "'a', 'b', 'c', 'd'", "['c']"]),
+    ("when-to-step", "z", ValueError, ["value", "one of 'a', 'b', 'c', 'd'", "'z'"]),
+    ("when-to-step", 3, TypeError, ["value", "option id"]),
+    ("effective-batch", True, TypeError, ["value", "needs a number", "True", "bool"]),
+    ("effective-batch", "64", TypeError, ["value", "needs a number", "'64'", "str"]),
+    ("effective-batch", [64], TypeError, ["value", "needs a number"]),
+    ("effective-batch", float("nan"), ValueError, ["value", "finite number"]),
+    (["effective-batch"], 64, TypeError, ["qid must be a question id"]),
+    ("loop-order", "a", ValueError, ["qid", "'loop-order' is not in this quiz", "when-to-step"]),
+])
+def test_bad_answers_are_refused_before_anything_is_recorded(qid, value, error, words):
+    graded = quiz.Quiz(["when-to-step", "effective-batch"], "en")
+    graded.answer("when-to-step", "b")
+    before = copy.deepcopy(graded.attempts), set(graded.solved)
+    with pytest.raises(error) as refused:
+        graded.answer(qid, value)
+    for word in words:
+        assert word in str(refused.value), (word, str(refused.value))
+    assert (graded.attempts, graded.solved) == before
+
+
+# ------------------------------------------------------------------------------------------------ the widget
+
+
+def test_the_widget_checks_answers_and_moves_between_questions():
+    widget = quiz.check("when-to-step", "effective-batch", language="en")
+    assert widget.heading.value == "<h3>Quick check</h3>" and widget.language.description == "Language"
+    assert widget.submit() is None and "Choose an answer first" in widget.feedback.value
     widget.choices.value = "a"
-    widget.submit()
-    assert "Not quite" in widget.feedback.value and "Hint" in widget.feedback.value
+    assert not widget.submit().correct
+    assert "That is not it" in widget.feedback.value and "<i>Hint:</i>" in widget.feedback.value
     widget.choices.value = "c"
-    assert widget.submit().correct
-    assert "answered 1 · correct 1" in widget.progress.value
-    widget.language.value = "hi"
-    assert widget.check.description == "जाँचें" and "optimizer.step()" in widget.prompt.value
-    assert widget.choices.options[0][0] == "हर mini-batch के बाद"
-    assert "उत्तर दिए 1 · सही 1" in widget.progress.value
-    widget.go(4)
-    assert widget.current["kind"] == "number" and widget.number.layout.display is None
-    widget.number.value = 64
-    assert widget.submit().correct
-    widget.go(99)
-    assert widget.index == len(widget.quiz.questions) - 1
-    assert all(c.description for c in (widget.language, widget.check, widget.next, widget.previous))
+    assert widget.submit().correct and "answered 1 · correct 1" in widget.progress.value
+    widget.go(1)
+    assert widget.number.layout.display is None and widget.choices.layout.display == "none"
+    widget.number.value = "many"
+    assert widget.submit() is None and "Type a number" in widget.feedback.value
+    widget.number.value = "32"
+    assert "process" in widget.submit().message
+    widget.number.value = " 64 "
+    assert widget.submit().correct and "answered 2 · correct 2" in widget.progress.value
+    widget.go(5)
+    assert widget.index == 1
+    widget.go(-1)
+    assert widget.index == 0 and widget.feedback.value == "" and widget.choices.value is None
+
+
+def test_run_works_only_after_an_answer():
+    graded = quiz.Quiz(["predict-batchnorm-gap"], "en")
+    with pytest.raises(ValueError, match="answer 'predict-batchnorm-gap' before running it"):
+        graded.run_check("predict-batchnorm-gap")
+    widget = quiz.check("when-to-step", "predict-batchnorm-gap", "what-memory-shrinks", language="en")
+    assert widget.run.layout.display == "none"  # not a predict question
+    widget.go(1)
+    assert widget.run.layout.display is None and widget.run.disabled
+    assert widget.run_experiment() is None and "Answer first" in widget.run_output.value
+    widget.choices.value = "a"  # a wrong prediction is still a prediction
+    widget.submit()
+    assert not widget.run.disabled
+    output = widget.run_experiment()
+    gaps = [float(g) for g in re.findall(r"Norm: ([0-9.e+-]+)", output)]
+    assert len(gaps) == 2 and gaps[1] < 1e-12 < gaps[0] and output in widget.run_output.value
+    widget.go(2)
+    assert widget.run.disabled and widget.run_output.value == ""
+    widget.go(1)
+    assert not widget.run.disabled  # answered before: the run stays available
+
+
+def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_quiz(course_language):
+    course_language("hi")
+    widget = quiz.check("when-to-step")
+    assert widget.language.value == "hi" and widget.heading.value == "<h3>त्वरित जाँच</h3>"
+    assert "optimizer.step()" in widget.prompt.value and hindi.devanagari_share(widget.prompt.value) > 0.5
+    assert "हिन्दी" in widget._repr_mimebundle_()["text/plain"]
+    widget.language.value = "en"
+    assert widget.check.description == "Check" and accumlib.language() == "hi"
+    course_language("en")
+    assert quiz.check("when-to-step").language.value == "en"
+    assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == "Quiz (English), 1 question(s): when-to-step"
+
+
+def test_the_widget_in_hindi_shows_no_english_sentence():
+    widget = quiz.QuizWidget(language="hi")
+    shown = []
+
+    def visible():
+        texts = [widget.language.description, widget.heading.value, widget.prompt.value, widget.check.description,
+                 widget.run.description, widget.previous.description, widget.next.description,
+                 widget.progress.value, widget.feedback.value, widget.run_output.value, widget.number.description,
+                 widget.number.placeholder, widget.choices.description, widget.run.tooltip]
+        shown.extend(texts + [label for label, _ in widget.choices.options])
+
+    for index, q in enumerate(widget.quiz.questions):
+        widget.go(index)
+        visible()
+        if q["kind"] == "number":
+            for value in [c["answer"] for c in q["known_wrong"]] + [12345, q["answer"]]:
+                widget.number.value = str(value)
+                widget.submit()
+                visible()
+        else:
+            widget.run_experiment()  # refused before an answer, in Hindi
+            visible()
+            for option in wrong_options(q) + [right_option(q)]:
+                widget.choices.value = option["id"]
+                widget.submit()
+                visible()
+            if q["kind"] == "predict":
+                widget.run_experiment()
+                visible()
+    widget.go(0)
+    widget.submit()  # nothing chosen
+    visible()
+    english = {text: hindi.untranslated(text) for text in shown if hindi.untranslated(text)}
+    assert not english, english
+    assert all(hindi.is_nfc(text) for text in shown)
+
+
+# ------------------------------------------------------------------------------------------------ the catalogue
+
+
+def test_every_quiz_string_has_a_good_hindi_translation():
+    catalogs = _catalogs()
+    texts = {message for message, _, _ in catalogs.quiz_messages()}
+    quiz_strings = {m.id for m in catalogs.template() if m.id and any(f.startswith("accumlib/quiz/") for f, _ in m.locations)}
+    assert texts <= quiz_strings and set(quiz.UI.values()) <= quiz_strings
+    assert all(run_message in quiz_strings for _, run_message in experiments.RUNS.values())
+    po = catalogs.read(catalogs.LOCALE / "hi" / "LC_MESSAGES" / "accumlib.po", "hi")
+    problems = []
+    for english in sorted(quiz_strings):
+        entry = po.get(english)
+        if entry is None or entry.fuzzy or not entry.string:
+            problems.append(("missing or fuzzy", english))
+            continue
+        hindi_text = entry.string
+        if sorted(PLACEHOLDER.findall(english)) != sorted(PLACEHOLDER.findall(hindi_text)):
+            problems.append(("placeholders differ", english))
+        if not hindi.is_nfc(hindi_text):
+            problems.append(("not NFC", english))
+        if hindi.avoided(hindi_text):
+            problems.append((f"avoided {hindi.avoided(hindi_text)}", english))
+        if hindi.untranslated(PLACEHOLDER.sub(" ", hindi_text)):
+            problems.append((f"English {hindi.untranslated(PLACEHOLDER.sub(' ', hindi_text))}", english))
+        if hindi.devanagari_share(english) == 0 and hindi.untranslated(PLACEHOLDER.sub(" ", english)) and \
+                not hindi.devanagari_share(hindi_text):
+            problems.append(("no Devanagari", english))
+    assert not problems, problems
+    assert not [line for line in catalogs.problems("hi", catalogs.template()) if "accumlib/quiz/" in line]
+
+
+def test_the_known_weak_hindi_is_gone():
+    po = _catalogs().read(ROOT / "accumlib" / "locale" / "hi" / "LC_MESSAGES" / "accumlib.po", "hi")
+    hindi_texts = " ".join(m.string for m in po if m.id)
+    for weak in ("पूरी तरह सही नहीं", "आपके लिए कोई भाग नहीं देता", "3 से भाग होता है", "हर step 3 गुना ग़लत है",
+                 "सब कुछ, 8 गुना", "step() .grad को नहीं छूता", "Lesson", "lesson", "mini-batch", "बाकी", "झटपट"):
+        assert weak not in hindi_texts, weak
+    assert "भाग होता है" not in hindi_texts  # reads as "is divisible"

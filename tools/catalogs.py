@@ -4,7 +4,7 @@
     python tools/catalogs.py --check   # change nothing; exit 1 naming each string that is untranslated, fuzzy or stale
 
 Sources of strings: `_()`, `ngettext()`, `pgettext()` and `N_()` in accumlib's Python files (Babel's extractor),
-and the English texts of the quiz bank (`accumlib/quiz/questions.json`). A translator edits only the PO files;
+and the English texts of the quiz bank (`accumlib/quiz/questions.json`, see `quiz_messages`). A translator edits only the PO files;
 `make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a fuzzy or empty
 translation is shown in English until a translator confirms it.
 """
@@ -36,22 +36,30 @@ def languages() -> list[str]:
     return sorted(p.name for p in LOCALE.iterdir() if (p / "LC_MESSAGES").is_dir())
 
 
+# Fields of the quiz bank that are not text a learner reads: ids, numbers, the name of an experiment.
+QUIZ_NOT_TEXT = {"id", "lesson", "topic", "kind", "answer", "run"}
+
+
 def quiz_messages():
-    """(message, context, location) for every English text of the quiz bank: any {"en": ...} field."""
+    """(message, context, location) for every English text of the quiz bank: each string under a key that is not in
+    QUIZ_NOT_TEXT. The location names the question and the field, e.g. questions.json:loop-order/options/b/feedback."""
     bank = json.loads((PACKAGE / "quiz" / "questions.json").read_text(encoding="utf-8"))
 
     def walk(node, path):
         if isinstance(node, dict):
-            if isinstance(node.get("en"), str):
-                yield node["en"], None, f"accumlib/quiz/questions.json:{path}"
             for key, value in node.items():
-                if key != "en":
-                    yield from walk(value, f"{path}/{node.get('id', key)}" if key in ("questions", "options") else f"{path}/{key}")
+                if isinstance(value, str):
+                    if key not in QUIZ_NOT_TEXT:
+                        yield value, None, f"accumlib/quiz/questions.json:{path}{key}"
+                else:
+                    yield from walk(value, f"{path}{key}/")
         elif isinstance(node, list):
             for i, value in enumerate(node):
-                yield from walk(value, f"{path}/{value.get('id', i) if isinstance(value, dict) else i}")
+                name = value.get("id", value.get("answer", i)) if isinstance(value, dict) else i
+                yield from walk(value, f"{path}{name}/")
 
-    yield from walk(bank, "")
+    for question in bank["questions"]:
+        yield from walk(question, f"{question['id']}/")
 
 
 def template() -> Catalog:

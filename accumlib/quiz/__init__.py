@@ -1,30 +1,62 @@
-"""Quick-check quiz in English and Hindi: questions from questions.json (validated by schema.json), a pure-Python
-`Quiz` that grades answers, and `QuizWidget`, plain ipywidgets on top of it (no JavaScript, no trusted notebook).
+"""The quick checks: questions from questions.json, a pure-Python `Quiz` that grades answers, and `QuizWidget`,
+plain ipywidgets on top of it (no JavaScript, no trusted notebook). `check(...)` is what a lesson calls.
+
+The bank holds English text only; the Hindi (and any later language) is the message catalogue's, looked up when a
+text is shown (`accumlib/locale/<language>/LC_MESSAGES/accumlib.po`, the English text as msgid). A quiz opens in
+the course language (`accumlib.language()`); its own switch changes the quiz only. The bank's schema
+(schema.json) is checked by the tests, not here: jsonschema costs seconds at import.
 
 Rules: retries are allowed; the first wrong answer to a question reveals its hint (never the answer); every wrong
-option explains its own misconception; progress counts questions answered and questions answered correctly.
+option, and every wrong number with a known cause, explains its own misconception; a "predict, then run it"
+question runs its real experiment only after an answer was given; progress counts questions answered and
+questions answered correctly.
 """
 from __future__ import annotations
 
+import html
 import json
+import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
 import ipywidgets as w
-import jsonschema
-import torch
 
-LANGUAGES = {"en": "English", "hi": "हिन्दी"}
+from ..i18n import LANGUAGES, N_, catalogue, language as course_language
+from .experiments import RUNS
+
+LESSONS = range(1, 11)  # the course's lessons, numbered as in notebooks/en (10: the recap)
+
+# What the widget shows around the questions (marked for the catalogue; translated in the quiz's language).
+UI = {
+    "title": N_("Quick check"),
+    "language": N_("Language"),
+    "check": N_("Check"),
+    "run": N_("Run it with accumlib"),
+    "previous": N_("Back"),
+    "next": N_("Next"),
+    "your_answer": N_("Your answer"),
+    "number_placeholder": N_("a number, for example 12"),
+    "progress": N_("Question {number} of {total} · answered {answered} · correct {correct}"),
+    "correct": N_("Correct!"),
+    "wrong": N_("That is not it. Try again."),
+    "hint": N_("Hint"),
+    "choose_first": N_("Choose an answer first."),
+    "not_a_number": N_("Type a number, for example 12."),
+    "run_after_answer": N_("Answer first: predict, then run it."),
+    "summary": N_("Quiz ({language}), {count} question(s): {ids}"),
+}
 
 
 @lru_cache(maxsize=None)
 def bank() -> dict:
-    """The question bank, validated against the schema."""
-    folder = resources.files(__name__)
-    questions = json.loads((folder / "questions.json").read_text(encoding="utf-8"))
-    jsonschema.validate(questions, json.loads((folder / "schema.json").read_text(encoding="utf-8")))
-    return questions
+    """The question bank (questions.json) as loaded: English text, ids, lessons, answers."""
+    return json.loads((resources.files(__name__) / "questions.json").read_text(encoding="utf-8"))
+
+
+def _by_id() -> dict[str, dict]:
+    return {q["id"]: q for q in bank()["questions"]}
 
 
 @dataclass(frozen=True)
@@ -34,16 +66,62 @@ class Feedback:
     hint: str | None  # shown from the first wrong answer on; never the answer itself
 
 
-class Quiz:
-    """Grades answers and keeps progress. ids: the questions to ask (default: all, in bank order)."""
+def _check_language(language) -> str:
+    """The quiz language: `language`, or the course language when None."""
+    if language is None:
+        return course_language()
+    if not isinstance(language, str) or language not in LANGUAGES:
+        raise ValueError(f"language must be one of {', '.join(map(repr, LANGUAGES))} (or None: the course "
+                         f"language); got {language!r}")
+    return language
 
-    def __init__(self, ids: list[str] | None = None, language: str = "en"):
-        questions = {q["id"]: q for q in bank()["questions"]}
-        unknown = [i for i in ids or [] if i not in questions]
-        if unknown:
-            raise ValueError(f"ids: unknown question id(s) {unknown}; valid ids: {sorted(questions)}")
-        self.questions = [questions[i] for i in ids] if ids else list(questions.values())
+
+def select(ids=None, lesson: int | None = None) -> list[dict]:
+    """The questions a quiz asks, in the order given; checked before anything is built.
+
+    ids: question ids (strings); None (or empty) means every question, or with `lesson`, that lesson's questions.
+    lesson: the lesson (1-10) whose quick check this is; every id must belong to it or to an earlier lesson.
+    """
+    questions = _by_id()
+    if lesson is not None:
+        if isinstance(lesson, bool) or not isinstance(lesson, numbers.Integral) or lesson not in LESSONS:
+            raise ValueError(f"lesson must be a lesson number from {LESSONS[0]} to {LESSONS[-1]}; got {lesson!r}")
+    if ids is None or (not isinstance(ids, str) and isinstance(ids, (list, tuple)) and not ids):
+        chosen = [q for q in questions.values() if lesson is None or q["lesson"] == lesson]
+        if not chosen:
+            raise ValueError(f"lesson: no question belongs to lesson {lesson}; lessons with questions: "
+                             f"{sorted({q['lesson'] for q in questions.values()})}")
+        return chosen
+    if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
+        raise TypeError(f"ids must be a list of question ids (strings), got {ids!r}")
+    for qid in ids:
+        if not isinstance(qid, str):
+            raise TypeError(f"ids: each question id must be a string, got {qid!r} ({type(qid).__name__}); "
+                            f"name the questions one by one, as in quiz.check('when-to-step', 'loop-order')")
+    unknown = [qid for qid in ids if qid not in questions]
+    if unknown:
+        raise ValueError(f"ids: unknown question id(s) {unknown}; valid ids: {', '.join(questions)}")
+    repeated = sorted({qid for qid in ids if ids.count(qid) > 1})
+    if repeated:
+        raise ValueError(f"ids: {', '.join(map(repr, repeated))} given more than once; name each question once")
+    later = [f"{qid!r} (lesson {questions[qid]['lesson']})" for qid in ids
+             if lesson is not None and questions[qid]["lesson"] > lesson]
+    if later:
+        raise ValueError(f"ids: the quick check of lesson {lesson} may only ask questions of lessons 1 to {lesson}; "
+                         f"these belong to later lessons: {', '.join(later)}")
+    return [questions[qid] for qid in ids]
+
+
+class Quiz:
+    """Grades answers and keeps progress; every text it returns is in `language`.
+
+    ids: the questions to ask (default: all, in bank order); lesson: see `select`. language: "en" or "hi"
+    (default: the course language, `accumlib.language()`).
+    """
+
+    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None):
         self.language = language
+        self.questions = select(ids, lesson)
         self.attempts: dict[str, list] = {q["id"]: [] for q in self.questions}
         self.solved: set[str] = set()
 
@@ -52,25 +130,27 @@ class Quiz:
         return self._language
 
     @language.setter
-    def language(self, value: str) -> None:
-        if value not in LANGUAGES:
-            raise ValueError(f"language must be one of {sorted(LANGUAGES)}, got {value!r}")
-        self._language = value
+    def language(self, value) -> None:
+        self._language = _check_language(value)
 
-    def text(self, field: dict) -> str:
-        return field[self.language]
+    def text(self, message: str) -> str:
+        """An English text of the bank (or of this module) in the quiz's language."""
+        return catalogue(self.language).gettext(message)
 
     def ui(self, key: str, **values) -> str:
-        return bank()["ui"][self.language][key].format(**values)
+        return self.text(UI[key]).format(**values)
 
-    def question(self, qid: str) -> dict:
+    def question(self, qid) -> dict:
+        if not isinstance(qid, str):
+            raise TypeError(f"qid must be a question id (a string), got {qid!r} ({type(qid).__name__})")
         for q in self.questions:
             if q["id"] == qid:
                 return q
-        raise ValueError(f"qid: {qid!r} is not in this quiz; valid: {[q['id'] for q in self.questions]}")
+        raise ValueError(f"qid: {qid!r} is not in this quiz; valid: {', '.join(q['id'] for q in self.questions)}")
 
     def answer(self, qid: str, value) -> Feedback:
-        """Grade `value` (an option id, or a number for numeric questions) and record the attempt."""
+        """Grade `value` and record the attempt: an option id (a string such as "b") for a choice or predict
+        question, a number (int or float, not bool) for a number question. A bad value is refused unrecorded."""
         q = self.question(qid)
         correct, why = self._grade(q, value)
         self.attempts[qid].append(value)
@@ -80,68 +160,54 @@ class Quiz:
         return Feedback(correct, self.text(why), self.text(q["hint"]) if wrong_before else None)
 
     @staticmethod
-    def _grade(q: dict, value) -> tuple[bool, dict]:
-        """(is value right?, the text that explains why) for question q."""
+    def _grade(q: dict, value) -> tuple[bool, str]:
+        """(is value right?, the English text that explains why) for question q."""
         if q["kind"] == "number":
-            try:
-                correct = float(value) == q["answer"]
-            except (TypeError, ValueError):
-                raise ValueError(f"value: question {q['id']!r} needs a number, got {value!r}") from None
-            return correct, q["explanation"] if correct else q["wrong_feedback"]
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"value: question {q['id']!r} needs a number (int or float), got {value!r} "
+                                f"({type(value).__name__})")
+            if not math.isfinite(value):
+                raise ValueError(f"value: question {q['id']!r} needs a finite number, got {value!r}")
+            if value == q["answer"]:
+                return True, q["explanation"]
+            known = {cause["answer"]: cause["feedback"] for cause in q.get("known_wrong", [])}
+            return False, known.get(value, q["wrong_feedback"])
         options = {o["id"]: o for o in q["options"]}
-        if value not in options:
-            raise ValueError(f"value: {value!r} is not an option of {q['id']!r}; valid: {sorted(options)}")
-        correct = value == q["answer"]
-        return correct, q["explanation"] if correct else options[value]["feedback"]
+        if not isinstance(value, str) or value not in options:
+            raise (ValueError if isinstance(value, str) else TypeError)(
+                f"value: question {q['id']!r} takes one option id, one of {', '.join(map(repr, options))}; "
+                f"got {value!r}")
+        return (True, q["explanation"]) if value == q["answer"] else (False, options[value]["feedback"])
 
     def progress(self) -> tuple[int, int, int]:
         """(questions answered at least once, questions answered correctly, questions in the quiz)."""
         return sum(1 for a in self.attempts.values() if a), len(self.solved), len(self.questions)
 
     def run_check(self, qid: str) -> str:
-        """Run the real experiment behind a "predict, then run it" question; return what it printed."""
+        """Run the real experiment behind a "predict, then run it" question, once an answer to it was given;
+        return what it measured, in the quiz's language."""
         q = self.question(qid)
         if q["kind"] != "predict":
             raise ValueError(f"qid: {qid!r} is a {q['kind']!r} question; only 'predict' questions have a run")
-        return EXPERIMENTS[q["run"]]()
-
-
-def classic_division_last_cycle() -> str:
-    """50 samples, micro-batch 4, accum_steps 3: parameter error of loss/accum_steps and of accumlib's weighting."""
-    from .. import data, models, parameter_gap, train
-
-    X, y = data.digits(50, flat=True, dtype=torch.float64)
-
-    def fit(m, k, normalize):
-        model = models.mlp(dtype=torch.float64)
-        train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m, accum_steps=k,
-              normalize=normalize, measure_memory=False)
-        return model
-
-    full = fit(12, 1, "samples")
-    errors = {}
-    for normalize in ("steps", "samples"):
-        errors[normalize] = parameter_gap(fit(4, 3, normalize), full)
-    return (f"max |weight difference| against one batch of 12 per step, after one epoch of 50 samples:\n"
-            f"  loss / accum_steps (classic): {errors['steps']:.1e}\n"
-            f"  weighted by samples (accumlib): {'below 1e-12' if errors['samples'] < 1e-12 else errors['samples']}")
-
-
-EXPERIMENTS = {"classic_division_last_cycle": classic_division_last_cycle}
+        if not self.attempts[qid]:
+            raise ValueError(f"qid: answer {qid!r} before running it (predict, then run it)")
+        experiment, message = RUNS[q["run"]]
+        return self.text(message).format(**experiment())
 
 
 class QuizWidget:
-    """The quiz as ipywidgets: language switch, question, options or a number box, Check, feedback, progress."""
+    """The quiz as ipywidgets: language switch, question, options or a number box, Check, Run (predict questions,
+    enabled once answered), feedback, Back/Next and progress. Arguments as for `Quiz`."""
 
-    def __init__(self, ids: list[str] | None = None, language: str = "en"):
-        self.quiz = Quiz(ids, language)
+    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None):
+        self.quiz = Quiz(ids, language, lesson=lesson)
         self.index = 0
-        self.language = w.ToggleButtons(options=[(name, code) for code, name in LANGUAGES.items()], value=language,
-                                        description="Language / भाषा", style={"description_width": "initial"})
+        self.language = w.ToggleButtons(options=[(name, code) for code, name in LANGUAGES.items()],
+                                        value=self.quiz.language, style={"description_width": "initial"})
         self.heading = w.HTML()
         self.prompt = w.HTML()
         self.choices = w.RadioButtons(options=[], value=None, layout=w.Layout(width="auto"))
-        self.number = w.FloatText(description="")
+        self.number = w.Text()
         self.check = w.Button(button_style="primary")
         self.run = w.Button()
         self.previous, self.next = w.Button(), w.Button()
@@ -163,6 +229,7 @@ class QuizWidget:
         return self.quiz.questions[self.index]
 
     def go(self, index: int) -> None:
+        """Show question `index` (clamped to the quiz: Back on the first and Next on the last stay put)."""
         self.index = min(max(index, 0), len(self.quiz.questions) - 1)
         self.feedback.value = self.run_output.value = ""
         self._render()
@@ -174,19 +241,23 @@ class QuizWidget:
 
     def _render(self) -> None:
         q, quiz = self.current, self.quiz
-        self.heading.value = f"<h3>{quiz.ui('title')}</h3>"
-        self.prompt.value = f"<p><b>{self.index + 1}.</b> {quiz.text(q['prompt'])}</p>"
+        self.language.description = quiz.ui("language")
+        self.heading.value = f"<h3>{html.escape(quiz.ui('title'))}</h3>"
+        self.prompt.value = f"<p><b>{self.index + 1}.</b> {html.escape(quiz.text(q['prompt']))}</p>"
         numeric = q["kind"] == "number"
         self.choices.layout.display = "none" if numeric else None
         self.number.layout.display = None if numeric else "none"
         self.number.description = quiz.ui("your_answer")
+        self.number.placeholder = quiz.ui("number_placeholder")
+        self.number.value = ""
         self.choices.description = "" if numeric else quiz.ui("your_answer")
-        if not numeric:
-            self.choices.options = [(quiz.text(o["text"]), o["id"]) for o in q["options"]]
-            self.choices.value = None
+        self.choices.options = [] if numeric else [(quiz.text(o["text"]), o["id"]) for o in q["options"]]
+        self.choices.value = None
         self.check.description = quiz.ui("check")
         self.run.description = quiz.ui("run")
+        self.run.tooltip = quiz.ui("run_after_answer")
         self.run.layout.display = None if q["kind"] == "predict" else "none"
+        self.run.disabled = not quiz.attempts[q["id"]]
         self.previous.description, self.next.description = quiz.ui("previous"), quiz.ui("next")
         self._progress()
 
@@ -195,32 +266,59 @@ class QuizWidget:
         self.progress.value = self.quiz.ui("progress", number=self.index + 1, total=total, answered=answered,
                                            correct=correct)
 
+    def _value(self):
+        """The current answer as the quiz takes it, or None (and a message in the feedback) when there is none."""
+        if self.current["kind"] != "number":
+            if self.choices.value is None:
+                self.feedback.value = f"<p>{html.escape(self.quiz.ui('choose_first'))}</p>"
+            return self.choices.value
+        try:
+            value = float(self.number.value.strip().replace(",", ""))
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            self.feedback.value = f"<p>{html.escape(self.quiz.ui('not_a_number'))}</p>"
+            return None
+        return value
+
     def submit(self) -> Feedback | None:
-        """Grade the current selection (as the Check button does)."""
-        q = self.current
-        value = self.number.value if q["kind"] == "number" else self.choices.value
+        """Grade the current answer (as the Check button does); None, with a message, when none is given."""
+        value = self._value()
         if value is None:
             return None
-        result = self.quiz.answer(q["id"], value)
+        result = self.quiz.answer(self.current["id"], value)
         verdict = self.quiz.ui("correct") if result.correct else self.quiz.ui("wrong")
-        hint = f"<br><i>{self.quiz.ui('hint')}:</i> {result.hint}" if result.hint and not result.correct else ""
-        self.feedback.value = f"<p><b>{verdict}</b> {result.message}{hint}</p>"
+        hint = (f"<br><i>{html.escape(self.quiz.ui('hint'))}:</i> {html.escape(result.hint)}"
+                if result.hint and not result.correct else "")
+        self.feedback.value = f"<p><b>{html.escape(verdict)}</b> {html.escape(result.message)}{hint}</p>"
+        self.run.disabled = False
         self._progress()
         return result
 
-    def run_experiment(self) -> str:
-        """Run the real check behind a predict question (as the Run button does)."""
+    def run_experiment(self) -> str | None:
+        """Run the real check behind a predict question (as the Run button does); None before an answer."""
+        if self.run.disabled:
+            self.run_output.value = f"<p>{html.escape(self.quiz.ui('run_after_answer'))}</p>"
+            return None
         text = self.quiz.run_check(self.current["id"])
-        self.run_output.value = f"<pre>{text}</pre>"
+        self.run_output.value = f"<pre>{html.escape(text)}</pre>"
         return text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
         ids = ", ".join(q["id"] for q in self.quiz.questions)
-        bundle["text/plain"] = f"Quiz ({LANGUAGES[self.quiz.language]}), {len(self.quiz.questions)} question(s): {ids}"
+        bundle["text/plain"] = self.quiz.ui("summary", language=LANGUAGES[self.quiz.language],
+                                            count=len(self.quiz.questions), ids=ids)
         return bundle
 
 
-def check(*ids: str, language: str = "en") -> QuizWidget:
-    """An in-lesson quick check on the given question ids."""
-    return QuizWidget(list(ids), language)
+def check(*ids: str, lesson: int | None = None, language: str | None = None) -> QuizWidget:
+    """A lesson's quick check: the named questions (all of them when none is named, or that lesson's with
+    `lesson=`), opening in the course language unless `language` is given.
+
+        quiz.check("when-to-step", "loop-order", lesson=3)   # refuses questions of lessons after 3
+    """
+    if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+        raise TypeError(f"ids: pass the question ids as separate arguments, quiz.check({', '.join(map(repr, ids[0]))}), "
+                        f"not as one {type(ids[0]).__name__}")
+    return QuizWidget(list(ids), language, lesson=lesson)
