@@ -111,17 +111,14 @@ def classic_amp(**switches):
     return accumulate
 
 
-LOOP = """
-def accumulate(model, optimizer, loader, loss_fn, accum_steps):
-    for step, (x, y) in enumerate(loader):
-        loss = loss_fn(model(x), y) / accum_steps
-        loss.backward()
-        if (step + 1) % accum_steps == 0:
-            optimizer.step()
-            optimizer.zero_grad()
-"""
+def solution_without_check(exercise) -> str:
+    """The code of an exercise's solution cell, without its check() line: a right answer to break."""
+    return exercise.solution_code.replace(f"exercises.{exercise.name}.check(", "print(")
+
+
+LOOP = solution_without_check(exercises.the_loop)
 OFF_BY_ONE = LOOP.replace("(step + 1) % accum_steps == 0", "step % accum_steps == 0")
-NEVER_ZEROED = LOOP.replace("            optimizer.zero_grad()\n", "")
+NEVER_ZEROED = LOOP.replace("optimizer.zero_grad()", "pass")
 
 
 @pytest.mark.parametrize("loop, names", [
@@ -132,13 +129,23 @@ NEVER_ZEROED = LOOP.replace("            optimizer.zero_grad()\n", "")
     (classic(step_every_micro_batch=True, divide=False), ["step-every-micro-batch", "missing-division"]),
     (OFF_BY_ONE, ["off-by-one"]),
     (NEVER_ZEROED, ["never-zeroed"]),
-    (LOOP.replace("optimizer.step()\n            optimizer.zero_grad()",
-                  "optimizer.zero_grad()\n            optimizer.step()"), ["empty-step"]),
+    (LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n            optimizer.step()"), ["empty-step"]),
+    (LOOP.replace("loss.backward()", "pass"), ["empty-step"]),
     (LOOP.replace("(step + 1) % accum_steps == 0", "False"), ["no-step"]),
+    (LOOP.replace("/ accum_steps", "/ (accum_steps + 1)"), ["wrong-weight"]),
+    (LOOP.replace("(step + 1) % accum_steps == 0", "step % 2 == 1"), ["steps-misplaced", "not-stepped"]),
+    (LOOP.replace("(step + 1) % accum_steps == 0", "(step + 1) % accum_steps == 0 and step < 6"),
+     ["steps-misplaced", "not-stepped"]),
+    (LOOP.replace("loss.backward()", "loss.backward()\n        if step % accum_steps == 0:\n"
+                                     "            optimizer.zero_grad()"), ["lost-gradients"]),
+    (LOOP.replace("/ accum_steps", "/ accum_steps + sum((p ** 2).sum() for p in model.parameters())"),
+     ["not-micro-batch-gradients"]),
     (LOOP.replace("loss.backward()", "loss.backward()\n        raise ValueError('my bug')"), ["error"]),
     (LOOP.replace("model(x)", "model(x * 2)"), ["unknown-input"]),
+    (LOOP.replace("/ accum_steps", "/ accum_steps * (1 + optimizer.param_groups[0]['lr'])"), ["training-differs"]),
 ], ids=["classic", "no-division", "zero-inside", "step-every", "stub", "off-by-one", "never-zeroed",
-        "zero-before-step", "never-steps", "raises", "changes-inputs"])
+        "zero-before-step", "no-backward", "never-steps", "divided-by-4", "every-second", "two-cycles-of-three",
+        "zero-after-first", "weight-decay-in-loss", "raises", "changes-inputs", "only-right-at-lr-0"])
 def test_the_loop_names_each_bug(loop, names):
     function = defined(loop, "accumulate") if isinstance(loop, str) else loop
     result = exercises.the_loop.verdict(function)
@@ -155,6 +162,11 @@ def test_the_loop_says_where_and_by_how_much():
     assert "at step 1 the gradients of the 2 micro-batches before it were wiped out" in text
     text = exercises.the_loop.verdict(defined(NEVER_ZEROED, "accumulate")).text
     assert "Step 2 still holds the gradients of 3 micro-batches that earlier steps already applied" in text
+    text = exercises.the_loop.verdict(defined(LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n"
+                                                           "            optimizer.step()"), "accumulate")).text
+    assert "zero_grad() runs after the last backward() and before optimizer.step()" in text
+    text = exercises.the_loop.verdict(defined(LOOP.replace("loss.backward()", "pass"), "accumulate")).text
+    assert "no backward() ran before it" in text
 
 
 def test_the_loop_refuses_a_wrong_signature_and_a_value():
@@ -197,16 +209,8 @@ def test_last_cycle_measures_what_the_tail_counts():
     assert "epoch 1 is dropped: its 2 micro-batches (4 samples)" in text
 
 
-AMP_DIRECT = """
-def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):
-    for step, (x, y) in enumerate(loader):
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = loss_fn(model(x), y) / accum_steps
-        scaler.scale(loss).backward()
-        if (step + 1) % accum_steps == 0:
-            optimizer.step()
-            optimizer.zero_grad()
-"""
+AMP = solution_without_check(exercises.amp_loop)
+AMP_DIRECT = AMP.replace("scaler.step(optimizer)", "optimizer.step()").replace("scaler.update()", "pass")
 
 
 @pytest.mark.parametrize("loop, names", [
@@ -217,12 +221,10 @@ def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):
     (classic_amp(step_every_micro_batch=True), ["step-every-micro-batch"]),
     (classic_amp(divide=False), ["missing-division"]),
     (AMP_DIRECT, ["optimizer-step-direct"]),
-    (AMP_DIRECT.replace("scaler.scale(loss).backward()", "loss.backward()")
-     .replace("optimizer.step()", "scaler.step(optimizer)\n            scaler.update()"), ["loss-not-scaled"]),
-    (AMP_DIRECT.replace("scaler.scale(loss).backward()",
-                        "(scaler.scale(loss) if (step + 1) % accum_steps == 0 else loss).backward()")
-     .replace("optimizer.step()", "scaler.step(optimizer)\n            scaler.update()"), ["loss-not-scaled"]),
-    (AMP_DIRECT.replace("optimizer.step()", "scaler.step(optimizer)"), ["update-missing"]),
+    (AMP.replace("scaler.scale(loss).backward()", "loss.backward()"), ["loss-not-scaled"]),
+    (AMP.replace("scaler.scale(loss).backward()",
+                 "(scaler.scale(loss) if (step + 1) % accum_steps == 0 else loss).backward()"), ["loss-not-scaled"]),
+    (AMP.replace("scaler.update()", "pass"), ["update-missing"]),
 ], ids=["classic", "unscale-per-micro", "update-per-micro", "unscale-and-update-per-micro", "step-every",
         "no-division", "optimizer-step", "never-scaled", "scaled-at-the-step-only", "no-update"])
 def test_amp_loop_names_each_scaler_mistake(loop, names):
@@ -237,23 +239,16 @@ def test_amp_loop_measures_the_silent_update_per_micro_batch():
     assert 0 < ratio < 1 / 2**16 and "(12 times for 3 steps)" in text  # 9 per micro-batch + 3 after the steps
 
 
-CLIP = """
-def optimizer_step(model, optimizer, scaler, max_norm):
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad()
-"""
+CLIP = solution_without_check(exercises.clip_after_unscale)
 
 
 @pytest.mark.parametrize("step, names", [
     (CLIP, []),
-    (CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n", ""), ["not-clipped"]),
+    (CLIP.replace("torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)", "pass"), ["not-clipped"]),
     (CLIP.replace("parameters(), max_norm)", "parameters(), max_norm / 2)"), ["clipped-wrong"]),
-    (CLIP.replace("    optimizer.zero_grad()\n", ""), ["never-zeroed"]),
+    (CLIP.replace("optimizer.zero_grad()", "pass"), ["never-zeroed"]),
     (CLIP.replace("scaler.step(optimizer)", "optimizer.step()"), ["optimizer-step-direct"]),
-    (CLIP.replace("    scaler.update()\n", ""), ["update-missing"]),
+    (CLIP.replace("scaler.update()", "pass"), ["update-missing"]),
 ], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update"])
 def test_clip_after_unscale_names_each_mistake(step, names):
     result = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step"))
@@ -267,20 +262,9 @@ def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():
     assert f"unscaled it to norm {0.5 / 2**16:.2e}, 65536 times too small" in text
 
 
-NO_SYNC = """
-import contextlib
-
-def accumulate(model, optimizer, loader, loss_fn, accum_steps):
-    for step, (x, y) in enumerate(loader):
-        last = (step + 1) % accum_steps == 0
-        out = model(x)
-        with contextlib.nullcontext() if last else model.no_sync():
-            loss = loss_fn(out, y) / accum_steps
-            loss.backward()
-        if last:
-            optimizer.step()
-            optimizer.zero_grad()
-"""
+NO_SYNC = solution_without_check(exercises.no_sync)
+FORWARD_OUTSIDE = NO_SYNC.replace("        with contextlib", "        out = model(x)\n        with contextlib").replace(
+    "loss_fn(model(x), y)", "loss_fn(out, y)")
 SYNC_FIRST = """
 import contextlib
 
@@ -295,7 +279,7 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 
 
 @pytest.mark.parametrize("loop, names", [
-    (NO_SYNC, ["no-sync-forward-outside"]),
+    (FORWARD_OUTSIDE, ["no-sync-forward-outside"]),
     (SYNC_FIRST, ["no-allreduce-before-step", "allreduce-too-early"]),
     (SYNC_FIRST.replace("contextlib.nullcontext() if step % accum_steps == 0 else ", ""),
      ["no-allreduce-before-step"]),

@@ -27,7 +27,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import data, models
-from ..i18n import _
+from ..i18n import _, ngettext
 from ..loop import parameter_gap, train
 from ..pitfalls import loss_weights
 from .core import Finding
@@ -116,7 +116,7 @@ class RecordingSGD(torch.optim.SGD):
         return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._recording.zeros.append(len(self._recording.forwards))
+        self._recording.zeros.append((len(self._recording.forwards), len(self._recording.steps)))
         super().zero_grad(set_to_none)
 
 
@@ -189,7 +189,7 @@ class Recording:
         self.forwards: list[int] = []  # per model call: index into loader.handed_out (-1: not a micro-batch of it)
         self.synced_forwards: list[bool] = []  # DDP: per model call, whether its backward would all-reduce
         self.steps: list[StepSeen] = []
-        self.zeros: list[int] = []  # model calls before each zero_grad()
+        self.zeros: list[tuple[int, int]] = []  # (model calls, optimizer steps) before each zero_grad()
         self.scaler_calls: list[tuple[str, int]] = []  # (method, model calls before it)
         self.allreduces: list[int] = []  # model calls before each all-reduce
         self.no_sync_entries: list[int] = []  # model calls before each `with model.no_sync():`
@@ -251,18 +251,18 @@ class SignatureMismatch(TypeError):
         super().__init__(f"{self.name} must take ({self.expected})")
 
 
-def error_finding(error: Exception, micro_batches_run: int | None = None) -> Finding:
-    """The finding for an exception raised by the learner's code."""
+def error_finding(error: Exception, micro_batch: int = 0) -> Finding:
+    """The finding for an exception raised by the learner's code (at micro-batch `micro_batch`, 1-based, if known)."""
     if isinstance(error, SignatureMismatch):
         return Finding("signature", _("{name} must take the parameters ({expected}), in this order, as in the stub; "
                                       "yours takes ({found}).").format(name=error.name, expected=error.expected,
                                                                        found=error.found))
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    if micro_batches_run is None:
+    if not micro_batch:
         return Finding("error", _("Your code raised {error}: {message}").format(error=type(error).__name__,
                                                                                 message=message))
-    return Finding("error", _("Your code raised {error} after {count} micro-batches: {message}").format(
-        error=type(error).__name__, count=micro_batches_run, message=message))
+    return Finding("error", _("Your code raised {error} at micro-batch {number}: {message}").format(
+        error=type(error).__name__, number=micro_batch, message=message))
 
 
 @dataclass(frozen=True)
@@ -398,10 +398,12 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
     expected = len(ref.sizes)
     if fp.handed_out != expected or -1 in rec.forwards:
         if fp.handed_out != expected:
-            findings.add("micro-batch-count", _(
+            findings.add("micro-batch-count", ngettext(
+                "Your loop took {count} micro-batch from the loader, but {epochs} passes over it give {expected}: "
+                "use every micro-batch of every epoch once.",
                 "Your loop took {count} micro-batches from the loader, but {epochs} passes over it give {expected}: "
-                "use every micro-batch of every epoch once.").format(count=fp.handed_out, expected=expected,
-                                                                    epochs=rec.problem.epochs))
+                "use every micro-batch of every epoch once.", fp.handed_out).format(
+                    count=fp.handed_out, expected=expected, epochs=rec.problem.epochs))
         if -1 in rec.forwards:
             findings.add("unknown-input", _(
                 "Model call {call} was not on a micro-batch from the loader: call the model on each micro-batch x as "
@@ -421,8 +423,9 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
         if ref.is_tail(cycle) and left == cycle:
             _tail_dropped(fp, cycle, findings)
         else:
-            findings.add("not-stepped", _("The last {count} micro-batches never reach an optimizer step.").format(
-                count=len(left)))
+            findings.add("not-stepped", ngettext("The last micro-batch never reaches an optimizer step.",
+                                                 "The last {count} micro-batches never reach an optimizer step.",
+                                                 len(left)).format(count=len(left)))
     return findings.list()
 
 
@@ -444,12 +447,14 @@ def _structure(fp: Fingerprint, findings: _Findings) -> None:
     positions = [ref.position[j] for j in mine if j is not None]
     per_epoch = [p for e in sorted(set(ref.epoch_of)) for p in range(ref.epoch_of.count(e)) if p % k == 0]
     if k > 1 and positions == per_epoch:
-        stepped = {j for r in fp.readings for j in r.fresh}
-        findings.add("off-by-one", _(
+        left = len(ref.sizes) - len({j for r in fp.readings for j in r.fresh})
+        findings.add("off-by-one", ngettext(
+            "Its first optimizer step comes after 1 micro-batch instead of {accum_steps}: step % accum_steps == 0 is "
+            "already true at step 0. Every cycle is shifted by one, and the last micro-batch never reaches a step. "
+            "Step when (step + 1) % accum_steps == 0.",
             "Its first optimizer step comes after 1 micro-batch instead of {accum_steps}: step % accum_steps == 0 is "
             "already true at step 0. Every cycle is shifted by one, and the last {left} micro-batches never reach a "
-            "step. Step when (step + 1) % accum_steps == 0.").format(
-                accum_steps=k, left=len(ref.sizes) - len(stepped)))
+            "step. Step when (step + 1) % accum_steps == 0.", left).format(accum_steps=k, left=left))
         return
     first_epoch = [ref.position[j] + 1 for j in mine if j is not None and ref.epoch_of[j] == 0]
     findings.add("steps-misplaced", _(
@@ -471,7 +476,7 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
         return
     nonzero = {j for j, c in r.coefficients.items() if abs(c) > ZERO}
     if not nonzero:
-        zeroed = r.fresh and fp.recording.steps[r.number - 1].forwards in fp.recording.zeros
+        zeroed = (fp.recording.steps[r.number - 1].forwards, r.number - 1) in fp.recording.zeros
         message = (_("Step {step} sees no gradient at all: zero_grad() runs after the last backward() and before "
                      "optimizer.step().") if zeroed else
                    _("Step {step} sees no gradient at all: no backward() ran before it."))
@@ -484,18 +489,24 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
     crossing = [j for j in r.fresh if ref.epoch_of[j] < epoch]
     stale = sorted(j for j in nonzero & r.earlier if j in applied)
     if stale:
-        findings.add("never-zeroed", _(
+        findings.add("never-zeroed", ngettext(
+            "Step {step} still holds the gradient of a micro-batch that an earlier step already applied: "
+            "zero_grad() never runs after optimizer.step(), so every step adds all the cycles before it again "
+            "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().",
             "Step {step} still holds the gradients of {stale} micro-batches that earlier steps already applied: "
             "zero_grad() never runs after optimizer.step(), so every step adds all the cycles before it again "
-            "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().").format(
-                step=r.number, stale=len(stale), error=_relative_error(fp, r)))
+            "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().",
+            len(stale)).format(step=r.number, stale=len(stale), error=_relative_error(fp, r)))
     leaked = [j for j in crossing if j in nonzero]
     if leaked:
-        findings.add("leaked-tail", _(
+        findings.add("leaked-tail", ngettext(
+            "The micro-batch left over at the end of epoch {epoch} leaks into the first step of epoch {next_epoch} "
+            "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches instead of "
+            "{expected} (its gradient is off by {error:.0%}). Step the last cycle at the end of each epoch.",
             "The {count} micro-batches left over at the end of epoch {epoch} leak into the first step of epoch "
             "{next_epoch} (step {step}): nothing steps or zeroes their gradient, so that step holds {held} "
             "micro-batches instead of {expected} (its gradient is off by {error:.0%}). Step the last cycle at the end "
-            "of each epoch.").format(count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1,
+            "of each epoch.", len(leaked)).format(count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1,
                                      step=r.number, held=len(leaked) + len([j for j in inner if j in nonzero]),
                                      expected=len(ref.cycle_of(r.last)), error=_relative_error(fp, r)))
     dropped = [j for j in crossing if j not in nonzero]
@@ -504,14 +515,18 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
     lost = [j for j in inner[:-1] if j not in nonzero]
     if lost:
         if inner[-1] in nonzero and len(lost) == len(inner) - 1:
-            findings.add("zeroed-inside", _(
+            findings.add("zeroed-inside", ngettext(
+                "Only the last micro-batch before each step reaches it: at step {step} the gradient of the "
+                "micro-batch before it was wiped out (its gradient is off by {error:.0%}), because zero_grad() runs "
+                "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().",
                 "Only the last micro-batch before each step reaches it: at step {step} the gradients of the {lost} "
                 "micro-batches before it were wiped out (its gradient is off by {error:.0%}), because zero_grad() runs "
-                "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().").format(
-                    step=r.number, lost=len(lost), error=_relative_error(fp, r)))
+                "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().",
+                len(lost)).format(step=r.number, lost=len(lost), error=_relative_error(fp, r)))
         else:
-            findings.add("lost-gradients", _(
-                "The gradients of {lost} micro-batches run before step {step} never reach it.").format(
+            findings.add("lost-gradients", ngettext(
+                "The gradient of a micro-batch run before step {step} never reaches it.",
+                "The gradients of {lost} micro-batches run before step {step} never reach it.", len(lost)).format(
                     lost=len(lost), step=r.number))
     if weights:
         _check_weights(fp, r, [j for j in inner if j in nonzero], findings)
@@ -532,17 +547,20 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
                 "gradient is {ratio:.3g} times too large (with SGD, like a learning rate {ratio:.3g} times too "
                 "high). Divide each micro-batch's loss by accum_steps.").format(ratio=c / w, step=r.number))
         elif ref.is_tail(cycle) and _close(c, 1 / k):
-            findings.add("tail-divided-by-steps", _(
+            findings.add("tail-divided-by-steps", ngettext(
+                "The last, incomplete cycle (step {step}) has only {count} micro-batch, yet it is still divided by "
+                "accum_steps = {accum_steps}: it counts {total:.2f} of a step instead of 1. Weight each micro-batch "
+                "by its samples over the cycle's {samples} samples.",
                 "The last, incomplete cycle (step {step}) has only {count} micro-batches, yet each is still divided "
                 "by accum_steps = {accum_steps}: together they count {total:.2f} of a step instead of 1. Weight each "
-                "micro-batch by its samples over the cycle's {samples} samples.").format(
+                "micro-batch by its samples over the cycle's {samples} samples.", len(cycle)).format(
                     step=r.number, count=len(cycle), accum_steps=k, total=len(cycle) / k,
                     samples=sum(ref.sizes[i] for i in cycle)))
         elif ref.is_tail(cycle) and _close(c, 1 / len(cycle)):
             findings.add("tail-mean-of-means", _(
-                "The micro-batches of the last cycle (step {step}) count equally, but they hold {sizes} samples: "
-                "a sample in a smaller micro-batch counts more. Weight each micro-batch by its samples over the "
-                "cycle's {samples} samples.").format(step=r.number, sizes=", ".join(str(ref.sizes[i]) for i in cycle),
+                "The micro-batches of the last cycle (step {step}) count equally, but they hold different numbers of "
+                "samples ({sizes}): a sample in a smaller micro-batch counts more. Weight each micro-batch by its "
+                "samples over the cycle's {samples} samples.").format(step=r.number, sizes=", ".join(str(ref.sizes[i]) for i in cycle),
                                                      samples=sum(ref.sizes[i] for i in cycle)))
         else:
             findings.add("wrong-weight", _(
@@ -554,9 +572,12 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
 
 def _tail_dropped(fp: Fingerprint, cycle: list[int], findings: _Findings) -> None:
     ref = fp.reference
-    findings.add("tail-dropped", _(
+    findings.add("tail-dropped", ngettext(
+        "The last, incomplete cycle of epoch {epoch} is dropped: its micro-batch ({samples} samples) never reaches "
+        "an optimizer step. Step once more at the end of each epoch, with what that cycle holds.",
         "The last, incomplete cycle of epoch {epoch} is dropped: its {count} micro-batches ({samples} samples) never "
-        "reach an optimizer step. Step once more at the end of each epoch, with what that cycle holds.").format(
+        "reach an optimizer step. Step once more at the end of each epoch, with what that cycle holds.",
+        len(cycle)).format(
             epoch=ref.epoch_of[cycle[0]] + 1, count=len(cycle), samples=sum(ref.sizes[j] for j in cycle)))
 
 

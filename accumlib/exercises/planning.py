@@ -12,7 +12,7 @@ import numbers
 import torch
 
 from .. import data, memory, models
-from ..i18n import N_, _
+from ..i18n import N_, _, ngettext
 from .core import Exercise, Finding, Verdict, right, wrong
 from .fingerprint import call_with, error_finding
 from .loops import not_a_function
@@ -124,8 +124,11 @@ exercises.largest_batch.check(largest_batch)
                                    "and {high}.").format(sizes=", ".join(map(str, sorted(set(tried)))), low=answer,
                                                          high=2 * answer)
             return wrong([Finding("not-largest", message)])
-        return right(_("A step on {batch} samples needs {peak:,} bytes of the {card} card ({budget:,} bytes); one "
-                       "more sample would need {next_peak:,}. Your search measured {count} batch sizes.").format(
+        return right(ngettext(
+            "A step on {batch} samples needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
+            "would need {next_peak:,}. Your search measured {count} batch size.",
+            "A step on {batch} samples needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
+            "would need {next_peak:,}. Your search measured {count} batch sizes.", len(set(tried))).format(
                            batch=answer, peak=step_peak(answer), card=card, budget=self.card_bytes,
                            next_peak=step_peak(answer + 1), count=len(set(tried))))
 
@@ -180,11 +183,10 @@ exercises.memory_plan.check(micro_batch_size, accum_steps)
         if m < best:
             return wrong([Finding("slower-than-needed", _(
                 "It fits ({peak:,} of {budget:,} bytes), but micro_batch_size={best} with accum_steps={best_k} fits "
-                "too ({best_peak:,} bytes) and needs {fewer} fewer forward and backward passes per step: the largest "
-                "micro-batch that fits is the fastest plan.").format(
-                    peak=peak, budget=self.card_bytes, best=best, best_k=self.effective_batch // best,
-                    best_peak=self.peak(best, self.effective_batch // best),
-                    fewer=k - self.effective_batch // best))])
+                "too ({best_peak:,} bytes) with {best_k} forward and backward passes per step instead of {k}: the "
+                "largest micro-batch that fits is the fastest plan.").format(
+                    peak=peak, budget=self.card_bytes, best=best, best_k=self.effective_batch // best, k=k,
+                    best_peak=self.peak(best, self.effective_batch // best)))])
         larger = min(d for d in range(m + 1, self.effective_batch + 1) if self.effective_batch % d == 0) \
             if m < self.effective_batch else None
         message = _("micro_batch_size={m} with accum_steps={k} gives {target} samples per step at a peak of {peak:,} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..i18n import N_, _
+from ..i18n import N_, _, ngettext
 from .core import Finding
 from .fingerprint import Fingerprint, Recording, Problem, call_with, error_finding, loop_findings, loss_fn
 from .loops import LoopExercise
@@ -18,20 +18,20 @@ from .loops import LoopExercise
 # What PyTorch's GradScaler raises, by the start of its message: (finding name, what it means)
 SCALER_ERRORS = {
     "unscale_() has already been called": ("unscale-per-micro-batch", N_(
-        "PyTorch stopped your loop after {count} micro-batches: scaler.unscale_() ran twice before scaler.update(). "
+        "PyTorch stopped your loop at micro-batch {number}: scaler.unscale_() ran twice before scaler.update(). "
         "Unscale at most once per step, after the cycle's last backward() (scaler.step() unscales by itself).")),
     "No inf checks were recorded prior to update": ("update-before-step", N_(
-        "PyTorch stopped your loop after {count} micro-batches: scaler.update() ran before scaler.step() had checked "
+        "PyTorch stopped your loop at micro-batch {number}: scaler.update() ran before scaler.step() had checked "
         "the gradients for inf and NaN, as when it runs after every micro-batch. Call scaler.update() once per step, "
         "right after scaler.step(optimizer).")),
     "step() has already been called since the last update()": ("update-missing", N_(
-        "PyTorch stopped your loop after {count} micro-batches: scaler.step() ran again after scaler.step() without "
+        "PyTorch stopped your loop at micro-batch {number}: scaler.step() ran again after scaler.step() without "
         "scaler.update() in between. Call scaler.update() once per step, right after scaler.step(optimizer).")),
     "unscale_() is being called after step()": ("update-missing", N_(
-        "PyTorch stopped your loop after {count} micro-batches: scaler.unscale_() ran after scaler.step() without "
+        "PyTorch stopped your loop at micro-batch {number}: scaler.unscale_() ran after scaler.step() without "
         "scaler.update() in between. Call scaler.update() once per step, right after scaler.step(optimizer).")),
     "Attempted step but _scale is None": ("loss-not-scaled", N_(
-        "PyTorch stopped your loop after {count} micro-batches: scaler.step() ran, but scaler.scale() never did. "
+        "PyTorch stopped your loop at micro-batch {number}: scaler.step() ran, but scaler.scale() never did. "
         "Call scaler.scale(loss).backward() for every micro-batch.")),
 }
 
@@ -54,7 +54,7 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
         message = str(rec.error)
         for start, (name, text) in SCALER_ERRORS.items():
             if message.startswith(start):
-                return [Finding(name, _(text).format(count=len(rec.forwards)))]
+                return [Finding(name, _(text).format(number=len(rec.forwards)))]
         return [error_finding(rec.error, len(rec.forwards))]
     calls = [method for method, _ in rec.scaler_calls]
     scale = rec.scaler.get_scale()
@@ -86,16 +86,22 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
     if calls.count("update") > steps:
         first = fp.readings[0]
         full = fp.full_batch_gradient(fp.reference.cycle_of(first.last))
-        findings.append(Finding("update-per-micro-batch", _(
+        findings.append(Finding("update-per-micro-batch", ngettext(
+            "scaler.update() runs after every micro-batch ({updates} times for {steps} step). Each scaler.unscale_() "
+            "then divides the part of the gradient it already unscaled by the scale again, so step 1's gradient is "
+            "{ratio:.1e} times the right one, silently, and the scale adapts after every micro-batch instead of once "
+            "per step. Call scaler.unscale_() (if you need it) and scaler.update() once per step.",
             "scaler.update() runs after every micro-batch ({updates} times for {steps} steps). Each scaler.unscale_() "
             "then divides the part of the gradient it already unscaled by the scale again, so step 1's gradient is "
             "{ratio:.1e} times the right one, silently, and the scale adapts after every micro-batch instead of once "
-            "per step. Call scaler.unscale_() (if you need it) and scaler.update() once per step.").format(
+            "per step. Call scaler.unscale_() (if you need it) and scaler.update() once per step.", steps).format(
                 updates=calls.count("update"), steps=steps, ratio=(first.gradient.norm() / full.norm()).item())))
     elif "step" in calls and calls.count("update") < steps:
-        findings.append(Finding("update-missing", _(
+        findings.append(Finding("update-missing", ngettext(
+            "scaler.update() ran {updates} times for {steps} optimizer step: call it once per step, right after "
+            "scaler.step(optimizer).",
             "scaler.update() ran {updates} times for {steps} optimizer steps: call it once per step, right after "
-            "scaler.step(optimizer).").format(updates=calls.count("update"), steps=steps)))
+            "scaler.step(optimizer).", steps).format(updates=calls.count("update"), steps=steps)))
     return findings
 
 
