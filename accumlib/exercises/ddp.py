@@ -55,8 +55,8 @@ def ddp_findings(fp: Fingerprint) -> list[Finding]:
                     allreduces=len(synced), steps=len(fp.readings)))]
         return [Finding("no-sync-missing", _(
             "DDP all-reduces the gradients after every micro-batch: {allreduces} all-reduces for {steps} steps, where "
-            "one per step is enough. The gradients are right, but each extra all-reduce is time spent sending "
-            "gradients between processes. Run every micro-batch but the last of each cycle inside "
+            "one per step is enough. The sum comes out the same (all-reducing is linear), but each extra all-reduce "
+            "is time spent sending gradients between processes. Run every micro-batch but the last of each cycle inside "
             "with model.no_sync():, its forward pass included.").format(allreduces=len(synced),
                                                                          steps=len(fp.readings)))]
     for reading in fp.readings:
@@ -123,7 +123,7 @@ exercises.no_sync.check(accumulate)
             return super().verdict(function)
 
     def findings(self, fp: Fingerprint) -> list[Finding]:
-        return error_or(fp, ddp_findings(fp) + loop_findings(fp))
+        return error_or(fp, lambda: ddp_findings(fp) + loop_findings(fp))
 
     def confirmation(self, fp: Fingerprint, weight_gap: float) -> str:
         return _("One all-reduce per optimizer step ({allreduces} for {steps} steps), in the backward() of each "

@@ -1,4 +1,4 @@
-"""A learner's accumulation loop, run on a tiny float64 model at learning rate 0 and read off micro-batch by micro-batch.
+"""A learner's accumulation loop, run on a tiny float64 model at learning rate 0, read off micro-batch by micro-batch.
 
 With a learning rate of 0 the weights never change, so every micro-batch's gradient g_j is taken at the same
 weights, and the gradient the optimizer sees at a step is a combination  sum_j c_j g_j  of the micro-batches run so
@@ -187,7 +187,6 @@ class Recording:
         self.initial = copy.deepcopy(self.module)
         self.loader = problem.loader()
         self.forwards: list[int] = []  # per model call: index into loader.handed_out (-1: not a micro-batch of it)
-        self.synced_forwards: list[bool] = []  # DDP: per model call, whether its backward would all-reduce
         self.steps: list[StepSeen] = []
         self.zeros: list[tuple[int, int]] = []  # (model calls, optimizer steps) before each zero_grad()
         self.scaler_calls: list[tuple[str, int]] = []  # (method, model calls before it)
@@ -207,8 +206,6 @@ class Recording:
             found = next((j for j in range(len(handed) - 1, -1, -1)
                           if handed[j][1].shape == x.shape and torch.equal(handed[j][1], x)), None)
         self.forwards.append(-1 if found is None else found)
-        if isinstance(self.model, DistributedDataParallel):
-            self.synced_forwards.append(self.model.require_backward_grad_sync)
 
     def on_step(self) -> None:
         grads = [p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
@@ -281,7 +278,7 @@ class Reference:
         epoch_of, position, sizes, cycles, weights = [], [], [], [], []
         for epoch, batches in enumerate(problem.loader().epochs(problem.epochs)):
             first = len(sizes)
-            epoch_sizes = [len(y) for _, y in batches]
+            epoch_sizes = [len(y) for x, y in batches]
             epoch_of += [epoch] * len(batches)
             position += list(range(len(batches)))
             sizes += epoch_sizes
@@ -393,7 +390,6 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
     change on purpose (clipping) or whose scaler mistakes already explain them.
     """
     rec, ref = fp.recording, fp.reference
-    k = ref.accum_steps
     findings = _Findings()
     expected = len(ref.sizes)
     if fp.handed_out != expected or -1 in rec.forwards:
@@ -466,8 +462,8 @@ def _structure(fp: Fingerprint, findings: _Findings) -> None:
 
 def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findings, contributions: bool,
                weights: bool) -> None:
+    """Findings about one step: is its gradient made of micro-batches, which ones reach it, and with what weight."""
     ref = fp.reference
-    k = ref.accum_steps
     if r.residual > CLOSE:
         findings.add("not-micro-batch-gradients", _(
             "The gradient at step {step} is not made of the micro-batches' gradients (the best combination misses "
@@ -506,9 +502,10 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
             "The {count} micro-batches left over at the end of epoch {epoch} leak into the first step of epoch "
             "{next_epoch} (step {step}): nothing steps or zeroes their gradient, so that step holds {held} "
             "micro-batches instead of {expected} (its gradient is off by {error:.0%}). Step the last cycle at the end "
-            "of each epoch.", len(leaked)).format(count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1,
-                                     step=r.number, held=len(leaked) + len([j for j in inner if j in nonzero]),
-                                     expected=len(ref.cycle_of(r.last)), error=_relative_error(fp, r)))
+            "of each epoch.", len(leaked)).format(
+                count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1, step=r.number,
+                held=len(leaked) + len([j for j in inner if j in nonzero]), expected=len(ref.cycle_of(r.last)),
+                error=_relative_error(fp, r)))
     dropped = [j for j in crossing if j not in nonzero]
     if dropped and ref.is_tail(ref.cycle_of(dropped[0])):
         _tail_dropped(fp, ref.cycle_of(dropped[0]), findings)
@@ -560,8 +557,9 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
             findings.add("tail-mean-of-means", _(
                 "The micro-batches of the last cycle (step {step}) count equally, but they hold different numbers of "
                 "samples ({sizes}): a sample in a smaller micro-batch counts more. Weight each micro-batch by its "
-                "samples over the cycle's {samples} samples.").format(step=r.number, sizes=", ".join(str(ref.sizes[i]) for i in cycle),
-                                                     samples=sum(ref.sizes[i] for i in cycle)))
+                "samples over the cycle's {samples} samples.").format(
+                    step=r.number, sizes=", ".join(str(ref.sizes[i]) for i in cycle),
+                    samples=sum(ref.sizes[i] for i in cycle)))
         else:
             findings.add("wrong-weight", _(
                 "At step {step}, micro-batch {micro_batch} of epoch {epoch} counts {weight:.3g}, but its share of the "

@@ -4,6 +4,8 @@ reads the bug off the gradients (see fingerprint.py).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..i18n import N_, _
@@ -108,7 +110,7 @@ class LoopExercise(Exercise):
         return {}
 
     def findings(self, fp: Fingerprint) -> list[Finding]:
-        return error_or(fp, loop_findings(fp))
+        return error_or(fp, lambda: loop_findings(fp))
 
     def verdict(self, function) -> Verdict:
         if not callable(function):
@@ -135,15 +137,16 @@ class LoopExercise(Exercise):
     def confirmation(self, fp: Fingerprint, weight_gap: float) -> str:
         return _("{steps} optimizer steps for {micro_batches} micro-batches, and each step's gradient equals the "
                  "full-batch gradient of its cycle (largest difference {gradient_gap:.1e}). Trained for real at "
-                 "learning rate {lr:g}, your weights match accumlib.train's (largest difference {weight_gap:.1e}).").format(
+                 "learning rate {lr:g}, your weights match accumlib.train's (largest difference "
+                 "{weight_gap:.1e}).").format(
                      steps=len(fp.readings), micro_batches=len(fp.reference.sizes), gradient_gap=fp.gradient_gap(),
                      lr=self.problem.lr, weight_gap=weight_gap)
 
 
-def error_or(fp: Fingerprint, findings: list[Finding]) -> list[Finding]:
-    """What the learner's code raised, if it raised; otherwise `findings`."""
+def error_or(fp: Fingerprint, findings: Callable[[], list[Finding]]) -> list[Finding]:
+    """What the learner's code raised, if it raised; otherwise findings()."""
     rec = fp.recording
-    return [error_finding(rec.error, len(rec.forwards))] if rec.error is not None else findings
+    return [error_finding(rec.error, len(rec.forwards))] if rec.error is not None else findings()
 
 
 class TheLoop(LoopExercise):

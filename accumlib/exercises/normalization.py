@@ -79,8 +79,8 @@ exercises.groupnorm.check(build_model)
                         accum_steps=self.accum_steps, micro=micro, batch=self.batch, gap=gap,
                         layers=", ".join(batchnorms)))])
             return wrong([Finding("not-exact", _(
-                "Over {accum_steps} micro-batches of {micro}, the accumulated gradient differs from the gradient of one "
-                "batch of {batch} by up to {gap:.3g}: something in the model depends on the other samples of the "
+                "Over {accum_steps} micro-batches of {micro}, the accumulated gradient differs from the gradient of "
+                "one batch of {batch} by up to {gap:.3g}: something in the model depends on the other samples of the "
                 "micro-batch, or on chance (dropout).").format(accum_steps=self.accum_steps, micro=micro,
                                                                 batch=self.batch, gap=gap))])
         if not norms:

@@ -56,7 +56,7 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
             if message.startswith(start):
                 return [Finding(name, _(text).format(number=len(rec.forwards)))]
         return [error_finding(rec.error, len(rec.forwards))]
-    calls = [method for method, _ in rec.scaler_calls]
+    calls = [method for method, position in rec.scaler_calls]
     scale = rec.scaler.get_scale()
     if "scale" not in calls and "step" not in calls:
         return [Finding("scaler-unused", _(
@@ -237,9 +237,9 @@ exercises.clip_after_unscale.check(optimizer_step)
 
     def confirmation(self, fp: Fingerprint, weight_gap: float) -> str:
         return _("At each of the {steps} steps the optimizer saw the unscaled gradient clipped to norm {max_norm:g} "
-                 "(largest difference from the reference {gradient_gap:.1e}). Trained for real at learning rate {lr:g}, "
-                 "your weights match accumlib.train(amp=\"fp16\", clip_grad_norm={max_norm:g})'s (largest difference "
-                 "{weight_gap:.1e}).").format(
+                 "(largest difference from the reference {gradient_gap:.1e}). Trained for real at learning rate "
+                 "{lr:g}, your weights match accumlib.train(amp=\"fp16\", clip_grad_norm={max_norm:g})'s (largest "
+                 "difference {weight_gap:.1e}).").format(
                      steps=len(fp.readings), max_norm=self.max_norm, lr=self.problem.lr, weight_gap=weight_gap,
                      gradient_gap=max((r.gradient - clip(fp.full_batch_gradient(c), self.max_norm)).abs().max().item()
                                       for r, c in zip(fp.readings, fp.reference.cycles)))

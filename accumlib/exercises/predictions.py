@@ -102,8 +102,8 @@ exercises.time_cost.check(arithmetic_ratio)
         return ratio, _("One optimizer step as {accum_steps} micro-batches of {micro} does {ratio:.2f} times the "
                         "arithmetic of one batch of {batch} ({operations:,} floating-point operations against "
                         "{one_operations:,}), but makes {calls:.3g} times as many operator calls ({many_calls:,} "
-                        "against {one_calls:,}). The extra time of accumulation comes from the fixed cost of each call, not "
-                        "from arithmetic.").format(
+                        "against {one_calls:,}). The extra time of accumulation comes from the fixed cost of each "
+                        "call, not from arithmetic.").format(
                             accum_steps=self.accum_steps, micro=micro, ratio=ratio, batch=self.effective_batch,
                             operations=many_flops, one_operations=one_flops, calls=many_calls / one_calls,
                             many_calls=many_calls, one_calls=one_calls)
