@@ -11,7 +11,6 @@ and by how much (`fingerprint.py`); a right loop is then trained for real and co
 
     lesson 1  largest_batch        def largest_batch(fits) -> the largest batch that fits a 2 MiB card
     lesson 2  scale_loss           def scale_loss(loss, accum_steps) -> the loss to call backward() on
-              predict_adam         adam_ratio = ...  (predict, then run)
     lesson 3  the_loop             def accumulate(model, optimizer, loader, loss_fn, accum_steps)
     lesson 4  last_cycle           def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs)
     lesson 5  memory_plan          micro_batch_size, accum_steps = ...  (256 samples per step on 0.5 MiB)
@@ -27,12 +26,12 @@ from .loops import last_cycle, scale_loss, the_loop
 from .normalization import groupnorm
 from .planning import largest_batch, memory_plan
 from .precision import amp_loop, clip_after_unscale
-from .predictions import predict_adam, time_cost
+from .predictions import time_cost
 
 BY_LESSON: dict[int, tuple[Exercise, ...]] = {
-    1: (largest_batch,), 2: (scale_loss, predict_adam), 3: (the_loop,), 4: (last_cycle,), 5: (memory_plan,),
+    1: (largest_batch,), 2: (scale_loss,), 3: (the_loop,), 4: (last_cycle,), 5: (memory_plan,),
     6: (time_cost,), 7: (groupnorm,), 8: (amp_loop, clip_after_unscale), 9: (no_sync,)}
 
-__all__ = ["BY_LESSON", "Exercise", "Finding", "Prediction", "Verdict", "largest_batch", "scale_loss", "predict_adam",
+__all__ = ["BY_LESSON", "Exercise", "Finding", "Prediction", "Verdict", "largest_batch", "scale_loss",
            "the_loop", "last_cycle", "memory_plan", "time_cost", "groupnorm", "amp_loop", "clip_after_unscale",
            "no_sync"]

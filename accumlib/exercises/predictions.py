@@ -1,9 +1,8 @@
-"""Predict, then run: the learner writes a number down first; the check measures it and compares.
+"""Predict, then run (lesson 6): how much more arithmetic does an accumulated step do? None: the extra time is the
+per-call cost of more, smaller operations. The learner writes a number down first; the check counts floating-point
+operations and operator calls (exact counts, the same on every machine) and compares.
 
-Lesson 2: without the division, SGD's first step is accum_steps times as long; how long is Adam's? (It barely
-changes: Adam divides each gradient by its own running size.) Lesson 6: how much more arithmetic does an accumulated
-step do? (None: the extra time is the per-call cost of more, smaller operations.) Both measurements are exact
-counts or float64 ratios, the same on every machine.
+(Lesson 2's surprise, that Adam largely cancels a missing division, is the quiz's predict-then-run question.)
 """
 from __future__ import annotations
 
@@ -14,43 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .. import data, models
 from ..i18n import N_, _
 from ..loop import train
-from ..pitfalls import classic_train
 from .core import Prediction
-
-
-class AdamPrediction(Prediction):
-    lesson, name = 2, "predict_adam"
-    answer = ("adam_ratio",)
-    accum_steps = 4
-    micro_batch_size = 16
-    stub = '''\
-# Without the division, SGD's first step moves the weights accum_steps = 4 times as far.
-# Predict: how many times as far does Adam's first step move them? Write a number, then run the cell.
-adam_ratio = None
-exercises.predict_adam.check(adam_ratio)
-'''
-    solution_code = '''\
-adam_ratio = 1  # Adam divides each gradient by its own running size: a constant factor cancels
-exercises.predict_adam.check(adam_ratio)
-'''
-    hint_text = N_("Adam's step is the gradient's running average divided by the square root of its squares' running "
-                   "average. What happens to that ratio when every gradient is 4 times as large?")
-
-    def first_step(self, optimizer_class, lr: float, divide: bool) -> float:
-        """Length (L2 norm, over all weights) of the first optimizer step on one cycle of 4 micro-batches of 16."""
-        X, y = data.digits(self.accum_steps * self.micro_batch_size, flat=True, dtype=torch.float64)
-        model = models.mlp(dtype=torch.float64)
-        before = torch.cat([p.detach().flatten() for p in model.parameters()])
-        classic_train(model, (X, y), optimizer_class(model.parameters(), lr=lr), micro_batch_size=self.micro_batch_size,
-                      accum_steps=self.accum_steps, divide=divide)
-        return (torch.cat([p.detach().flatten() for p in model.parameters()]) - before).norm().item()
-
-    def measure(self) -> tuple[float, str]:
-        sgd, adam = ((self.first_step(opt, lr, False) / self.first_step(opt, lr, True))
-                     for opt, lr in ((torch.optim.SGD, 0.1), (torch.optim.Adam, 1e-3)))
-        return adam, _("Without the division, Adam's first step moves the weights {adam:.4f} times as far and SGD's "
-                       "{sgd:.4f} times: Adam divides each gradient by its own running size, so a constant factor "
-                       "cancels (only its tiny epsilon term notices it).").format(adam=adam, sgd=sgd)
 
 
 class OperatorCalls(TorchDispatchMode):
@@ -109,5 +72,4 @@ exercises.time_cost.check(arithmetic_ratio)
                             many_calls=many_calls, one_calls=one_calls)
 
 
-predict_adam = AdamPrediction()
 time_cost = TimeCost()
