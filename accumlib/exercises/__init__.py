@@ -1,0 +1,37 @@
+"""Hands-on exercises for the lessons: the learner writes or breaks code, `accumlib` checks it.
+
+Each exercise has `check(answer)` (prints the verdict), `hint()`, `solution()` (prints one solution's code),
+`verdict(answer)` (the verdict as data: `.correct`, `.findings` with stable `.name`s, `.text`), and `stub`: the
+exercise cell exactly as a lesson stores it. A stub runs as stored and gets a true, deterministic verdict. It
+expects the notebook to have run `import torch`, `from torch import nn` and `from accumlib import exercises`.
+
+Loop exercises do not compare code, they run it: on a tiny float64 model at learning rate 0, the gradient at each
+optimizer step is read off as a combination of the micro-batches' gradients, which names the bug, where it shows
+and by how much (`fingerprint.py`); a right loop is then trained for real and compared with `accumlib.train`.
+
+    lesson 1  largest_batch        def largest_batch(fits) -> the largest batch that fits a 2 MiB card
+    lesson 2  scale_loss           def scale_loss(loss, accum_steps) -> the loss to call backward() on
+    lesson 3  the_loop             def accumulate(model, optimizer, loader, loss_fn, accum_steps)
+    lesson 4  last_cycle           def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs)
+    lesson 5  memory_plan          micro_batch_size, accum_steps = ...  (256 samples per step on 0.5 MiB)
+    lesson 6  time_cost            arithmetic_ratio = ...  (predict, then run)
+    lesson 7  groupnorm            def build_model() -> the CNN with GroupNorm instead of BatchNorm
+    lesson 8  amp_loop             def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps)
+              clip_after_unscale   def optimizer_step(model, optimizer, scaler, max_norm)
+    lesson 9  no_sync              def accumulate(model, optimizer, loader, loss_fn, accum_steps), model under DDP
+"""
+from .core import Exercise, Finding, Prediction, Verdict
+from .ddp import no_sync
+from .loops import last_cycle, scale_loss, the_loop
+from .normalization import groupnorm
+from .planning import largest_batch, memory_plan
+from .precision import amp_loop, clip_after_unscale
+from .predictions import time_cost
+
+BY_LESSON: dict[int, tuple[Exercise, ...]] = {
+    1: (largest_batch,), 2: (scale_loss,), 3: (the_loop,), 4: (last_cycle,), 5: (memory_plan,),
+    6: (time_cost,), 7: (groupnorm,), 8: (amp_loop, clip_after_unscale), 9: (no_sync,)}
+
+__all__ = ["BY_LESSON", "Exercise", "Finding", "Prediction", "Verdict", "largest_batch", "scale_loss",
+           "the_loop", "last_cycle", "memory_plan", "time_cost", "groupnorm", "amp_loop", "clip_after_unscale",
+           "no_sync"]

@@ -1,0 +1,226 @@
+"""Exercises on the loop itself: scale the micro-batch loss (lesson 2), write the loop (lesson 3), handle the last,
+incomplete cycle (lesson 4). Each runs the learner's code on a tiny float64 model against the exact reference and
+reads the bug off the gradients (see fingerprint.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..i18n import N_, _
+from .core import Exercise, Finding, Verdict, right, wrong
+from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, loop_findings, loss_fn,
+                          trained_gap)
+
+
+def not_a_function(name: str) -> Verdict:
+    """The verdict when check() gets something other than the learner's function `name`."""
+    return wrong([Finding("not-a-function", _(
+        "check() needs your function itself: pass {name} without calling it, as in check({name}).").format(
+            name=name))])
+
+
+class ScaleLoss(Exercise):
+    lesson, name, answer = 2, "scale_loss", ("scale_loss",)
+    problem = Problem(samples=12, micro_batch_size=3, accum_steps=4)
+    stub = '''\
+def scale_loss(loss, accum_steps):
+    return loss  # scale it so that the accum_steps micro-batch gradients add up to the full-batch gradient
+
+
+exercises.scale_loss.check(scale_loss)
+'''
+    solution_code = '''\
+def scale_loss(loss, accum_steps):
+    return loss / accum_steps  # each of the accum_steps equal micro-batches is 1/accum_steps of the batch
+
+
+exercises.scale_loss.check(scale_loss)
+'''
+    hint_text = N_("The full-batch loss is the mean over all its samples. With accum_steps equal micro-batches, each "
+                   "micro-batch's mean loss is one accum_steps-th of it.")
+
+    def verdict(self, scale_loss) -> Verdict:
+        """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum."""
+        if not callable(scale_loss):
+            return not_a_function("scale_loss")
+        problem, k = self.problem, self.problem.accum_steps
+        X, y = problem.data()
+        model = problem.model()
+        params = list(model.parameters())
+        full = torch.cat([g.flatten() for g in torch.autograd.grad(loss_fn(model(X), y), params)])
+        for xs, ys in zip(X.split(problem.micro_batch_size), y.split(problem.micro_batch_size)):
+            try:
+                scaled = call_with(scale_loss, {"loss": loss_fn(model(xs), ys), "accum_steps": k})
+            except Exception as error:  # the learner's code
+                return wrong([error_finding(error)])
+            if not isinstance(scaled, torch.Tensor):
+                return wrong([Finding("not-a-tensor", _(
+                    "scale_loss returned {kind}, not a tensor: backward() needs the loss tensor itself "
+                    "(loss / accum_steps, not loss.item() / accum_steps).").format(kind=type(scaled).__name__))])
+            if scaled.dim() != 0 or not scaled.requires_grad:
+                return wrong([Finding("detached", _(
+                    "scale_loss must return one number still connected to the model (a tensor of shape (), with a "
+                    "gradient flowing through it); keep the loss as it is, without .detach(), .item() or "
+                    "indexing."))])
+            scaled.backward()
+        accumulated = torch.cat([p.grad.flatten() for p in params])
+        gap = (accumulated - full).abs().max().item()
+        if gap <= EXACT:
+            return right(_("The {accum_steps} scaled micro-batch gradients add up to the full-batch gradient of the "
+                           "{samples} samples (largest difference {gap:.1e}).").format(
+                               accum_steps=k, samples=problem.samples, gap=gap))
+        ratio = (accumulated @ full / (full @ full)).item()
+        residual = ((accumulated - ratio * full).norm() / accumulated.norm()).item()
+        if residual > 1e-6:
+            return wrong([Finding("not-proportional", _(
+                "The accumulated gradient is not a multiple of the full-batch gradient (the best multiple misses "
+                "{residual:.1%} of it): scale every micro-batch's loss the same way.").format(residual=residual))])
+        if abs(ratio - k) <= 1e-6 * k:
+            return wrong([Finding("missing-division", _(
+                "The {accum_steps} micro-batch gradients add up to {ratio:.3g} times the full-batch gradient: the loss "
+                "is not divided by accum_steps. With SGD, that is like a learning rate {ratio:.3g} times too "
+                "high.").format(accum_steps=k, ratio=ratio))])
+        return wrong([Finding("wrong-scale", _(
+            "The {accum_steps} micro-batch gradients add up to {ratio:.3g} times the full-batch gradient; they must "
+            "add up to exactly 1 times it.").format(accum_steps=k, ratio=ratio))])
+
+
+class LoopExercise(Exercise):
+    """The learner writes an accumulation loop; check() reads its fingerprint and confirms a right one by training."""
+
+    problem: Problem
+    parameters: tuple[str, ...] = ("model", "optimizer", "loader", "loss_fn", "accum_steps")
+    answer = ("accumulate",)
+    amp = ddp = False
+
+    def arguments(self, recording: Recording) -> dict:
+        everything = dict(model=recording.model, optimizer=recording.optimizer, scaler=recording.scaler,
+                          loader=recording.loader, loss_fn=loss_fn, accum_steps=self.problem.accum_steps,
+                          epochs=self.problem.epochs)
+        return {name: everything[name] for name in self.parameters}
+
+    def run(self, function, recording: Recording) -> None:
+        """Run the learner's function on the recording's model, optimizer, loader (and scaler)."""
+        call_with(function, self.arguments(recording))
+
+    def reference(self) -> dict:
+        """Keyword arguments that make accumlib.train do what a right answer does."""
+        return {}
+
+    def findings(self, fp: Fingerprint) -> list[Finding]:
+        return error_or(fp, lambda: loop_findings(fp))
+
+    def verdict(self, function) -> Verdict:
+        if not callable(function):
+            return not_a_function(self.answer[0])
+
+        def call(recording):
+            return self.run(function, recording)
+
+        recording = Recording(self.problem, amp=self.amp, ddp=self.ddp).run(call)
+        fp = Fingerprint(recording)
+        findings = self.findings(fp)
+        if findings:
+            return wrong(findings)
+        weight_gap, error = trained_gap(self.problem, call, self.reference(), amp=self.amp, ddp=self.ddp)
+        if error is not None:
+            return wrong([error_finding(error)])
+        if weight_gap > EXACT:
+            return wrong([Finding("training-differs", _(
+                "At learning rate 0 every step's gradient is right, but trained for real at learning rate {lr:g} "
+                "your weights differ from accumlib.train's by up to {gap:.2e}: the loop must do the same whatever "
+                "the weights are.").format(lr=self.problem.lr, gap=weight_gap))])
+        return right(self.confirmation(fp, weight_gap))
+
+    def confirmation(self, fp: Fingerprint, weight_gap: float) -> str:
+        return _("{steps} optimizer steps for {micro_batches} micro-batches, and each step's gradient equals the "
+                 "full-batch gradient of its cycle (largest difference {gradient_gap:.1e}). Trained for real at "
+                 "learning rate {lr:g}, your weights match accumlib.train's (largest difference "
+                 "{weight_gap:.1e}).").format(
+                     steps=len(fp.readings), micro_batches=len(fp.reference.sizes), gradient_gap=fp.gradient_gap(),
+                     lr=self.problem.lr, weight_gap=weight_gap)
+
+
+def error_or(fp: Fingerprint, findings: Callable[[], list[Finding]]) -> list[Finding]:
+    """What the learner's code raised, if it raised; otherwise findings()."""
+    rec = fp.recording
+    return [error_finding(rec.error, len(rec.forwards))] if rec.error is not None else findings()
+
+
+class TheLoop(LoopExercise):
+    lesson, name = 3, "the_loop"
+    problem = Problem(samples=36, micro_batch_size=4, accum_steps=3)  # 9 micro-batches, 3 full cycles
+    stub = '''\
+def accumulate(model, optimizer, loader, loss_fn, accum_steps):
+    # The ordinary training loop: one step per batch. Turn it into gradient accumulation.
+    for step, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+exercises.the_loop.check(accumulate)
+'''
+    solution_code = '''\
+def accumulate(model, optimizer, loader, loss_fn, accum_steps):
+    for step, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y) / accum_steps  # each micro-batch is 1/accum_steps of the batch
+        loss.backward()  # adds into .grad
+        if (step + 1) % accum_steps == 0:  # the cycle is complete
+            optimizer.step()
+            optimizer.zero_grad()  # once per cycle, after the step
+
+
+exercises.the_loop.check(accumulate)
+'''
+    hint_text = N_("Divide each micro-batch's loss by accum_steps before backward(), and call optimizer.step() and "
+                   "then optimizer.zero_grad() only when (step + 1) % accum_steps == 0.")
+
+
+class LastCycle(LoopExercise):
+    lesson, name = 4, "last_cycle"
+    # 22 samples in micro-batches of 3: 7 of 3 and one of 1 per epoch; cycles of 3 micro-batches leave a last cycle
+    # of two micro-batches (3 and 1 samples), so dividing by accum_steps, or by the micro-batches, is visibly wrong.
+    problem = Problem(samples=22, micro_batch_size=3, accum_steps=3, epochs=2)
+    parameters = ("model", "optimizer", "loader", "loss_fn", "accum_steps", "epochs")
+    stub = '''\
+def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
+    # The six-line loop, run for several epochs. What happens to the micro-batches after the last full cycle?
+    for epoch in range(epochs):
+        for step, (x, y) in enumerate(loader):
+            loss = loss_fn(model(x), y) / accum_steps
+            loss.backward()
+            if (step + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+exercises.last_cycle.check(accumulate)
+'''
+    solution_code = '''\
+def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
+    for epoch in range(epochs):
+        micro_batches = list(loader)  # this epoch's micro-batches
+        for first in range(0, len(micro_batches), accum_steps):
+            cycle = micro_batches[first:first + accum_steps]  # the last cycle may be shorter
+            samples = sum(len(y) for x, y in cycle)
+            for x, y in cycle:
+                loss = loss_fn(model(x), y) * len(y) / samples  # its share of the cycle's samples
+                loss.backward()
+            optimizer.step()  # after every cycle, the short one included
+            optimizer.zero_grad()
+
+
+exercises.last_cycle.check(accumulate)
+'''
+    hint_text = N_("Take each epoch's micro-batches as a list and cut it into cycles of accum_steps (the last may be "
+                   "shorter). Count the samples of each cycle, multiply each micro-batch's loss by len(y) / that "
+                   "count, and step after every cycle, the short one included.")
+
+
+scale_loss = ScaleLoss()
+the_loop = TheLoop()
+last_cycle = LastCycle()

@@ -1,0 +1,249 @@
+"""Exercises of lesson 8 on mixed precision: the AMP accumulation loop (the GradScaler works once per step) and
+clipping after `unscale_`.
+
+The checks run the learner's code with a float64 model under float16 autocast: autocast leaves float64 tensors
+alone, so every gradient stays exact, while the GradScaler scales, unscales, checks and updates exactly as it does
+in float16 training. Which scaler mistakes PyTorch catches and which run silently is measured in
+`accumlib.pitfalls` (module docstring); the checks name each.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..i18n import N_, _, ngettext
+from .core import Finding
+from .fingerprint import Fingerprint, Recording, Problem, call_with, error_finding, loop_findings, loss_fn
+from .loops import LoopExercise
+
+# What PyTorch's GradScaler raises, by the start of its message: (finding name, what it means)
+SCALER_ERRORS = {
+    "unscale_() has already been called": ("unscale-per-micro-batch", N_(
+        "PyTorch stopped your loop at micro-batch {number}: scaler.unscale_() ran twice before scaler.update(). "
+        "Unscale at most once per step, after the cycle's last backward() (scaler.step() unscales by itself).")),
+    "No inf checks were recorded prior to update": ("update-before-step", N_(
+        "PyTorch stopped your loop at micro-batch {number}: scaler.update() ran before scaler.step() had checked "
+        "the gradients for inf and NaN, as when it runs after every micro-batch. Call scaler.update() once per step, "
+        "right after scaler.step(optimizer).")),
+    "step() has already been called since the last update()": ("update-missing", N_(
+        "PyTorch stopped your loop at micro-batch {number}: scaler.step() ran again after scaler.step() without "
+        "scaler.update() in between. Call scaler.update() once per step, right after scaler.step(optimizer).")),
+    "unscale_() is being called after step()": ("update-missing", N_(
+        "PyTorch stopped your loop at micro-batch {number}: scaler.unscale_() ran after scaler.step() without "
+        "scaler.update() in between. Call scaler.update() once per step, right after scaler.step(optimizer).")),
+    "Attempted step but _scale is None": ("loss-not-scaled", N_(
+        "PyTorch stopped your loop at micro-batch {number}: scaler.step() ran, but scaler.scale() never did. "
+        "Call scaler.scale(loss).backward() for every micro-batch.")),
+}
+
+
+def smallest_float16() -> float:
+    """The smallest positive float16 number: a gradient below about half of it rounds to zero."""
+    zero = torch.zeros((), dtype=torch.float16)
+    return torch.nextafter(zero, torch.ones((), dtype=torch.float16)).item()
+
+
+def clip(gradient: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The gradient as torch.nn.utils.clip_grad_norm_ leaves it (scaled down to norm max_norm if it is longer)."""
+    return gradient * min(1.0, max_norm / (gradient.norm().item() + 1e-6))
+
+
+def scaler_findings(fp: Fingerprint) -> list[Finding]:
+    """What the learner's code did wrong with the GradScaler, from its calls and the gradients the steps saw."""
+    rec = fp.recording
+    if rec.error is not None:
+        message = str(rec.error)
+        for start, (name, text) in SCALER_ERRORS.items():
+            if message.startswith(start):
+                return [Finding(name, _(text).format(number=len(rec.forwards)))]
+        return [error_finding(rec.error, len(rec.forwards))]
+    calls = [method for method, position in rec.scaler_calls]
+    scale = rec.scaler.get_scale()
+    if "scale" not in calls and "step" not in calls:
+        return [Finding("scaler-unused", _(
+            "The GradScaler is never used. In float16, a gradient smaller than about {smallest:.1e} rounds to zero; "
+            "the scaler multiplies the loss by {scale:g} so that small gradients survive. Call "
+            "scaler.scale(loss).backward() for every micro-batch, and once per step scaler.step(optimizer) and "
+            "scaler.update() instead of optimizer.step().").format(smallest=smallest_float16(), scale=scale))]
+    findings = []
+    micro_batches = len([j for j in rec.forwards if j >= 0])
+    if calls.count("scale") < micro_batches:
+        findings.append(Finding("loss-not-scaled", _(
+            "scaler.scale() ran for {scaled} of the {micro_batches} micro-batches: the gradient of a loss that is not "
+            "scaled is divided by the scale ({scale:g}) all the same at the step, so it counts {scale:g} times too "
+            "little. Call scaler.scale(loss).backward() for every micro-batch.").format(
+                scaled=calls.count("scale"), micro_batches=micro_batches, scale=scale)))
+    direct = [(number, seen) for number, seen in enumerate(rec.steps, 1) if not seen.via_scaler]
+    if direct:
+        number, seen = direct[0]
+        message = (_("optimizer.step() is called directly (step {step}): the gradient is unscaled, but a step with "
+                     "inf or NaN in it is not skipped, as scaler.step(optimizer) would skip it. Step with "
+                     "scaler.step(optimizer), then scaler.update().") if seen.unscaled else
+                   _("optimizer.step() is called directly (step {step}): it sees the gradient still multiplied by the "
+                     "scale ({scale:g}), and nothing checks it for inf or NaN. Step with scaler.step(optimizer), then "
+                     "scaler.update()."))
+        findings.append(Finding("optimizer-step-direct", message.format(step=number, scale=scale)))
+    steps = len(rec.steps)
+    if calls.count("update") > steps:
+        first = fp.readings[0]
+        full = fp.full_batch_gradient(fp.reference.cycle_of(first.last))
+        findings.append(Finding("update-per-micro-batch", ngettext(
+            "scaler.update() runs after every micro-batch ({updates} times for {steps} step). Each scaler.unscale_() "
+            "then divides the part of the gradient it already unscaled by the scale again, so step 1's gradient is "
+            "{ratio:.1e} times the right one, silently, and the scale adapts after every micro-batch instead of once "
+            "per step. Call scaler.unscale_() (if you need it) and scaler.update() once per step.",
+            "scaler.update() runs after every micro-batch ({updates} times for {steps} steps). Each scaler.unscale_() "
+            "then divides the part of the gradient it already unscaled by the scale again, so step 1's gradient is "
+            "{ratio:.1e} times the right one, silently, and the scale adapts after every micro-batch instead of once "
+            "per step. Call scaler.unscale_() (if you need it) and scaler.update() once per step.", steps).format(
+                updates=calls.count("update"), steps=steps, ratio=(first.gradient.norm() / full.norm()).item())))
+    elif "step" in calls and calls.count("update") < steps:
+        findings.append(Finding("update-missing", ngettext(
+            "scaler.update() ran {updates} times for {steps} optimizer step: call it once per step, right after "
+            "scaler.step(optimizer).",
+            "scaler.update() ran {updates} times for {steps} optimizer steps: call it once per step, right after "
+            "scaler.step(optimizer).", steps).format(updates=calls.count("update"), steps=steps)))
+    return findings
+
+
+class AmpLoop(LoopExercise):
+    lesson, name = 8, "amp_loop"
+    problem = Problem(samples=36, micro_batch_size=4, accum_steps=3)
+    parameters = ("model", "optimizer", "scaler", "loader", "loss_fn", "accum_steps")
+    amp = True
+    stub = '''\
+def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):
+    # The loop of lesson 3 in float16 autocast; the GradScaler `scaler` is not used yet.
+    for step, (x, y) in enumerate(loader):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(model(x), y) / accum_steps
+        loss.backward()
+        if (step + 1) % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+exercises.amp_loop.check(accumulate)
+'''
+    solution_code = '''\
+def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):
+    for step, (x, y) in enumerate(loader):
+        with torch.autocast("cpu", dtype=torch.float16):  # "cuda" on a GPU
+            loss = loss_fn(model(x), y) / accum_steps
+        scaler.scale(loss).backward()  # every micro-batch: scaled, so small float16 gradients survive
+        if (step + 1) % accum_steps == 0:  # once per step:
+            scaler.step(optimizer)  # unscale, check for inf/NaN, step
+            scaler.update()  # adapt the scale
+            optimizer.zero_grad()
+
+
+exercises.amp_loop.check(accumulate)
+'''
+    hint_text = N_("Scale every micro-batch's loss: scaler.scale(loss).backward(). Everything else the scaler does "
+                   "belongs to the optimizer step, once per cycle: scaler.step(optimizer), then scaler.update(), then "
+                   "optimizer.zero_grad().")
+
+    def reference(self) -> dict:
+        return {"amp": "fp16"}
+
+    def findings(self, fp: Fingerprint) -> list[Finding]:
+        scaler = scaler_findings(fp)
+        if fp.recording.error is not None:
+            return scaler
+        explained = bool({"loss-not-scaled", "optimizer-step-direct", "update-per-micro-batch"}
+                         & {f.name for f in scaler})
+        return scaler + loop_findings(fp, contributions=not explained, weights=not explained)
+
+
+class ClipAfterUnscale(LoopExercise):
+    lesson, name = 8, "clip_after_unscale"
+    problem = Problem(samples=36, micro_batch_size=4, accum_steps=3)
+    max_norm = 0.5  # below every cycle's gradient norm in this problem (0.65 to 0.80), so clipping always acts
+    parameters = ("model", "optimizer", "scaler", "max_norm")
+    answer = ("optimizer_step",)
+    amp = True
+    stub = '''\
+def optimizer_step(model, optimizer, scaler, max_norm):
+    # Runs once per cycle, after the cycle's last scaler.scale(loss).backward(). Clip to max_norm, then step.
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+
+
+exercises.clip_after_unscale.check(optimizer_step)
+'''
+    solution_code = '''\
+def optimizer_step(model, optimizer, scaler, max_norm):
+    scaler.unscale_(optimizer)  # the true gradient, once per step
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient
+    scaler.step(optimizer)  # knows the gradient is unscaled already
+    scaler.update()
+    optimizer.zero_grad()
+
+
+exercises.clip_after_unscale.check(optimizer_step)
+'''
+    hint_text = N_("Until scaler.unscale_(optimizer) runs, every gradient is multiplied by the scale. Unscale first, "
+                   "then clip, then scaler.step(optimizer) and scaler.update().")
+
+    def run(self, optimizer_step, recording: Recording) -> None:
+        """The right AMP accumulation loop, calling the learner's optimizer_step at the end of every cycle."""
+        k = self.problem.accum_steps
+        for step, (x, y) in enumerate(recording.loader):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = loss_fn(recording.model(x), y) / k
+            recording.scaler.scale(loss).backward()
+            if (step + 1) % k == 0:
+                call_with(optimizer_step, self.arguments(recording))
+
+    def arguments(self, recording: Recording) -> dict:
+        return dict(model=recording.model, optimizer=recording.optimizer, scaler=recording.scaler,
+                    max_norm=self.max_norm)
+
+    def reference(self) -> dict:
+        return {"amp": "fp16", "clip_grad_norm": self.max_norm}
+
+    def findings(self, fp: Fingerprint) -> list[Finding]:
+        scaler = scaler_findings(fp)
+        if fp.recording.error is not None or scaler:
+            return scaler
+        findings = loop_findings(fp, weights=False)
+        if findings:
+            return findings
+        scale = fp.recording.scaler.get_scale()
+        for reading, cycle in zip(fp.readings, fp.reference.cycles):
+            full = fp.full_batch_gradient(cycle)
+            clipped = clip(full, self.max_norm)
+            norm = reading.gradient.norm().item()
+            if (reading.gradient - clipped).abs().max().item() <= 1e-10:
+                continue
+            if abs(norm - self.max_norm / scale) <= 1e-6 * self.max_norm / scale:
+                return [Finding("clipped-scaled", _(
+                    "The gradient was clipped while still scaled: before scaler.unscale_() it is {scale:g} times too "
+                    "large, so clip_grad_norm_ cut it to norm {max_norm:g}, and the step then unscaled it to norm "
+                    "{norm:.2e}, {scale:g} times too small. Call scaler.unscale_(optimizer) before clipping.").format(
+                        scale=scale, max_norm=self.max_norm, norm=norm))]
+            if abs(norm - full.norm().item()) <= 1e-6 * norm:
+                return [Finding("not-clipped", _(
+                    "The gradient reaching step {step} has norm {norm:.3g}: it was not clipped to max_norm = "
+                    "{max_norm:g}. After scaler.unscale_(optimizer), call "
+                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).").format(
+                        step=reading.number, norm=norm, max_norm=self.max_norm))]
+            return [Finding("clipped-wrong", _(
+                "At step {step} the optimizer sees a gradient of norm {norm:.3g}; the accumulated gradient clipped to "
+                "max_norm = {max_norm:g} has norm {expected:.3g}.").format(
+                    step=reading.number, norm=norm, max_norm=self.max_norm, expected=clipped.norm().item()))]
+        return []
+
+    def confirmation(self, fp: Fingerprint, weight_gap: float) -> str:
+        return _("At each of the {steps} steps the optimizer saw the unscaled gradient clipped to norm {max_norm:g} "
+                 "(largest difference from the reference {gradient_gap:.1e}). Trained for real at learning rate "
+                 "{lr:g}, your weights match accumlib.train(amp=\"fp16\", clip_grad_norm={max_norm:g})'s (largest "
+                 "difference {weight_gap:.1e}).").format(
+                     steps=len(fp.readings), max_norm=self.max_norm, lr=self.problem.lr, weight_gap=weight_gap,
+                     gradient_gap=max((r.gradient - clip(fp.full_batch_gradient(c), self.max_norm)).abs().max().item()
+                                      for r, c in zip(fp.readings, fp.reference.cycles)))
+
+
+amp_loop = AmpLoop()
+clip_after_unscale = ClipAfterUnscale()

@@ -1,0 +1,387 @@
+"""Issue 11 section 3: every exercise's stub runs and gets a true verdict, its solution passes, and each bug it
+diagnoses is named. The wrong loops come from pitfalls.classic_train's switches where it has one, so the two
+modules check each other."""
+import contextlib
+import io
+import re
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import accumlib
+from accumlib import data, exercises, i18n, models, pitfalls
+from accumlib.exercises import planning
+
+NAMESPACE = dict(torch=torch, nn=nn, exercises=exercises)
+
+
+def run_cell(code: str) -> tuple[str, dict]:
+    """Run a cell as a lesson would (torch, nn and exercises imported); return what it printed and its names."""
+    names = dict(NAMESPACE)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(textwrap.dedent(code), names)
+    return output.getvalue(), names
+
+
+def verdict_of_cell(exercise, names: dict):
+    """The verdict on the answer a cell defined (its function, or its variables)."""
+    return exercise.verdict(*(names[name] for name in exercise.answer))
+
+
+ALL = [exercise for group in exercises.BY_LESSON.values() for exercise in group]
+STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-division"],
+                 "the_loop": ["step-every-micro-batch", "missing-division"],
+                 "last_cycle": ["leaked-tail", "tail-dropped"], "memory_plan": ["does-not-fit"],
+                 "time_cost": ["no-prediction"], "groupnorm": ["batchnorm-left"], "amp_loop": ["scaler-unused"],
+                 "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"]}
+
+
+def test_every_lesson_but_the_recap_has_an_exercise():
+    assert sorted(exercises.BY_LESSON) == list(range(1, 10))
+    assert all(e.lesson == lesson for lesson, group in exercises.BY_LESSON.items() for e in group)
+    assert sorted(STUB_FINDINGS) == sorted(e.name for e in ALL)
+
+
+@pytest.mark.parametrize("exercise", ALL, ids=lambda e: e.name)
+def test_the_stub_runs_as_stored_and_prints_its_true_verdict_the_same_way_twice(exercise):
+    printed, names = run_cell(exercise.stub)
+    again, _ = run_cell(exercise.stub)
+    result = verdict_of_cell(exercise, names)
+    assert not result.correct and result.names == STUB_FINDINGS[exercise.name], result.text
+    assert printed == again == result.text + "\n"
+    assert not re.search(r"0x[0-9a-f]{6,}|\d ?(s|ms|seconds)\b", printed)  # no addresses, no times
+
+
+@pytest.mark.parametrize("exercise", ALL, ids=lambda e: e.name)
+def test_the_solution_passes_and_solution_prints_its_code(exercise, capsys):
+    printed, names = run_cell(exercise.solution_code)
+    assert printed.startswith("Right! "), printed
+    assert verdict_of_cell(exercise, names).correct
+    exercise.solution()
+    assert exercise.solution_code.rstrip() in capsys.readouterr().out
+    exercise.hint()
+    assert capsys.readouterr().out.startswith("Hint: ")
+
+
+def test_every_line_of_a_verdict_comes_from_the_message_catalogue(monkeypatch):
+    """With a catalogue that marks every message it translates, no line of a verdict is left unmarked."""
+    class Marking(i18n.gettext.NullTranslations):
+        def gettext(self, message):
+            return "«" + message + "»"
+
+        def ngettext(self, singular, plural, n):
+            return "«" + (singular if n == 1 else plural) + "»"
+
+    monkeypatch.setattr(i18n, "catalogue", lambda code: Marking())
+    for exercise in ALL:
+        _, names = run_cell(exercise.stub.replace(f"exercises.{exercise.name}.check", "print"))
+        for line in verdict_of_cell(exercise, names).text.splitlines():
+            assert line.removeprefix("- ").startswith("«") and line.endswith("»"), (exercise.name, line)
+
+
+def defined(code: str, name: str):
+    """The function `name` that a learner's cell defines."""
+    return run_cell(code)[1][name]
+
+
+# ---------------------------------------------------------------- loops (lessons 3, 4, 8, 9)
+
+def classic(**switches):
+    """A learner's loop that is pitfalls.classic_train with these switches, epoch by epoch on the loader's samples.
+
+    The loader hands each epoch's micro-batches out first; classic_train, with the same seed, visits the same ones
+    in the same order (the check recognises them by content).
+    """
+    def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs=1):
+        problem = loader.problem
+        for epoch in range(epochs):
+            list(loader)
+            pitfalls.classic_train(model, problem.data(epoch), optimizer, micro_batch_size=problem.micro_batch_size,
+                                   accum_steps=accum_steps, seed=problem.seed, loss_fn=loss_fn, **switches)
+    return accumulate
+
+
+def classic_amp(**switches):
+    def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):
+        classic(scaler=scaler, **switches)(model, optimizer, loader, loss_fn, accum_steps)
+    return accumulate
+
+
+def solution_without_check(exercise) -> str:
+    """The code of an exercise's solution cell, without its check() line: a right answer to break."""
+    return exercise.solution_code.replace(f"exercises.{exercise.name}.check(", "print(")
+
+
+LOOP = solution_without_check(exercises.the_loop)
+OFF_BY_ONE = LOOP.replace("(step + 1) % accum_steps == 0", "step % accum_steps == 0")
+NEVER_ZEROED = LOOP.replace("optimizer.zero_grad()", "pass")
+
+
+@pytest.mark.parametrize("loop, names", [
+    (classic(), []),  # the classic recipe is right when the samples fill whole cycles
+    (classic(divide=False), ["missing-division"]),
+    (classic(zero_every_micro_batch=True), ["zeroed-inside"]),
+    (classic(step_every_micro_batch=True), ["step-every-micro-batch"]),
+    (classic(step_every_micro_batch=True, divide=False), ["step-every-micro-batch", "missing-division"]),
+    (OFF_BY_ONE, ["off-by-one"]),
+    (NEVER_ZEROED, ["never-zeroed"]),
+    (LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n            optimizer.step()"), ["empty-step"]),
+    (LOOP.replace("loss.backward()", "pass"), ["empty-step"]),
+    (LOOP.replace("(step + 1) % accum_steps == 0", "False"), ["no-step"]),
+    (LOOP.replace("/ accum_steps", "/ (accum_steps + 1)"), ["wrong-weight"]),
+    (LOOP.replace("(step + 1) % accum_steps == 0", "step % 2 == 1"), ["steps-misplaced", "not-stepped"]),
+    (LOOP.replace("(step + 1) % accum_steps == 0", "(step + 1) % accum_steps == 0 and step < 6"),
+     ["steps-misplaced", "not-stepped"]),
+    (LOOP.replace("loss.backward()", "loss.backward()\n        if step % accum_steps == 0:\n"
+                                     "            optimizer.zero_grad()"), ["lost-gradients"]),
+    (LOOP.replace("/ accum_steps", "/ accum_steps + sum((p ** 2).sum() for p in model.parameters())"),
+     ["not-micro-batch-gradients"]),
+    (LOOP.replace("loss.backward()", "loss.backward()\n        raise ValueError('my bug')"), ["error"]),
+    (LOOP.replace("model(x)", "model(x * 2)"), ["unknown-input"]),
+    (LOOP.replace("/ accum_steps", "/ accum_steps * (1 + optimizer.param_groups[0]['lr'])"), ["training-differs"]),
+], ids=["classic", "no-division", "zero-inside", "step-every", "stub", "off-by-one", "never-zeroed",
+        "zero-before-step", "no-backward", "never-steps", "divided-by-4", "every-second", "two-cycles-of-three",
+        "zero-after-first", "weight-decay-in-loss", "raises", "changes-inputs", "only-right-at-lr-0"])
+def test_the_loop_names_each_bug(loop, names):
+    function = defined(loop, "accumulate") if isinstance(loop, str) else loop
+    result = exercises.the_loop.verdict(function)
+    assert result.names == names, result.text
+    assert result.correct == (names == [])
+
+
+def test_the_loop_says_where_and_by_how_much():
+    text = exercises.the_loop.verdict(classic(divide=False)).text
+    assert "counts 3 times its share, so step 1's gradient is 3 times too large" in text
+    text = exercises.the_loop.verdict(defined(OFF_BY_ONE, "accumulate")).text
+    assert "after 1 micro-batch instead of 3" in text and "the last 2 micro-batches never reach a step" in text
+    text = exercises.the_loop.verdict(classic(zero_every_micro_batch=True)).text
+    assert "at step 1 the gradients of the 2 micro-batches before it were wiped out" in text
+    text = exercises.the_loop.verdict(defined(NEVER_ZEROED, "accumulate")).text
+    assert "Step 2 still holds the gradients of 3 micro-batches that earlier steps already applied" in text
+    text = exercises.the_loop.verdict(defined(LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n"
+                                                           "            optimizer.step()"), "accumulate")).text
+    assert "zero_grad() runs after the last backward() and before optimizer.step()" in text
+    text = exercises.the_loop.verdict(defined(LOOP.replace("loss.backward()", "pass"), "accumulate")).text
+    assert "no backward() ran before it" in text
+
+
+def test_the_loop_refuses_a_wrong_signature_and_a_value():
+    result = exercises.the_loop.verdict(lambda model, optimizer, loader: None)
+    assert result.names == ["signature"] and "(model, optimizer, loader, loss_fn, accum_steps)" in result.text
+    assert exercises.the_loop.verdict(None).names == ["not-a-function"]
+
+
+MEAN_OF_MEANS = """
+def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
+    for epoch in range(epochs):
+        micro_batches = list(loader)
+        for first in range(0, len(micro_batches), accum_steps):
+            cycle = micro_batches[first:first + accum_steps]
+            for x, y in cycle:
+                (loss_fn(model(x), y) / len(cycle)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("loop, names", [
+    (classic(last_cycle="weighted"), []),
+    (classic(last_cycle="drop"), ["tail-dropped"]),
+    (classic(last_cycle="leak"), ["leaked-tail", "tail-dropped"]),
+    (classic(last_cycle="divide-by-steps"), ["tail-divided-by-steps"]),
+    (MEAN_OF_MEANS, ["tail-mean-of-means"]),
+    (MEAN_OF_MEANS.replace("range(epochs)", "range(1)"), ["micro-batch-count"]),
+], ids=["weighted", "drop", "leak", "divide-by-steps", "mean-of-means", "one-epoch"])
+def test_last_cycle_names_each_bug(loop, names):
+    function = defined(loop, "accumulate") if isinstance(loop, str) else loop
+    result = exercises.last_cycle.verdict(function)
+    assert result.names == names, result.text
+
+
+def test_last_cycle_measures_what_the_tail_counts():
+    text = exercises.last_cycle.verdict(classic(last_cycle="divide-by-steps")).text
+    assert "only 2 micro-batches, yet each is still divided by accum_steps = 3: together they count 0.67" in text
+    text = exercises.last_cycle.verdict(classic(last_cycle="drop")).text
+    assert "epoch 1 is dropped: its 2 micro-batches (4 samples)" in text
+
+
+AMP = solution_without_check(exercises.amp_loop)
+AMP_DIRECT = AMP.replace("scaler.step(optimizer)", "optimizer.step()").replace("scaler.update()", "pass")
+
+
+@pytest.mark.parametrize("loop, names", [
+    (classic_amp(), []),
+    (classic_amp(unscale_per_micro_batch=True), ["unscale-per-micro-batch"]),
+    (classic_amp(update_per_micro_batch=True), ["update-before-step"]),
+    (classic_amp(unscale_per_micro_batch=True, update_per_micro_batch=True), ["update-per-micro-batch"]),
+    (classic_amp(step_every_micro_batch=True), ["step-every-micro-batch"]),
+    (classic_amp(divide=False), ["missing-division"]),
+    (AMP_DIRECT, ["optimizer-step-direct"]),
+    (AMP.replace("scaler.scale(loss).backward()", "loss.backward()"), ["loss-not-scaled"]),
+    (AMP.replace("scaler.scale(loss).backward()",
+                 "(scaler.scale(loss) if (step + 1) % accum_steps == 0 else loss).backward()"), ["loss-not-scaled"]),
+    (AMP.replace("scaler.update()", "pass"), ["update-missing"]),
+], ids=["classic", "unscale-per-micro", "update-per-micro", "unscale-and-update-per-micro", "step-every",
+        "no-division", "optimizer-step", "never-scaled", "scaled-at-the-step-only", "no-update"])
+def test_amp_loop_names_each_scaler_mistake(loop, names):
+    function = defined(loop, "accumulate") if isinstance(loop, str) else loop
+    result = exercises.amp_loop.verdict(function)
+    assert result.names == names, result.text
+
+
+def test_amp_loop_measures_the_silent_update_per_micro_batch():
+    text = exercises.amp_loop.verdict(classic_amp(unscale_per_micro_batch=True, update_per_micro_batch=True)).text
+    ratio = float(re.search(r"step 1's gradient is ([0-9.e+-]+) times the right one", text).group(1))
+    assert 0 < ratio < 1 / 2**16 and "(12 times for 3 steps)" in text  # 9 per micro-batch + 3 after the steps
+
+
+CLIP = solution_without_check(exercises.clip_after_unscale)
+
+
+@pytest.mark.parametrize("step, names", [
+    (CLIP, []),
+    (CLIP.replace("torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)", "pass"), ["not-clipped"]),
+    (CLIP.replace("parameters(), max_norm)", "parameters(), max_norm / 2)"), ["clipped-wrong"]),
+    (CLIP.replace("optimizer.zero_grad()", "pass"), ["never-zeroed"]),
+    (CLIP.replace("scaler.step(optimizer)", "optimizer.step()"), ["optimizer-step-direct"]),
+    (CLIP.replace("scaler.update()", "pass"), ["update-missing"]),
+], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update"])
+def test_clip_after_unscale_names_each_mistake(step, names):
+    result = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step"))
+    assert result.names == names, result.text
+
+
+def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():
+    function = defined(exercises.clip_after_unscale.stub.replace("exercises.clip_after_unscale.check", "print"),
+                       "optimizer_step")
+    text = exercises.clip_after_unscale.verdict(function).text
+    assert f"unscaled it to norm {0.5 / 2**16:.2e}, 65536 times too small" in text
+
+
+NO_SYNC = solution_without_check(exercises.no_sync)
+FORWARD_OUTSIDE = NO_SYNC.replace("        with contextlib", "        out = model(x)\n        with contextlib").replace(
+    "loss_fn(model(x), y)", "loss_fn(out, y)")
+SYNC_FIRST = """
+import contextlib
+
+def accumulate(model, optimizer, loader, loss_fn, accum_steps):
+    for step, (x, y) in enumerate(loader):
+        with contextlib.nullcontext() if step % accum_steps == 0 else model.no_sync():
+            (loss_fn(model(x), y) / accum_steps).backward()
+        if (step + 1) % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("loop, names", [
+    (FORWARD_OUTSIDE, ["no-sync-forward-outside"]),
+    (SYNC_FIRST, ["no-allreduce-before-step", "allreduce-too-early"]),
+    (SYNC_FIRST.replace("contextlib.nullcontext() if step % accum_steps == 0 else ", ""),
+     ["no-allreduce-before-step"]),
+    (SYNC_FIRST.replace("step % accum_steps == 0", "(step + 1) % accum_steps == 0").replace(" / accum_steps", ""),
+     ["missing-division"]),
+], ids=["forward-outside", "sync-first", "never-sync", "no-division"])
+def test_no_sync_names_where_ddp_all_reduces_and_cleans_up_its_process_group(loop, names):
+    result = exercises.no_sync.verdict(defined(loop, "accumulate"))
+    assert result.names == names, result.text
+    assert not dist.is_initialized()
+
+
+def test_no_sync_runs_inside_a_jupyter_kernel_twice_and_leaves_no_process_group():
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = ["import torch\nfrom torch import nn\nfrom accumlib import exercises",
+             exercises.no_sync.stub, exercises.no_sync.solution_code, exercises.no_sync.solution_code,
+             "import torch.distributed as dist\nprint(dist.is_initialized())"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    printed = ["".join(o.get("text", "") for o in cell.outputs) for cell in notebook.cells]
+    assert printed[1].startswith("Not yet: 1 problem.\n- DDP all-reduces the gradients after every micro-batch")
+    assert printed[2].startswith("Right! One all-reduce per optimizer step (3 for 3 steps)")
+    assert printed[3] == printed[2] and printed[4] == "False\n"
+
+
+# ---------------------------------------------------------------- lesson 2: scaling the loss
+
+@pytest.mark.parametrize("body, name", [
+    ("return loss / accum_steps ** 2", "wrong-scale"),
+    ("return loss.item() / accum_steps", "not-a-tensor"),
+    ("return loss.detach() / accum_steps", "detached"),
+    ("return loss * (1 + torch.rand(()))", "not-proportional"),
+    ("return loss / undefined_name", "error"),
+], ids=["squared", "item", "detach", "random", "raises"])
+def test_scale_loss_names_each_mistake(body, name):
+    function = defined(f"def scale_loss(loss, accum_steps):\n    {body}\n", "scale_loss")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        assert exercises.scale_loss.verdict(function).names == [name]
+
+
+def test_scale_loss_measures_the_factor():
+    text = exercises.scale_loss.verdict(lambda loss, accum_steps: loss / accum_steps ** 2).text
+    assert "add up to 0.25 times the full-batch gradient" in text
+
+
+# ---------------------------------------------------------------- lessons 1 and 5: memory
+
+def test_largest_batch_is_the_largest_that_fits_and_one_more_does_not():
+    exercise = exercises.largest_batch
+    best = exercise.largest()
+    assert planning.step_peak(best) <= exercise.card_bytes < planning.step_peak(best + 1)
+    assert exercise.verdict(lambda fits: best + 1).names == ["too-large"]
+    low = exercise.verdict(lambda fits: best - 3)
+    assert low.names == ["not-largest"] and "powers of two" not in low.text
+    assert exercise.verdict(lambda fits: fits(0)).names == ["error"]
+    assert exercise.verdict(lambda fits: "70").names == ["not-a-batch"]
+
+
+def test_a_plan_the_check_refuses_is_refused_by_train_with_the_same_budget():
+    model = models.cnn()
+    with pytest.raises(accumlib.OutOfMemory) as refused:
+        accumlib.train(model, data.digits(256), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=16,
+                       accum_steps=16, memory_budget=exercises.memory_plan.card_bytes, measure_memory=False)
+    assert refused.value.needed_bytes == planning.step_peak(16, 16)
+    result = exercises.memory_plan.verdict(16, 16)
+    assert result.names == ["does-not-fit"] and f"needs {planning.step_peak(16, 16):,} bytes" in result.text
+
+
+def test_the_peak_of_an_accumulating_step_is_the_same_from_two_micro_batches_on():
+    for micro in (8, 16):
+        peaks = {planning._measured_peak(micro, k) for k in (2, 3, 5)}
+        assert len(peaks) == 1 and planning._measured_peak(micro, 1) < peaks.pop()
+
+
+@pytest.mark.parametrize("plan, name", [((4, 64), "slower-than-needed"), ((8, 16), "wrong-effective-batch"),
+                                        (("8", 32), "not-a-count"), ((8, 0), "not-a-count")])
+def test_memory_plan_names_each_mistake(plan, name):
+    assert exercises.memory_plan.verdict(*plan).names == [name]
+
+
+# ---------------------------------------------------------------- prediction (lesson 6)
+
+def test_the_prediction_is_compared_with_the_measurement():
+    assert exercises.time_cost.verdict(16).names == ["prediction-off"]
+    assert exercises.time_cost.verdict("one").names == ["not-a-number"]
+    one, many = exercises.time_cost.count(64, 1), exercises.time_cost.count(4, 16)
+    assert one[0] == many[0] and many[1] > 5 * one[1]  # the same arithmetic, many more operator calls
+
+
+# ---------------------------------------------------------------- lesson 7: GroupNorm
+
+@pytest.mark.parametrize("body, name", [
+    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 10))",
+     "no-normalisation"),
+    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.Dropout(0.5), nn.Flatten(), "
+     "nn.Linear(16 * 64, 10))", "not-exact"),
+    ("nn.Sequential(nn.Flatten(), nn.Linear(64, 5))", "wrong-output"),
+    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(3, 16))", "error"),
+    ("'a model'", "not-a-model"),
+], ids=["removed", "dropout", "shape", "groups", "string"])
+def test_groupnorm_names_each_mistake(body, name):
+    function = defined(f"def build_model():\n    return {body}\n", "build_model")
+    assert exercises.groupnorm.verdict(function).names == [name]
