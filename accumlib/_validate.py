@@ -7,13 +7,18 @@ import numbers
 import torch
 
 
+def _integer(name: str, value, lowest: int, valid: str) -> int:
+    """Return `value` if it is an integer >= lowest (not a bool); raise TypeError/ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {valid}, got {value!r} of type {type(value).__name__}")
+    if value < lowest:
+        raise ValueError(f"{name} must be {valid}, got {value!r}")
+    return int(value)
+
+
 def positive_int(name: str, value) -> int:
     """Return `value` if it is an integer >= 1; raise TypeError/ValueError naming `name` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer (1, 2, 3, ...), got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer (1, 2, 3, ...), got {value!r}")
-    return int(value)
+    return _integer(name, value, 1, "a positive integer (1, 2, 3, ...)")
 
 
 def positive_number(name: str, value) -> float:
@@ -34,11 +39,7 @@ def one_of(name: str, value, choices) -> object:
 
 def non_negative_int(name: str, value) -> int:
     """Return `value` if it is an integer >= 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= 0, got {value!r} of type {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return int(value)
+    return _integer(name, value, 0, "an integer >= 0 (0, 1, 2, ...)")
 
 
 def boolean(name: str, value) -> bool:
