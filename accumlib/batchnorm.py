@@ -363,9 +363,10 @@ class DivergenceCauses:
       update_count: k updates per step -> one (same weights, same batch statistics);
       weights: the accumulated run's weights -> the one-batch run's (same batches, same updates).
     Each is a list of LayerDeviation relative to the one-batch run's running variance, like `total_divergence`.
-    The causes do not add up to the total (the links of a chain, not parts of a sum), but none exceeds what it
-    explains alone. replay_gap checks the replay: the largest |replayed - recorded| running statistic of the two
-    real runs (0 up to float rounding).
+    They are the links of a chain from one run to the other, not parts of a sum: for every layer and statistic
+    the total is at most noise + update_count + weights (the triangle inequality), and the largest link is the
+    main cause. replay_gap checks the replay: the largest |replayed - recorded| running statistic of the two real
+    runs (0 up to float rounding).
     """
 
     micro_batch_size: int

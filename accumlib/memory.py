@@ -219,10 +219,17 @@ class MemoryReport:
 MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(f"    {name}: {definition}.\n" for name, definition in CATEGORY_DEFINITIONS.items())
 
 
-def _clone_optimizer(optimizer: torch.optim.Optimizer | None, params) -> torch.optim.Optimizer:
+def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn.Module,
+                     copied: torch.nn.Module) -> torch.optim.Optimizer:
+    """An optimizer of the same type and settings for `copied`, holding the copies of the parameters of `original`
+    that `optimizer` holds (a head being fine-tuned keeps state for the head alone); all trainable parameters when
+    it holds none of them (an optimizer built for another instance of the model) or is None (SGD, no state)."""
+    trainable = [p for p in copied.parameters() if p.requires_grad]
     if optimizer is None:
-        return torch.optim.SGD(params, lr=0.1)
-    return type(optimizer)(params, **optimizer.defaults)
+        return torch.optim.SGD(trainable, lr=0.1)
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    mine = [c for o, c in zip(original.parameters(), copied.parameters()) if id(o) in held and c.requires_grad]
+    return type(optimizer)(mine or trainable, **optimizer.defaults)
 
 
 def training_step(model, optimizer, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_fn,
@@ -303,8 +310,9 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
                  device=None) -> MemoryReport:
     """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
 
-    x, y: one micro-batch (tensors, same length). optimizer: its type and settings are copied (default: SGD,
-    which keeps no state). loss_fn(model(x), y) -> scalar tensor (default: cross-entropy).
+    x, y: one micro-batch (tensors, same length). optimizer: its type and settings are copied, for the parameters
+    it holds (for every trainable one if it holds none of this model's); default SGD, which keeps no state.
+    loss_fn(model(x), y) -> scalar tensor (default: cross-entropy).
     The optimizer's state is created first, so the step measured is a steady one (Adam's state exists, as from
     step 2 on); on CUDA a whole warm-up step runs first.
     fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed; it also measures a
@@ -329,13 +337,15 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
                 copied = copy.deepcopy(model)
             x, y = mode.from_tensor(x.to(device)), mode.from_tensor(y.to(device))
             with mode:  # clones: storages of the micro-batch's own size, whatever x is a view of
-                return _measure(copied, optimizer, x.clone(), y.clone(), loss_fn, accum_steps, FAKE, "cpu (fake)")
+                return _measure(copied, _clone_optimizer(optimizer, model, copied), x.clone(), y.clone(), loss_fn,
+                                accum_steps, FAKE, "cpu (fake)")
         x, y = x.to(device, copy=True), y.to(device, copy=True)  # a slice would count its whole dataset otherwise
         copied = copy.deepcopy(model).to(device)
         if device.type == "cuda":
-            return _measure(copied, optimizer, x, y, loss_fn, accum_steps, ALLOCATOR,
+            return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, ALLOCATOR,
                             torch.cuda.get_device_name(device), cuda=device)
-        return _measure(copied, optimizer, x, y, loss_fn, accum_steps, TRACKER, "cpu")
+        return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, TRACKER,
+                        "cpu")
 
 
 @contextlib.contextmanager
@@ -351,16 +361,15 @@ def explained_failure(x: torch.Tensor, y: torch.Tensor):
                          f"model takes and y what loss_fn compares its output with") from error
 
 
-def _measure(model, optimizer, x, y, loss_fn, accum_steps, method, device_name, cuda=None) -> MemoryReport:
+def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, cuda=None) -> MemoryReport:
     """Create the optimizer's state (as after a first step), then track one step of accum_steps passes."""
     params = list(model.parameters())
-    opt = _clone_optimizer(optimizer, params)
     if cuda is not None:  # a whole warm-up step: the allocator's cache and the libraries' workspaces are set up too
         with explained_failure(x, y):
             training_step(model, opt, [(x, y)], loss_fn)
     else:  # the state of a step on zero gradients has the shapes of any step's: no pass needed
-        for p in params:
-            if p.requires_grad:
+        for group in opt.param_groups:
+            for p in group["params"]:
                 p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -76,6 +76,12 @@ def test_the_replay_reproduces_both_runs_exactly(causes):
     assert (causes.updates_accumulated, causes.updates_one_batch) == (128, 16)
 
 
+def test_the_chain_of_causes_bounds_the_total_layer_by_layer(causes):
+    for total_dev, *links in zip(causes.total_divergence, causes.noise, causes.update_count, causes.weights):
+        assert total_dev.mean <= sum(d.mean for d in links) + 1e-6
+        assert total_dev.variance <= sum(d.variance for d in links) + 1e-6
+
+
 def test_after_one_epoch_the_divergence_is_the_number_of_updates_not_the_noise(causes):
     total, noise, count, weights = (batchnorm.total(getattr(causes, name))
                                     for name in ("total_divergence", "noise", "update_count", "weights"))

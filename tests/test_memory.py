@@ -204,3 +204,18 @@ def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch
                              measure_memory=True)
     assert len(history) == 4
     assert all(r.peak_memory_bytes == budget for r in history)  # the estimate is the step train runs
+
+
+def test_an_optimizer_of_the_head_alone_keeps_state_for_the_head_alone():
+    net = models.cnn()
+    head = net[-1]
+    for p in net.parameters():
+        p.requires_grad_(p is head.weight or p is head.bias)
+    report = memory.measure_step(net, X[:8], Y[:8], optimizer=torch.optim.Adam(head.parameters()), accum_steps=2)
+    head_bytes = 4 * (head.weight.numel() + head.bias.numel())
+    assert report.optimizer_state == 2 * head_bytes + 2 * 4  # two moments and a step count per head parameter
+    assert report.gradients == head_bytes  # frozen parameters get no gradient
+    body_trains_too = models.cnn()  # an optimizer of the head on an unfrozen model: backward still fills every .grad
+    both = memory.measure_step(body_trains_too, X[:8], Y[:8], optimizer=torch.optim.Adam(body_trains_too[-1].parameters()),
+                               accum_steps=2)
+    assert both.optimizer_state == report.optimizer_state and both.gradients == both.parameters
