@@ -302,7 +302,7 @@ def _sgd(params) -> torch.optim.Optimizer:
 
 
 def _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimizer_fn):
-    """Validate the arguments of the training experiments; return (X, y, m, k, epochs)."""
+    """Validate the arguments of the training experiments; return (X, y, m, k, epochs), X and y where the model is."""
     _layers_with_running_stats(model)
     X, y = _validate.pair("data", data)
     m = _validate.positive_int("micro_batch_size", micro_batch_size)
@@ -315,7 +315,8 @@ def _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimi
     if not callable(optimizer_fn) or isinstance(optimizer_fn, torch.optim.Optimizer):
         raise TypeError(f"optimizer_fn must be a function from parameters to an optimizer, e.g. "
                         f"lambda params: torch.optim.SGD(params, lr=0.05), got {type(optimizer_fn).__name__}")
-    return X, y, m, k, epochs
+    device = resolve_device(model, None)
+    return X.to(device), y.to(device), m, k, epochs
 
 
 def _trained(model, X, y, m, k, epochs, optimizer_fn, snapshots: list | None = None) -> nn.Module:
@@ -332,7 +333,7 @@ def _trained(model, X, y, m, k, epochs, optimizer_fn, snapshots: list | None = N
     if snapshots is not None:
         snapshots.append(weights())
     train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, epochs=epochs, shuffle=False,
-          measure_memory=False, device=resolve_device(model, None),
+          measure_memory=False, device=X.device,
           on_step=None if snapshots is None else lambda record: snapshots.append(weights()))
     if snapshots is not None:
         snapshots.pop()  # the weights after the last step were used by no step
@@ -386,15 +387,18 @@ def divergence_causes(model: nn.Module, data, *, micro_batch_size: int, accum_st
     """Train copies of `model` (a BatchNorm model, left untouched) with (micro_batch_size, accum_steps) and with
     one batch of micro_batch_size * accum_steps on `data` = (X, y), in order, and separate the three causes of the
     difference between their running statistics (see DivergenceCauses). optimizer_fn(parameters) -> optimizer
-    (default SGD, lr=0.05). Deterministic on the CPU; about a second for 512 digits at (4, 8).
+    (default SGD, lr=0.05). Deterministic on the CPU; about a second of CPU time for 512 digits at (4, 8).
     """
     X, y, m, k, epochs = _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimizer_fn)
+
+    def passes(n: int) -> int:  # micro-batches of m in a cycle of n samples
+        return -(-n // m)
+
     with torch.random.fork_rng(devices=[]):
         accumulated_weights, one_batch_weights = [], []
         accumulated = _trained(model, X, y, m, k, epochs, optimizer_fn, accumulated_weights)
         one_batch = _trained(model, X, y, m * k, 1, epochs, optimizer_fn, one_batch_weights)
         cycles = list(X.split(m * k)) * epochs  # the samples of each step: train's order without shuffling
-        passes = lambda n: -(-n // m)  # micro-batches of m in a cycle of n samples
         replays = {
             "accumulated": _replay(model, accumulated_weights, cycles, m, lambda n: 1),
             "whole batch, k updates": _replay(model, accumulated_weights, cycles, m * k, passes),
@@ -459,7 +463,7 @@ def compare_remedies(model: nn.Module, data, held_out, *, micro_batch_size: int,
     `held_out` = (X, y) (data none of them was trained or re-estimated on). Deterministic on the CPU.
     """
     X, y, m, k, epochs = _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimizer_fn)
-    held_x, held_y = _validate.pair("held_out", held_out)
+    held_x, held_y = (t.to(X.device) for t in _validate.pair("held_out", held_out))
     grouped = to_groupnorm(model, groups)
     with torch.random.fork_rng(devices=[]):
         runs = {(norm, split): _trained(net, X, y, *split, epochs, optimizer_fn)
