@@ -1,16 +1,24 @@
 """Argument checks shared by every module: each error names the parameter, the value and the valid range."""
 from __future__ import annotations
 
+import inspect
 import numbers
+
+import torch
+
+
+def _integer(name: str, value, lowest: int, valid: str) -> int:
+    """Return `value` if it is an integer >= lowest (not a bool); raise TypeError/ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {valid}, got {value!r} of type {type(value).__name__}")
+    if value < lowest:
+        raise ValueError(f"{name} must be {valid}, got {value!r}")
+    return int(value)
 
 
 def positive_int(name: str, value) -> int:
     """Return `value` if it is an integer >= 1; raise TypeError/ValueError naming `name` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer (1, 2, 3, ...), got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer (1, 2, 3, ...), got {value!r}")
-    return int(value)
+    return _integer(name, value, 1, "a positive integer (1, 2, 3, ...)")
 
 
 def positive_number(name: str, value) -> float:
@@ -26,4 +34,93 @@ def one_of(name: str, value, choices) -> object:
     """Return `value` if it is one of `choices`."""
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+    return value
+
+
+def non_negative_int(name: str, value) -> int:
+    """Return `value` if it is an integer >= 0."""
+    return _integer(name, value, 0, "an integer >= 0 (0, 1, 2, ...)")
+
+
+def boolean(name: str, value) -> bool:
+    """Return `value` if it is True or False (not 0, 1 or a string such as "no")."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def module(name: str, value):
+    """Return `value` if it is a torch.nn.Module instance (not the class)."""
+    if isinstance(value, type) and issubclass(value, torch.nn.Module):
+        raise TypeError(f"{name} must be a model instance, got the class {value.__name__}: call it, e.g. "
+                        f"{value.__name__}(...)")
+    if not isinstance(value, torch.nn.Module):
+        raise TypeError(f"{name} must be a torch.nn.Module, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def trainable_parameters(name: str, model) -> list:
+    """The parameters of `model` that require gradients; raise naming `name` when there are none."""
+    params = [p for p in module(name, model).parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{name} has no trainable parameters (none with requires_grad=True): a training step "
+                         f"needs at least one")
+    return params
+
+
+def samples(name: str, x, y_name: str | None = None, y=None) -> None:
+    """Check that `x` (and `y`) are tensors with a batch dimension of at least one sample (the same for both)."""
+    for n, t in ((name, x), (y_name, y)) if y_name is not None else ((name, x),):
+        if isinstance(t, dict):
+            raise TypeError(f"{n} is a dict (keys {', '.join(map(repr, t))}): accumlib takes tensors, so pass "
+                            f"the tensors themselves, e.g. batch['input_ids'] and batch['labels'], with a loss_fn "
+                            f"that takes (model output, y)")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0 or len(t) == 0:
+            raise ValueError(f"{n} must hold at least one sample along its first dimension, got shape {tuple(t.shape)}")
+    if y_name is not None and len(x) != len(y):
+        raise ValueError(f"{name} has {len(x)} samples but {y_name} has {len(y)}; they must have the same length")
+
+
+def pair(name: str, value) -> tuple:
+    """Return `value` as (x, y) if it is a tuple or list of two tensors of the same length (at least one sample)."""
+    if isinstance(value, dict) or not isinstance(value, (tuple, list)) or len(value) != 2:
+        if isinstance(value, dict):
+            described = f"a dict (keys {', '.join(map(repr, value))}): pass (batch['input_ids'], batch['labels'])"
+        elif isinstance(value, torch.Tensor):
+            described = f"one tensor of shape {tuple(value.shape)}: pass the inputs and the targets, (x, y)"
+        elif isinstance(value, (tuple, list)):
+            described = f"a {type(value).__name__} of {len(value)} items"
+        else:
+            described = f"{type(value).__name__}"
+        raise TypeError(f"{name} must be a tuple (x, y) of two tensors, got {described}")
+    x, y = value
+    samples(f"{name}[0] (x)", x, f"{name}[1] (y)", y)
+    return x, y
+
+
+def loss_function(name: str, value):
+    """Return `value` if it is None or a callable loss (an instance such as nn.CrossEntropyLoss(), not the class)."""
+    if isinstance(value, type):
+        raise TypeError(f"{name} must be a loss function or an instance, got the class {value.__name__}: "
+                        f"pass {value.__name__}() or torch.nn.functional.cross_entropy")
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable as {name}(model output, y), got {value!r} of type "
+                        f"{type(value).__name__}")
+    return value
+
+
+def optimizer_or_none(name: str, value):
+    """Return `value` if it is None or a torch.optim.Optimizer instance (not the class) whose step() needs no
+    closure (LBFGS re-evaluates the loss itself, which accumulation cannot give it)."""
+    if isinstance(value, type):
+        raise TypeError(f"{name} must be an optimizer instance, got the class {value.__name__}: pass "
+                        f"{value.__name__}(model.parameters(), ...)")
+    if value is not None and not isinstance(value, torch.optim.Optimizer):
+        raise TypeError(f"{name} must be a torch.optim.Optimizer or None, got {value!r} of type {type(value).__name__}")
+    closure = inspect.signature(type(value).step).parameters.get("closure") if value is not None else None
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ValueError(f"{name} is a {type(value).__name__}, whose step() needs a closure that recomputes the loss; "
+                         f"an accumulated step has none: use an optimizer such as SGD or Adam")
     return value

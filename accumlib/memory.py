@@ -3,21 +3,29 @@
 On the CPU, `LiveTensorBytes` (a TorchDispatchMode) counts the bytes of every tensor storage alive while a step
 runs: byte-exact and identical from run to run, unlike process RSS. Under FakeTensorMode the same count comes
 without computing anything (`measure_step(..., fake=True)`), fast enough for "does this fit?" questions.
+
+Every storage alive at the moment of the peak is put in one category (`CATEGORIES`, defined one line each in
+`MemoryReport` and by `category_definitions()`), so the categories add up to the peak. A storage is named by the
+part of the step that created it (forward pass, backward pass, optimizer step) and then by what it turns out to
+be (saved for backward, a parameter's gradient, optimizer state); tensors that existed before the step (weights,
+the micro-batch, `.grad`, optimizer state) keep their own names.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ._validate import positive_int
+from . import _validate
+from .i18n import N_, _
 
 TRACKER = "live tensor storages (TorchDispatchMode)"
 FAKE = "live tensor storages under FakeTensorMode (nothing computed)"
@@ -25,52 +33,88 @@ ALLOCATOR = "CUDA caching allocator (max_memory_allocated)"
 
 
 class OutOfMemory(torch.OutOfMemoryError):
-    """A step needs more bytes than the (simulated) card has."""
+    """A step needs more bytes than the (simulated) card has. needed_bytes, available_bytes: bytes."""
 
-    def __init__(self, needed_bytes: int, available_bytes: int, what: str = "this micro-batch"):
+    def __init__(self, needed_bytes: int, available_bytes: int, what: str = "this micro-batch", *,
+                 advice: str | None = None):
         self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
-        super().__init__(f"out of memory: {what} needs {needed_bytes:,} bytes ({needed_bytes / 2**20:.2f} MiB) "
-                         f"but the budget is {available_bytes:,} bytes ({available_bytes / 2**20:.2f} MiB); "
-                         f"use a smaller micro_batch_size and more accum_steps")
+        advice = advice if advice is not None else _("use a smaller micro_batch_size and more accum_steps")
+        super().__init__(_("out of memory: {what} needs {needed:,} bytes ({needed_mib:.2f} MiB) but the budget is "
+                           "{available:,} bytes ({available_mib:.2f} MiB); {advice}").format(
+            what=what, needed=needed_bytes, needed_mib=needed_bytes / 2**20, available=available_bytes,
+            available_mib=available_bytes / 2**20, advice=advice))
 
 
-CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "other")
+# What each category holds (one line each); the order is that of the stacked bars: first what the model fixes,
+# then what one micro-batch brings.
+CATEGORY_DEFINITIONS = {
+    "parameters": N_("the model's weights; fixed by the model"),
+    "gradients": N_("the .grad of every trainable parameter, summed over the micro-batches of the step; fixed by "
+                    "the model (during a step's first backward pass only the part built so far)"),
+    "incoming gradients": N_("a parameter's gradient from the current micro-batch, computed by backward() and not "
+                             "yet added into .grad: from the second micro-batch of a step on, at most the size of "
+                             "the model (with one micro-batch per step it becomes .grad itself)"),
+    "optimizer state": N_("what the optimizer keeps between steps (Adam: two moments per parameter and a step "
+                          "count; plain SGD: nothing); fixed by the model"),
+    "optimizer temporaries": N_("tensors optimizer.step() creates and frees while it updates the weights; "
+                                "fixed by the model"),
+    "inputs": N_("the micro-batch itself (x and y); proportional to the micro-batch"),
+    "activations": N_("intermediate results of the forward pass saved for backward() (the input batch and the "
+                      "weights are counted under their own names); proportional to the micro-batch"),
+    "activation gradients": N_("gradients with respect to the activations, which backward() computes layer by "
+                               "layer on its way to the parameters; proportional to the micro-batch"),
+    "other": N_("everything else alive at the peak: results of the forward pass that backward() does not need "
+                "(the loss, the logits while they live); on CUDA also the allocator's rounding and workspaces"),
+}
+CATEGORIES = tuple(CATEGORY_DEFINITIONS)
+
+# The category of a storage created during each phase of a step, until it turns out to be something more specific.
+_CREATED_IN = {"forward": "other", "backward": "activation gradients", "step": "optimizer temporaries"}
+
+
+def category_definitions() -> dict[str, str]:
+    """Category -> its one-line definition, in the current language (see `MemoryReport`)."""
+    return {name: _(definition) for name, definition in CATEGORY_DEFINITIONS.items()}
 
 
 class _Storage:
-    """One live storage: its bytes and what it holds (one of CATEGORIES)."""
+    """One live storage: its bytes, what it holds (one of CATEGORIES), and whether that name is final."""
 
-    __slots__ = ("nbytes", "category")
+    __slots__ = ("nbytes", "category", "final")
 
-    def __init__(self, nbytes: int, category: str):
-        self.nbytes, self.category = nbytes, category
+    def __init__(self, nbytes: int, category: str, final: bool):
+        self.nbytes, self.category, self.final = nbytes, category, final
 
 
 class LiveTensorBytes(TorchDispatchMode):
     """Counts bytes of live tensor storages: those adopted with `track` and every one created under the mode.
 
     `current` and `peak` are in bytes. A storage is counted once however many views share it, and stops
-    counting when it is freed (a weakref finalizer on the storage). Storages carry a category (`tag`), and
-    `peak_categories()` splits the peak by what was alive at that moment, so the categories add up to it.
+    counting when it is freed (a weakref finalizer on the storage). Storages carry a category: adopted ones the
+    category given to `track` (final); created ones that of the current `phase` ("forward", "backward" or
+    "step", see `_CREATED_IN`) until `tag` names what they hold. `peak_categories()` splits the peak by what was
+    alive at that moment, so the categories add up to it; `peak_phase` is the phase the peak came in.
     """
 
     def __init__(self):
         super().__init__()
         self.current = self.peak = 0
+        self.phase: str | None = None
+        self.peak_phase: str | None = None
         self._live: dict[int, _Storage] = {}
         self._at_peak: list[_Storage] = []
         self._finalizers: list[weakref.finalize] = []
 
     def track(self, tensors: Iterable[torch.Tensor], category: str = "other") -> None:
-        """Count these (already existing) tensors' storages from now on, under `category`."""
+        """Count these (already existing) tensors' storages from now on, under `category` (final)."""
         for t in tensors:
-            self._track(t, category)
+            self._track(t, category, final=True)
 
     def tag(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        """Name what these live storages hold, unless they already have a category other than "other"."""
+        """Name what these live storages hold, unless they were adopted with `track` under a name of their own."""
         for t in tensors:
             record = self._live.get(id(t.untyped_storage()))
-            if record is not None and record.category == "other":
+            if record is not None and not record.final:
                 record.category = category
 
     def peak_categories(self) -> dict[str, int]:
@@ -80,15 +124,15 @@ class LiveTensorBytes(TorchDispatchMode):
             totals[record.category] += record.nbytes
         return totals
 
-    def _track(self, t: torch.Tensor, category: str = "other") -> None:
+    def _track(self, t: torch.Tensor, category: str, final: bool) -> None:
         storage = t.untyped_storage()
         key = id(storage)
         if key in self._live:
             return
-        record = self._live[key] = _Storage(storage.nbytes(), category)
+        record = self._live[key] = _Storage(storage.nbytes(), category, final)
         self.current += record.nbytes
         if self.current > self.peak:
-            self.peak = self.current
+            self.peak, self.peak_phase = self.current, self.phase
             self._at_peak = list(self._live.values())  # the records themselves: later tags still apply
         self._finalizers.append(weakref.finalize(storage, self._free, key))
 
@@ -99,9 +143,10 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        category = _CREATED_IN.get(self.phase, "other")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._track(t)
+                self._track(t, category, final=False)
         return out
 
     def __exit__(self, *exc):
@@ -142,135 +187,240 @@ def step_peak(device: torch.device, params, optimizer):
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Bytes of one training step (accum_steps forward/backward passes of one micro-batch, one optimizer step)."""
+    """Bytes of one training step (accum_steps forward/backward passes of one micro-batch, one optimizer step).
+
+    Each category is the bytes of the storages of that kind alive at the moment of the peak, so they add up to
+    `peak` (`categories()`). A storage counts once, under one name: one that existed before the step keeps its own
+    (a weight saved for backward stays a parameter), a new one gets the name of what it turns out to hold.
+    The categories, one line each (`CATEGORY_DEFINITIONS`; attribute names with "_" for " "):
+    """
 
     device: str
     method: str
-    micro_batch_size: int
-    accum_steps: int
+    micro_batch_size: int  # samples per forward/backward pass
+    accum_steps: int  # forward/backward passes in the step
+    peak: int  # bytes, the highest total alive at any moment of the step
+    peak_phase: str | None  # "forward", "backward" or "step": the part of the step the peak came in
     parameters: int  # bytes
     gradients: int  # bytes
+    incoming_gradients: int  # bytes
     optimizer_state: int  # bytes
-    activations: int  # bytes saved for backward (parameters excluded)
-    other: int  # bytes: inputs, outputs and temporaries (on CUDA also the allocator's rounding and workspaces)
-    peak: int  # bytes, the highest total alive at any moment of the step
+    optimizer_temporaries: int  # bytes
+    inputs: int  # bytes
+    activations: int  # bytes
+    activation_gradients: int  # bytes
+    other: int  # bytes
 
     def categories(self) -> dict[str, int]:
-        """Bytes by category, each as alive at the moment of the peak: they add up to the peak."""
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer_state,
-                "activations": self.activations, "other": self.other}
+        """Bytes by category (the keys of `CATEGORIES`, in that order), as alive at the peak: they add up to it."""
+        return {name: getattr(self, name.replace(" ", "_")) for name in CATEGORIES}
 
 
-def _clone_optimizer(optimizer: torch.optim.Optimizer | None, params) -> torch.optim.Optimizer:
+MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(f"    {name}: {definition}.\n" for name, definition in CATEGORY_DEFINITIONS.items())
+
+
+def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn.Module,
+                     copied: torch.nn.Module) -> torch.optim.Optimizer:
+    """An optimizer of the same type and settings for `copied`, holding the copies of the parameters of `original`
+    that `optimizer` holds (a head being fine-tuned keeps state for the head alone); all trainable parameters when
+    it holds none of them (an optimizer built for another instance of the model) or is None (SGD, no state)."""
+    trainable = [p for p in copied.parameters() if p.requires_grad]
     if optimizer is None:
-        return torch.optim.SGD(params, lr=0.1)
-    return type(optimizer)(params, **optimizer.defaults)
+        return torch.optim.SGD(trainable, lr=0.1)
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    mine = [c for o, c in zip(original.parameters(), copied.parameters()) if id(o) in held and c.requires_grad]
+    return type(optimizer)(mine or trainable, **optimizer.defaults)
 
 
-def _run_step(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes | None = None) -> None:
-    """accum_steps forward/backward passes of (x, y), one optimizer step; `tracker` learns what each storage holds."""
-    name = tracker.tag if tracker is not None else (lambda tensors, category: None)
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: name([p.grad], "gradients"))
-             for p in model.parameters() if p.requires_grad]
+def training_step(model, optimizer, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_fn,
+                  mark: Callable[[str], None] = lambda phase: None) -> None:
+    """One optimizer step of the hand-written recipe: zero the gradients, one forward/backward pass per (x, y) in
+    micro_batches with the loss divided by their number, one optimizer step.
+
+    mark(phase) is called as each part begins: "forward" and "backward" once per pass, "step", then "end";
+    `measure_step` names the tensors each part creates with it and `timing.decompose_time` reads the clock.
+    Raises ValueError when loss_fn does not return a scalar tensor.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    for x, y in micro_batches:
+        mark("forward")
+        loss = loss_fn(model(x), y)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ValueError(f"loss_fn must return a scalar tensor (the mean loss of the micro-batch), got {shape}")
+        scaled = loss / len(micro_batches)
+        mark("backward")
+        scaled.backward()  # the unscaled loss stays alive through backward, as in a loop that logs it
+        del loss, scaled
+    mark("step")
+    optimizer.step()
+    mark("end")
+
+
+def _named_step(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes) -> None:
+    """`training_step` under `tracker`, naming what each new storage holds as the step goes."""
+    hooks = []
+    for p in model.parameters():
+        if p.requires_grad:
+            hooks.append(p.register_hook(lambda g: tracker.tag([g], "incoming gradients")))
+            hooks.append(p.register_post_accumulate_grad_hook(lambda p: tracker.tag([p.grad], "gradients")))
+
+    def mark(phase: str) -> None:
+        tracker.phase = phase
+        if phase == "end":
+            tracker.tag(optimizer_state_tensors(optimizer), "optimizer state")
+
     try:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: name([t], "activations") or t, lambda t: t):
-            for _ in range(accum_steps):
-                loss = loss_fn(model(x), y) / accum_steps
-                loss.backward()
-                del loss
-        optimizer.step()
-        name(optimizer_state_tensors(optimizer), "optimizer state")
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t):
+            training_step(model, optimizer, [(x, y)] * accum_steps, loss_fn, mark)
     finally:
         for hook in hooks:
             hook.remove()
 
 
+def resolve_device(model: torch.nn.Module, device) -> torch.device:
+    """The device to measure on: `device` ("cpu", "cuda" or a torch.device) or where the model's weights are."""
+    if device is None:
+        return next(model.parameters()).device
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r} of type "
+                        f"{type(device).__name__}")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {device!r}")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here: use 'cpu' or fake=True")
+    return resolved
+
+
+def _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps) -> int:
+    """Validate the arguments every step measurement shares; return accum_steps."""
+    _validate.trainable_parameters("model", model)
+    _validate.samples("x", x, "y", y)
+    _validate.optimizer_or_none("optimizer", optimizer)
+    _validate.loss_function("loss_fn", loss_fn)
+    return _validate.positive_int("accum_steps", accum_steps)
+
+
 def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, optimizer=None,
                  loss_fn: Callable | None = None, accum_steps: int = 1, fake: bool = False,
                  device=None) -> MemoryReport:
-    """Measure the memory of one step on a copy of `model` (the model and optimizer are not touched).
+    """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
 
-    x, y: one micro-batch. optimizer: its type and settings are copied (default: SGD, which keeps no state).
-    A warm-up step comes first, so the step measured is a steady one (Adam's state exists, as from step 2 on).
-    The categories are what was alive at the moment of the peak.
-    fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed.
-    device: "cpu" or "cuda" (default: where the model is); on CUDA the peak is the allocator's.
+    x, y: one micro-batch (tensors, same length). optimizer: its type and settings are copied, for the parameters
+    it holds (for every trainable one if it holds none of this model's); default SGD, which keeps no state.
+    loss_fn(model(x), y) -> scalar tensor (default: cross-entropy).
+    The optimizer's state is created first, so the step measured is a steady one (Adam's state exists, as from
+    step 2 on); on CUDA a whole warm-up step runs first.
+    fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed; it also measures a
+    model built on the meta device (weights without data). device: "cpu" or "cuda" (default: where the model
+    is); on CUDA the peak is the allocator's, over what was allocated before the call (not run on our CPUs).
+    The model, its gradients, the optimizer and the global random state are left exactly as they were.
     """
-    accum_steps = positive_int("accum_steps", accum_steps)
+    accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
+    fake = _validate.boolean("fake", fake)
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    x, y = x.clone(), y.clone()  # a slice of a dataset would otherwise count the whole dataset's storage
-    if fake:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with FakeCopyMode(mode):
-            copied = copy.deepcopy(model)
-        with mode:
-            x, y = mode.from_tensor(x), mode.from_tensor(y)
-            return _tracked(copied, optimizer, x, y, loss_fn, accum_steps, FAKE, "cpu (fake)")
-    if device.type == "cuda":
-        return _allocator(model, optimizer, x, y, loss_fn, accum_steps, device)
-    return _tracked(copy.deepcopy(model), optimizer, x, y, loss_fn, accum_steps, TRACKER, "cpu")
+    home = next(model.parameters()).device
+    if home.type == "meta" and not fake:
+        raise ValueError("model is on the meta device (weights without data): only fake=True can measure it")
+    if fake and device is not None and resolve_device(model, device).type != home.type:
+        raise ValueError(f"device={device!r} with fake=True: a fake measurement runs where the model is "
+                         f"({home}); move the model there first, or leave device=None")
+    device = home if fake else resolve_device(model, device)
+    with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the caller's random state
+        if fake:
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            with FakeCopyMode(mode):
+                copied = copy.deepcopy(model)
+            x, y = mode.from_tensor(x.to(device)), mode.from_tensor(y.to(device))
+            with mode:  # clones: storages of the micro-batch's own size, whatever x is a view of
+                return _measure(copied, _clone_optimizer(optimizer, model, copied), x.clone(), y.clone(), loss_fn,
+                                accum_steps, FAKE, "cpu (fake)")
+        x, y = x.to(device, copy=True), y.to(device, copy=True)  # a slice would count its whole dataset otherwise
+        copied = copy.deepcopy(model).to(device)
+        if device.type == "cuda":
+            return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, ALLOCATOR,
+                            torch.cuda.get_device_name(device), cuda=device)
+        return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, TRACKER,
+                        "cpu")
 
 
-def _tracked(model, optimizer, x, y, loss_fn, accum_steps, method, device_name) -> MemoryReport:
+@contextlib.contextmanager
+def explained_failure(x: torch.Tensor, y: torch.Tensor):
+    """Re-raise an error of the model or loss_fn on (x, y) as a ValueError that names x and y (chained)."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, IndexError, TypeError) as error:
+        raise ValueError(f"a training pass of the model on x (shape {tuple(x.shape)}, {x.dtype}) and y (shape "
+                         f"{tuple(y.shape)}, {y.dtype}) with loss_fn failed: {error}. Check that x is what the "
+                         f"model takes and y what loss_fn compares its output with") from error
+
+
+def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, cuda=None) -> MemoryReport:
+    """Create the optimizer's state (as after a first step), then track one step of accum_steps passes."""
     params = list(model.parameters())
-    opt = _clone_optimizer(optimizer, params)
-    _run_step(model, opt, x, y, loss_fn, accum_steps)  # warm-up: the optimizer state exists from step 2 on
+    if cuda is not None:  # a whole warm-up step: the allocator's cache and the libraries' workspaces are set up too
+        with explained_failure(x, y):
+            training_step(model, opt, [(x, y)], loss_fn)
+    else:  # the state of a step on zero gradients has the shapes of any step's: no pass needed
+        for group in opt.param_groups:
+            for p in group["params"]:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     tracker = LiveTensorBytes()
     tracker.track(params, "parameters")
     tracker.track([p.grad for p in params if p.grad is not None], "gradients")
     tracker.track(optimizer_state_tensors(opt), "optimizer state")
-    tracker.track([x, y])
-    with tracker:
-        _run_step(model, opt, x, y, loss_fn, accum_steps, tracker)
-    return _report(device_name, method, len(x), accum_steps, tracker.peak_categories(), tracker.peak)
-
-
-def _allocator(model, optimizer, x, y, loss_fn, accum_steps, device) -> MemoryReport:
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    model = copy.deepcopy(model).to(device)
-    x, y = x.to(device), y.to(device)
-    params = list(model.parameters())
-    opt = _clone_optimizer(optimizer, params)
-    _run_step(model, opt, x, y, loss_fn, accum_steps)  # warm-up: optimizer state, workspaces
-    tracker = LiveTensorBytes()
-    tracker.track(params, "parameters")
-    tracker.track([p.grad for p in params if p.grad is not None], "gradients")
-    tracker.track(optimizer_state_tensors(opt), "optimizer state")
-    tracker.track([x, y])
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    with tracker:
-        _run_step(model, opt, x, y, loss_fn, accum_steps, tracker)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    categories = tracker.peak_categories()
-    categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding, workspaces
-    return _report(torch.cuda.get_device_name(device), ALLOCATOR, len(x), accum_steps, categories, peak)
-
-
-def _report(device_name, method, micro, accum_steps, categories: dict[str, int], peak: int) -> MemoryReport:
-    return MemoryReport(device=device_name, method=method, micro_batch_size=micro, accum_steps=accum_steps,
-                        parameters=categories["parameters"], gradients=categories["gradients"],
-                        optimizer_state=categories["optimizer state"], activations=categories["activations"],
-                        other=categories["other"], peak=peak)
+    tracker.track([x, y], "inputs")
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+        before = torch.cuda.memory_allocated(cuda) - tracker.current  # what the step itself does not hold
+        torch.cuda.reset_peak_memory_stats(cuda)
+    with tracker, explained_failure(x, y):
+        _named_step(model, opt, x, y, loss_fn, accum_steps, tracker)
+    categories, peak = tracker.peak_categories(), tracker.peak
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+        peak = torch.cuda.max_memory_allocated(cuda) - before
+        categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding, workspaces
+    return MemoryReport(device=device_name, method=method, micro_batch_size=len(x), accum_steps=accum_steps,
+                        peak=peak, peak_phase=tracker.peak_phase,
+                        **{name.replace(" ", "_"): value for name, value in categories.items()})
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`size` samples made by repeating the example batch (shapes are all that matter for memory)."""
-    x, y = example
+    x, y = _validate.pair("example", example)
+    size = _validate.positive_int("size", size)
     reps = -(-size // len(x))
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
 
 
-def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_bytes: int) -> MemoryReport:
-    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`."""
-    report = measure_step(model, x.cpu(), y.cpu(), optimizer=optimizer, loss_fn=loss_fn, accum_steps=accum_steps,
+def _step_peak(model, optimizer, x, y, loss_fn, accum_steps: int) -> MemoryReport:
+    """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
+
+    Exact, not an estimate: from the second pass on every pass starts from the same live tensors (weights, the
+    whole .grad, optimizer state, the micro-batch), so passes 3..accum_steps peak exactly as pass 2 does.
+    """
+    report = measure_step(model, x, y, optimizer=optimizer, loss_fn=loss_fn, accum_steps=min(accum_steps, 2),
                           fake=True)
+    return dataclasses.replace(report, accum_steps=accum_steps)
+
+
+def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_bytes: int) -> MemoryReport:
+    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
+
+    Measured under FakeTensorMode (see `_step_peak`); returns the MemoryReport of that step.
+    """
+    report = _step_peak(model, optimizer, x.cpu(), y.cpu(), loss_fn, accum_steps)
     if report.peak > budget_bytes:
-        raise OutOfMemory(report.peak, budget_bytes, f"a micro-batch of {len(x)} samples")
+        raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
     return report
 
 
@@ -294,34 +444,74 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
 
 @dataclass(frozen=True)
 class FitPlan:
-    """How to reach `target_batch` samples per step under `budget_bytes`."""
+    """How to train with an effective batch of `target_batch` samples per step on a card of `budget_bytes`.
 
-    micro_batch_size: int  # the largest divisor of target_batch that fits
-    accum_steps: int  # target_batch // micro_batch_size
-    largest_fitting: int  # the largest micro-batch that fits at all (samples)
-    peak_bytes: int  # peak of one step at micro_batch_size
-    budget_bytes: int
+    The plan fits exactly when `train(..., micro_batch_size=plan.micro_batch_size, accum_steps=plan.accum_steps,
+    memory_budget=plan.budget_bytes)` accepts it: both measure the step of accum_steps passes under FakeTensorMode.
+    """
+
+    target_batch: int  # the effective batch asked for: micro_batch_size * accum_steps samples per step
+    budget_bytes: int  # the card: bytes available to one training step
+    micro_batch_size: int  # samples per pass: the largest divisor of target_batch whose step fits the budget
+    accum_steps: int  # passes per optimizer step: target_batch // micro_batch_size
+    peak_bytes: int  # peak of one step of accum_steps passes of micro_batch_size (<= budget_bytes)
+    largest_fitting: int  # the largest micro-batch (samples, <= target_batch) that fits, dividing target_batch or not
+    next_micro_batch_size: int | None  # the next larger divisor of target_batch (None when micro_batch_size is it)
+    next_peak_bytes: int | None  # its step's peak, with target_batch // it passes (> budget_bytes)
+
+
+MAX_TARGET_BATCH = 10**9  # samples: fit_batch lists the divisors of target_batch by trial division
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_bytes: int, *, optimizer=None,
               loss_fn: Callable | None = None) -> FitPlan:
-    """The largest micro-batch that fits `budget_bytes`, and the accum_steps that reach `target_batch` exactly.
+    """Plan (micro_batch_size, accum_steps) for an effective batch of exactly `target_batch` under `budget_bytes`.
 
-    example_batch: (x, y) with at least one sample; measured under FakeTensorMode, so nothing is computed.
-    Raises OutOfMemory when even one sample does not fit.
+    The micro-batch is the largest divisor d of target_batch whose step -- target_batch // d passes of d samples
+    and one optimizer step, as `train` runs it -- peaks at most at budget_bytes. With accumulation the whole
+    gradient stays alive through the cycle, so each candidate is measured with its own accum_steps.
+    example_batch: (x, y) with at least one sample (its first sample stands for every sample: only shapes matter;
+    nothing of the size of a candidate batch is allocated). target_batch: 1 to 10**9 samples. optimizer and
+    loss_fn as for `measure_step`. Measured under FakeTensorMode: nothing is computed, the model is untouched.
+    Raises OutOfMemory when even one sample per pass does not fit.
     """
-    target_batch = positive_int("target_batch", target_batch)
-    budget_bytes = positive_int("budget_bytes", budget_bytes)
+    x, y = _validate.pair("example_batch", example_batch)
+    _check_step_inputs(model, x, y, optimizer, loss_fn, 1)
+    target_batch = _validate.positive_int("target_batch", target_batch)
+    if target_batch > MAX_TARGET_BATCH:
+        raise ValueError(f"target_batch must be between 1 and {MAX_TARGET_BATCH:,} samples, got {target_batch:,}")
+    budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
 
-    def peak(size: int) -> int:
-        x, y = batch_of(example_batch, size)
-        return measure_step(model, x, y, optimizer=optimizer, loss_fn=loss_fn, fake=True).peak
+    def peak(size: int) -> int:  # a step of `size` samples per pass, with the passes an effective batch needs
+        views = x[:1].expand(size, *x.shape[1:]), y[:1].expand(size, *y.shape[1:])  # no memory: fake copies below
+        return _step_peak(model, optimizer, *views, loss_fn, -(-target_batch // size)).peak
 
-    if peak(1) > budget_bytes:
-        raise OutOfMemory(peak(1), budget_bytes, "even one sample")
-    low, high = 1, target_batch  # peak(low) fits; find the largest size <= target that fits
+    candidates = _divisors(target_batch)
+    peaks = {target_batch: peak(target_batch)}
+    if peaks[target_batch] <= budget_bytes:
+        return FitPlan(target_batch, budget_bytes, target_batch, 1, peaks[target_batch], target_batch, None, None)
+    peaks[1] = peak(1)
+    if peaks[1] > budget_bytes:
+        raise OutOfMemory(peaks[1], budget_bytes, _("even one sample per pass"),
+                          advice=_("a larger card, a smaller model or an optimizer with less state is needed"))
+    # Below target_batch every candidate accumulates (>= 2 passes) and its peak grows with the micro-batch:
+    # bisect for the largest divisor that fits; the one after it (at worst target_batch itself) does not.
+    low, high = 0, len(candidates) - 2  # indices; candidates[low] fits, candidates[high + 1] does not
     while low < high:
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if peak(mid) <= budget_bytes else (low, mid - 1)
-    micro = max(d for d in range(1, low + 1) if target_batch % d == 0)
-    return FitPlan(micro, target_batch // micro, low, peak(micro), budget_bytes)
+        peaks[candidates[mid]] = peak(candidates[mid])
+        low, high = (mid, high) if peaks[candidates[mid]] <= budget_bytes else (low, mid - 1)
+    micro, following = candidates[low], candidates[low + 1]
+    if following not in peaks:
+        peaks[following] = peak(following)
+    fitting, too_big = micro, following  # the largest micro-batch that fits lies in [micro, following)
+    while too_big - fitting > 1:
+        mid = (fitting + too_big) // 2
+        fitting, too_big = (mid, too_big) if peak(mid) <= budget_bytes else (fitting, mid)
+    return FitPlan(target_batch, budget_bytes, micro, target_batch // micro, peaks[micro], fitting, following,
+                   peaks[following])

@@ -7,6 +7,7 @@ import threading
 import torch
 from torch import nn
 
+from . import _validate
 from .data import PAD
 
 
@@ -20,6 +21,9 @@ def _seeded(build):
     """
     @functools.wraps(build)
     def builder(*args, seed: int = 0, dtype: torch.dtype = torch.float32, **kwargs) -> nn.Module:
+        _validate.non_negative_int("seed", seed)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}")
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return build(*args, **kwargs).to(dtype)
@@ -29,30 +33,43 @@ def _seeded(build):
 @_seeded
 def mlp(inputs: int = 64, hidden: int = 64, classes: int = 10) -> nn.Module:
     """A two-layer perceptron for flat digits: no BatchNorm, no dropout, so accumulation is exact."""
+    _sizes(inputs=inputs, hidden=hidden, classes=classes)
     return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
 
 @_seeded
 def wide_mlp(inputs: int = 64, width: int = 2048, classes: int = 10) -> nn.Module:
     """A wide perceptron whose weights (and Adam's state) dwarf its activations: accumulation barely helps."""
+    _sizes(inputs=inputs, width=width, classes=classes)
     return nn.Sequential(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, classes))
 
 
+def _sizes(**sizes: int) -> None:
+    for name, value in sizes.items():
+        _validate.positive_int(name, value)
+
+
 def _norm(kind: str | None, channels: int) -> nn.Module:
-    if kind is None:
-        return nn.Identity()
-    if kind == "batch":
-        return nn.BatchNorm2d(channels)
-    if kind == "group":
-        return nn.GroupNorm(4, channels)
-    raise ValueError(f"norm must be None, 'batch' or 'group', got {kind!r}")
+    """The normalisation layer of `cnn` (kind already checked)."""
+    return {None: nn.Identity, "batch": lambda: nn.BatchNorm2d(channels),
+            "group": lambda: nn.GroupNorm(4, channels)}[kind]()
 
 
 @_seeded
 def cnn(norm: str | None = None, channels: tuple[int, int] = (16, 32), classes: int = 10) -> nn.Module:
-    """A small CNN for 1x8x8 digits; norm=None, "batch" (BatchNorm2d) or "group" (GroupNorm, 4 groups)."""
-    c1, c2 = channels
+    """A small CNN for 1x8x8 digits; norm=None, "batch" (BatchNorm2d) or "group" (GroupNorm, 4 groups).
+
+    channels: the output channels of its two convolutions (GroupNorm needs multiples of 4); a larger pair makes
+    each sample cost more arithmetic (cnn(channels=(64, 128)): about 15 times the multiply-adds of the default per sample).
+    """
+    _validate.one_of("norm", norm, (None, "batch", "group"))
+    if not isinstance(channels, (tuple, list)) or len(channels) != 2:
+        raise TypeError(f"channels must be a pair of positive integers such as (16, 32), got {channels!r}")
+    c1, c2 = (_validate.positive_int("channels", c) for c in channels)
+    _validate.positive_int("classes", classes)
+    if norm == "group" and (c1 % 4 or c2 % 4):
+        raise ValueError(f"channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), got {channels!r}")
     return nn.Sequential(
         nn.Conv2d(1, c1, 3, padding=1), _norm(norm, c1), nn.ReLU(),
         nn.Conv2d(c1, c2, 3, padding=1), _norm(norm, c2), nn.ReLU(), nn.MaxPool2d(2),
@@ -62,6 +79,7 @@ def cnn(norm: str | None = None, channels: tuple[int, int] = (16, 32), classes: 
 @_seeded
 def sequence_model(vocab: int = 16, dim: int = 16) -> nn.Module:
     """A tiny next-token model: embedding, a per-position MLP, logits of shape (batch, length, vocab)."""
+    _sizes(vocab=vocab, dim=dim)
     return nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, vocab))
 
 

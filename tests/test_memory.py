@@ -1,4 +1,4 @@
-"""accumlib.memory: the physics of peak memory, fit_batch, and OutOfMemory under a simulated card."""
+"""accumlib.memory: what a step's peak is made of, by category, and plans that train() accepts."""
 import pytest
 import torch
 
@@ -7,11 +7,26 @@ from accumlib import data, memory, models
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)
+BATCH_SIZED = ("inputs", "activations", "activation gradients")  # what one micro-batch brings
+MODEL_SIZED = ("parameters", "gradients", "optimizer state")
 
 
 def test_activation_bytes_are_proportional_to_micro_batch_size():
     per_sample = [memory.measure_step(models.cnn(), X[:m], Y[:m]).activations / m for m in (8, 16, 32, 64, 128)]
     assert max(per_sample) / min(per_sample) < 1.05
+
+
+def test_at_a_fixed_effective_batch_only_what_the_micro_batch_brings_shrinks():
+    one, split = (memory.measure_step(models.cnn(), X[:m], Y[:m], accum_steps=k).categories()
+                  for m, k in [(64, 1), (16, 4)])
+    for category in BATCH_SIZED:  # a quarter of the samples per pass: a quarter of the bytes (a 4-byte scalar aside)
+        assert split[category] == pytest.approx(one[category] / 4, abs=4)
+    assert split["parameters"] == one["parameters"]
+    # at 1 x 64 the peak comes halfway through backward, with part of the gradient built; accumulating keeps it whole
+    assert split["gradients"] == split["parameters"] > one["gradients"]
+    # what was called "other" is backward's gradients with respect to activations; only the scalar losses remain
+    assert one["activation gradients"] > one["activations"] > 0
+    assert one["other"] == split["other"] <= 16
 
 
 def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps():
@@ -24,6 +39,7 @@ def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps
         assert r.parameters == full_gradient
         assert r.optimizer_state == 2 * full_gradient + 4 * len(list(net.parameters()))  # exp_avg, exp_avg_sq, step
         assert 0 < r.gradients <= full_gradient  # at the peak, never more than one gradient
+        assert r.peak_phase == "backward"
     assert reports[8, 8].gradients == full_gradient  # accumulating keeps the whole gradient alive through the cycle
     assert net.parameters().__next__().grad is None and not adam.state  # the real model and optimizer untouched
 
@@ -41,8 +57,20 @@ def test_when_weights_and_adam_state_dominate_accumulation_barely_helps():
     one = memory.measure_step(wide, XF[:16], YF[:16], optimizer=adam, accum_steps=8)
     full = memory.measure_step(wide, XF[:128], YF[:128], optimizer=adam)
     assert one.peak > 0.95 * full.peak  # saving under 5% of the peak
-    assert one.activations < 0.01 * one.peak
-    assert one.parameters + one.gradients + one.optimizer_state > 0.6 * one.peak  # the rest: Adam's temporaries
+    assert one.peak_phase == full.peak_phase == "step"  # Adam's update, after backward has freed the activations
+    assert one.activations == one.activation_gradients == 0
+    assert one.parameters + one.gradients + one.optimizer_state + one.optimizer_temporaries + one.inputs == one.peak
+    assert one.optimizer_temporaries > one.parameters  # Adam's update works on whole-layer temporaries
+
+
+def test_with_sgd_accumulation_can_raise_the_peak_by_the_incoming_gradient_of_a_layer():
+    wide = models.wide_mlp()
+    one_batch = memory.measure_step(wide, XF[:64], YF[:64], fake=True)
+    accumulated = memory.measure_step(wide, XF[:8], YF[:8], accum_steps=8, fake=True)
+    assert one_batch.incoming_gradients == 0  # with one pass per step the gradient becomes .grad directly
+    middle = wide[2]  # the 2048 x 2048 layer: its micro-batch gradient exists beside the whole .grad for a moment
+    assert accumulated.incoming_gradients == 4 * (middle.weight.numel() + middle.bias.numel())
+    assert accumulated.peak > 1.4 * one_batch.peak
 
 
 def test_cpu_measurement_is_deterministic_and_fake_mode_agrees_without_computing():
@@ -51,40 +79,114 @@ def test_cpu_measurement_is_deterministic_and_fake_mode_agrees_without_computing
     b = memory.measure_step(net, X[:32], Y[:32])
     fake = memory.measure_step(net, X[:32], Y[:32], fake=True)
     assert a == b
-    assert (fake.peak, fake.activations, fake.parameters) == (a.peak, a.activations, a.parameters)
     assert a.method == memory.TRACKER and fake.method == memory.FAKE
-    assert fake.categories() == a.categories()
+    assert fake.categories() == a.categories() and fake.peak_phase == a.peak_phase
+
+
+def test_a_model_on_the_meta_device_is_measured_without_weights():
+    with torch.device("meta"):
+        ghost = models.cnn()
+    assert memory.measure_step(ghost, X[:8], Y[:8], fake=True) == memory.measure_step(models.cnn(), X[:8], Y[:8],
+                                                                                        fake=True)
 
 
 @pytest.mark.parametrize("m,k", [(1, 1), (1, 4), (8, 1), (64, 4)])
 def test_categories_are_what_was_alive_at_the_peak_and_add_up_to_it(m, k):
     r = memory.measure_step(models.cnn(norm="batch"), X[:m], Y[:m], optimizer=torch.optim.Adam(models.cnn().parameters()),
                             accum_steps=k)
+    assert list(r.categories()) == list(memory.CATEGORIES) == list(memory.category_definitions())
     assert all(value >= 0 for value in r.categories().values())
     assert sum(r.categories().values()) == r.peak  # the tracker's own peak, not a sum by definition
+
+
+def test_every_pass_after_the_second_peaks_like_the_second():
+    net = models.cnn()
+    peaks = {k: memory.measure_step(net, X[:8], Y[:8], accum_steps=k, fake=True).peak for k in (1, 2, 3, 8)}
+    assert peaks[1] < peaks[2] == peaks[3] == peaks[8]  # why check_fits measures min(accum_steps, 2) passes
+
+
+def test_measuring_leaves_the_callers_random_state_alone():
+    dropout_net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 10))
+    state = torch.random.get_rng_state()
+    memory.measure_step(dropout_net, X[:8], Y[:8], accum_steps=2)
+    assert torch.equal(state, torch.random.get_rng_state())
 
 
 def test_history_records_carry_the_cpu_peak():
     net = models.cnn()
     h = accumlib.train(net, (X[:100], Y[:100]), torch.optim.SGD(net.parameters(), lr=0.1), micro_batch_size=8,
-                       accum_steps=4)
+                       accum_steps=4, measure_memory=True)
     peaks = [r.peak_memory_bytes for r in h]
     assert peaks[0] == peaks[1] == peaks[2] > peaks[3] > 0  # the last cycle (4 samples) is smaller
+    assert peaks[0] == memory.measure_step(models.cnn(), X[:8], Y[:8], accum_steps=4).peak  # the same step, measured
     big = models.cnn()
     h_big = accumlib.train(big, (X[:100], Y[:100]), torch.optim.SGD(big.parameters(), lr=0.1), micro_batch_size=32,
-                           accum_steps=1)
+                           accum_steps=1, measure_memory=True)
     assert h_big[0].peak_memory_bytes > 1.5 * peaks[0]
 
 
-def test_fit_batch_finds_the_largest_fitting_micro_batch():
+def train_quickly(model, optimizer, plan, **kwargs):
+    """One optimizer step of the plan on real digits under its own budget."""
+    n = plan.micro_batch_size * plan.accum_steps
+    Xs, Ys = data.digits(n) if n <= data.DIGITS else (X.repeat(-(-n // 256), 1, 1, 1)[:n], Y.repeat(-(-n // 256))[:n])
+    return accumlib.train(model, (Xs, Ys), optimizer, micro_batch_size=plan.micro_batch_size,
+                          accum_steps=plan.accum_steps, memory_budget=plan.budget_bytes, measure_memory=True, **kwargs)
+
+
+@pytest.mark.parametrize("budget,target", [(2**19, 256), (2**19, 96), (400_000, 64), (2**21, 64), (2**20, 120)])
+def test_a_plan_trains_under_its_budget_and_the_next_larger_micro_batch_is_refused(budget, target):
     net = models.cnn()
-    budget = memory.measure_step(net, X[:40], Y[:40], fake=True).peak
-    plan = memory.fit_batch(net, (X[:1], Y[:1]), 256, budget)
-    assert plan.largest_fitting == 40
-    assert (plan.micro_batch_size, plan.accum_steps) == (32, 8)
+    plan = memory.fit_batch(net, (X[:1], Y[:1]), target, budget)
+    assert plan.micro_batch_size * plan.accum_steps == plan.target_batch == target
     assert plan.peak_bytes <= budget
-    with pytest.raises(accumlib.OutOfMemory, match="even one sample needs"):
+    history = train_quickly(net, torch.optim.SGD(net.parameters(), lr=0.1), plan)
+    assert len(history) == 1 and history[0].peak_memory_bytes <= budget  # accepted, and it really stayed under
+    if plan.next_micro_batch_size is None:
+        assert plan.accum_steps == 1  # the whole effective batch fits in one pass
+        return
+    assert target % plan.next_micro_batch_size == 0 and plan.next_micro_batch_size > plan.micro_batch_size
+    assert not any(target % d == 0 for d in range(plan.micro_batch_size + 1, plan.next_micro_batch_size))
+    assert plan.next_peak_bytes > budget
+    bigger = memory.FitPlan(target, budget, plan.next_micro_batch_size, target // plan.next_micro_batch_size,
+                            plan.next_peak_bytes, 0, None, None)
+    fresh = models.cnn()
+    with pytest.raises(accumlib.OutOfMemory):
+        train_quickly(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), bigger)
+    assert plan.micro_batch_size <= plan.largest_fitting < plan.next_micro_batch_size
+
+
+def test_the_plan_for_lesson_four_card_accumulates_micro_batches_of_eight():
+    """micro-batch 16 accumulating peaks above 0.5 MiB (the whole gradient lives through the cycle)."""
+    net = models.cnn()
+    plan = memory.fit_batch(net, (X[:1], Y[:1]), 256, 2**19)
+    assert plan.next_micro_batch_size == 16
+    assert plan.next_peak_bytes == memory.measure_step(net, X[:16], Y[:16], accum_steps=16).peak > 2**19
+    assert (plan.micro_batch_size, plan.accum_steps) == (8, 32)
+
+
+def test_a_plan_with_adam_counts_its_state_and_fits_under_train():
+    net = models.cnn()
+    adam = torch.optim.Adam(net.parameters())
+    sgd_plan = memory.fit_batch(net, (X[:1], Y[:1]), 128, 2**19)
+    adam_plan = memory.fit_batch(net, (X[:1], Y[:1]), 128, 2**19, optimizer=adam)
+    assert adam_plan.peak_bytes > memory.measure_step(net, X[:adam_plan.micro_batch_size], Y[:adam_plan.micro_batch_size],
+                                                      accum_steps=adam_plan.accum_steps).peak
+    assert adam_plan.micro_batch_size <= sgd_plan.micro_batch_size
+    assert len(train_quickly(net, adam, adam_plan)) == 1
+
+
+def test_a_whole_batch_that_fits_needs_no_accumulation_and_one_sample_that_does_not_is_refused():
+    net = models.cnn()
+    plan = memory.fit_batch(net, (X[:1], Y[:1]), 32, 2**21)
+    assert (plan.micro_batch_size, plan.accum_steps, plan.next_micro_batch_size) == (32, 1, None)
+    with pytest.raises(accumlib.OutOfMemory, match="even one sample per pass needs") as info:
         memory.fit_batch(net, (X[:1], Y[:1]), 256, 1000)
+    assert info.value.available_bytes == 1000 and "smaller micro_batch_size" not in str(info.value)
+
+
+def test_fit_batch_allocates_nothing_of_the_size_of_a_huge_target():
+    plan = memory.fit_batch(models.mlp(), (XF[:1], YF[:1]), 10**8, 2**22)  # 10**8 samples would be 25.6 GB
+    assert plan.micro_batch_size * plan.accum_steps == 10**8 and plan.peak_bytes <= 2**22
 
 
 def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch_works():
@@ -98,16 +200,22 @@ def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch
     assert info.value.available_bytes == budget and info.value.needed_bytes > budget
     assert f"{budget:,} bytes" in str(info.value)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
-    history = accumlib.train(net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget)
+    history = accumlib.train(net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget,
+                             measure_memory=True)
     assert len(history) == 4
-    # the loop's own bookkeeping (a loss accumulator, scalar shares) adds a few bytes to the step's estimate
-    assert all(budget <= r.peak_memory_bytes <= budget + 64 for r in history)
+    assert all(r.peak_memory_bytes == budget for r in history)  # the estimate is the step train runs
 
 
-def test_time_config_reports_median_step_time():
-    report = accumlib.time_config(models.mlp(), (XF, YF), micro_batch_size=8, accum_steps=4, warmup=1, repeats=5)
-    assert len(report.step_seconds) == 5 and report.seconds_per_step > 0
-    assert report.effective_batch == 32
-    assert report.samples_per_second == pytest.approx(32 / report.seconds_per_step)
-    with pytest.raises(ValueError, match="exceeds the 256 samples"):
-        accumlib.time_config(models.mlp(), (XF, YF), micro_batch_size=64, accum_steps=8)
+def test_an_optimizer_of_the_head_alone_keeps_state_for_the_head_alone():
+    net = models.cnn()
+    head = net[-1]
+    for p in net.parameters():
+        p.requires_grad_(p is head.weight or p is head.bias)
+    report = memory.measure_step(net, X[:8], Y[:8], optimizer=torch.optim.Adam(head.parameters()), accum_steps=2)
+    head_bytes = 4 * (head.weight.numel() + head.bias.numel())
+    assert report.optimizer_state == 2 * head_bytes + 2 * 4  # two moments and a step count per head parameter
+    assert report.gradients == head_bytes  # frozen parameters get no gradient
+    body_trains_too = models.cnn()  # an optimizer of the head on an unfrozen model: backward still fills every .grad
+    both = memory.measure_step(body_trains_too, X[:8], Y[:8], optimizer=torch.optim.Adam(body_trains_too[-1].parameters()),
+                               accum_steps=2)
+    assert both.optimizer_state == report.optimizer_state and both.gradients == both.parameters
