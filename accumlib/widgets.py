@@ -425,23 +425,20 @@ class LossDashboard(Dashboard):
                              "{steps} optimizer steps against {reference_steps} for the full batch; final loss "
                              "{final:.3f} (full-batch reference {reference:.3f})", steps).format(**values))
         values["gap"] = max(abs(a - b) for a, b in zip(losses, reference_losses))
+        steps_line = ngettext("{steps} optimizer step; final loss {final:.3f} (full-batch reference {reference:.3f})",
+                              "{steps} optimizer steps; final loss {final:.3f} (full-batch reference {reference:.3f})",
+                              steps).format(**values)
         if values["gap"] <= 1e-5:
             return (ngettext("{accum_steps} micro-batch of {micro_batch_size} trains like one batch of {batch}: the "
                              "losses differ by at most {gap:.0e}",
                              "{accum_steps} micro-batches of {micro_batch_size} train like one batch of {batch}: the "
                              "losses differ by at most {gap:.0e}", k).format(**values),
-                    ngettext("{steps} optimizer step; final loss {final:.3f} (full-batch reference {reference:.3f}); "
-                             "curves equal to within 1e-5: yes",
-                             "{steps} optimizer steps; final loss {final:.3f} (full-batch reference {reference:.3f}); "
-                             "curves equal to within 1e-5: yes", steps).format(**values))
+                    "; ".join([steps_line, _("curves equal to within 1e-5: yes")]))
         return (ngettext("{accum_steps} micro-batch of {micro_batch_size} leaves one batch of {batch}: final loss "
                          "{final:.3f} against {reference:.3f}, largest gap {gap:.3f}",
                          "{accum_steps} micro-batches of {micro_batch_size} leave one batch of {batch}: final loss "
                          "{final:.3f} against {reference:.3f}, largest gap {gap:.3f}", k).format(**values),
-                ngettext("{steps} optimizer step; final loss {final:.3f} (full-batch reference {reference:.3f}); the "
-                         "curves differ by up to {gap:.3g}",
-                         "{steps} optimizer steps; final loss {final:.3f} (full-batch reference {reference:.3f}); the "
-                         "curves differ by up to {gap:.3g}", steps).format(**values))
+                "; ".join([steps_line, _("the curves differ by up to {gap:.3g}").format(**values)]))
 
 
 class MemoryDashboard(Dashboard):
