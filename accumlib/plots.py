@@ -111,11 +111,11 @@ class Plot:
         return {"image/png": png, "text/plain": self.alt}, {"image/png": {"alt": self.alt}}
 
 
-def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1):
-    figure = Figure(figsize=(width, height), dpi=DPI)
+def _figure():
+    """A 7 x 3.6 inch figure with one axes."""
+    figure = Figure(figsize=(7.0, 3.6), dpi=DPI)
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, ncols)
-    return figure, axes
+    return figure, figure.subplots()
 
 
 def _wrap(text: str, points: float, size: float) -> str:

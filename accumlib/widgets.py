@@ -287,7 +287,7 @@ class LossDashboard(Dashboard):
                 "batchnorm": N_("BatchNorm model")}
     BUGS = ("forget_division", "zero_every_micro_batch", "step_every_micro_batch")
 
-    def __init__(self, *, samples: int = 512, epochs: int = 2, lr: float = 0.5, redraw_seconds: float = 0.3,
+    def __init__(self, *, samples: int = 384, epochs: int = 2, lr: float = 0.5, redraw_seconds: float = 0.3,
                  forget_division: bool = False, zero_every_micro_batch: bool = False,
                  step_every_micro_batch: bool = False, batchnorm: bool = False, **kwargs):
         _integer_from_to("samples", samples, max(MICRO_BATCH_SIZES), data.DIGITS,
