@@ -277,9 +277,13 @@ FINAL = {"loss": dict(micro_batch_size=4, accum_steps=5), "memory": dict(micro_b
 
 @pytest.mark.parametrize("name", DASHBOARDS)
 def test_twenty_rapid_changes_end_with_the_final_settings_within_twice_one_run(name):
-    calibration = DASHBOARDS[name]()
-    calibration.show()
-    one_run = settle(calibration, **FINAL[name]).seconds
+    def one_run() -> float:
+        """Seconds of one change to the final settings on a fresh dashboard (nothing cached)."""
+        calibration = DASHBOARDS[name]()
+        calibration.show()
+        return settle(calibration, **FINAL[name]).seconds
+
+    before = one_run()
     dashboard = DASHBOARDS[name]()
     dashboard.show()
     started = time.perf_counter()
@@ -295,7 +299,8 @@ def test_twenty_rapid_changes_end_with_the_final_settings_within_twice_one_run(n
     assert all(r.outcome == "cancelled" for r in changes[:-1])
     assert (changes[-1].settings, changes[-1].outcome) == (dashboard.current_settings(), "done")
     assert dashboard.shown == dashboard.current_settings()
-    assert elapsed <= 2 * one_run, f"{elapsed:.2f} s after 20 changes, one run takes {one_run:.2f} s"
+    single = max(before, one_run())  # measured before and after: the machine's load drifts
+    assert elapsed <= 2 * single, f"{elapsed:.2f} s after 21 changes; one run takes {single:.2f} s"
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
