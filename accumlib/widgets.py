@@ -236,7 +236,10 @@ class Dashboard:
                                f"{failed[0].error!r}") from failed[0].error
 
     def show(self) -> None:
-        """Display the dashboard, run once for the current settings in this cell, print the settings and finding."""
+        """Display the dashboard, run once for the current settings in this cell, print the settings and finding.
+
+        The printed text stays as the cell's output; the finding of each later change shows inside the dashboard.
+        """
         self.wait()
         display(self)
         with self._lock:
@@ -245,6 +248,7 @@ class Dashboard:
         if job.run.outcome == "failed":
             self._reported = len(self.runs)  # raised here, not again by wait()
             raise job.run.error
+        print(_("when this cell ran (the dashboard above shows your later changes):"))
         print(self.summary)
 
     def __repr__(self) -> str:

@@ -351,7 +351,9 @@ def test_show_prints_every_setting_and_the_finding_the_same_way_every_time(name,
         printed.append(capsys.readouterr().out)
     assert printed[0] == printed[1]
     settings = dashboard.current_settings()
-    assert printed[0].splitlines()[-len(dashboard.summary.splitlines()):] == dashboard.summary.splitlines()
+    lines = printed[0].splitlines()
+    assert lines[-len(dashboard.summary.splitlines()):] == dashboard.summary.splitlines()
+    assert lines[-len(dashboard.summary.splitlines()) - 1].startswith("when this cell ran")
     assert all(f"{key}={value}" in dashboard.summary for key, value in settings.items())
     assert "seconds" not in printed[0] and not re.search(r"\d\s?s\b", dashboard.summary)
     assert "Try this:" in printed[0] and all(widgets._(task) in printed[0] for task in dashboard.tasks)
