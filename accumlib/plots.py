@@ -39,9 +39,12 @@ MIB = 2 ** 20
 DPI = 90
 DEVANAGARI_FONTS = ("Lohit Devanagari", "Noto Sans Devanagari")  # in order of preference
 TITLE_SIZE, LABEL_SIZE = 10, 9  # points
-# The memory categories of accumlib.memory (its dictionary keys), as a figure names them.
+# The memory categories of accumlib.memory (MemoryReport.categories() keys), as a figure's legend names them.
 CATEGORY_LABELS = {"parameters": N_("parameters"), "gradients": N_("gradients"),
-                   "optimizer state": N_("optimizer state"), "activations": N_("activations"), "other": N_("other")}
+                   "incoming gradients": N_("incoming gradients"), "optimizer state": N_("optimizer state"),
+                   "optimizer temporaries": N_("optimizer temporaries"), "inputs": N_("inputs"),
+                   "activations": N_("activations"), "activation gradients": N_("activation gradients"),
+                   "other": N_("other")}
 
 _DRAWING = threading.RLock()  # rcParams are global: one figure is built or rendered at a time
 
@@ -208,13 +211,18 @@ def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], budget_byt
 
 @_drawn
 def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budget_bytes: int | None = None) -> Plot:
-    """Stacked bars of bytes by category; reports: bar label -> {category: bytes} (accumlib.memory's categories)."""
+    """Stacked bars of bytes by category; reports: bar label -> {category: bytes} (accumlib.memory's categories).
+
+    A category that is zero in every bar is left out of the bars and the legend; each keeps its colour and hatch.
+    """
     figure, ax = _figure()
     labels, lines = _category_labels(list(reports), 4.0)
     categories = list(next(iter(reports.values())))
     bottoms = [0.0] * len(labels)
     for i, category in enumerate(categories):
         heights = [report[category] / MIB for report in reports.values()]
+        if not any(heights):
+            continue
         ax.bar(labels, heights, bottom=bottoms, label=_(CATEGORY_LABELS.get(category, category)),
                color=OKABE_ITO[i % 8], hatch=HATCHES[i % 5], edgecolor="white")
         bottoms = [b + h for b, h in zip(bottoms, heights)]
