@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from .i18n import N_, _, language
 
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+STACK_COLOURS = [*OKABE_ITO, "#999999"]  # nine memory categories: Okabe-Ito and a neutral grey
 LINE_STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D"]
 HATCHES = ["", "//", "..", "xx", "\\\\"]
@@ -224,7 +225,7 @@ def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budge
         if not any(heights):
             continue
         ax.bar(labels, heights, bottom=bottoms, label=_(CATEGORY_LABELS.get(category, category)),
-               color=OKABE_ITO[i % 8], hatch=HATCHES[i % 5], edgecolor="white")
+               color=STACK_COLOURS[i % len(STACK_COLOURS)], hatch=HATCHES[i % 5], edgecolor="white")
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     if budget_bytes is not None:
         ax.axhline(budget_bytes / MIB, color="black", linestyle="--",
