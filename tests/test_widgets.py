@@ -254,8 +254,8 @@ def test_batchnorm_running_statistics_do_not_depend_on_accum_steps(batchnorm_das
     settle(batchnorm_dashboard, accum_steps=9)
     assert bar_heights(batchnorm_dashboard.plots[1]) == first
     collected, reestimated = next(iter(first.values()))
-    assert f"{collected:.3f} with running statistics from micro-batches of 4, {reestimated:.3f} re-estimated with " \
-           f"one batch of 512" in batchnorm_dashboard.summary
+    assert f"Eval-mode loss on 512 held-out digits: {collected:.3f} with running statistics from micro-batches of 4, " \
+           f"{reestimated:.3f} re-estimated with one batch of 512" in batchnorm_dashboard.summary
     assert 0 < reestimated < 2.3  # better than chance (ln 10) on held-out digits
 
 
