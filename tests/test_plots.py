@@ -1,0 +1,125 @@
+"""Figures: Hindi text renders with a Devanagari font (no missing glyphs), Latin text keeps its usual font, every
+fixed label goes through the catalogue, axes are labelled and every figure has alt text."""
+import gettext
+import re
+import warnings
+
+import matplotlib
+import numpy as np
+import pytest
+from matplotlib import font_manager
+
+from accumlib import i18n, plots
+
+CURVE = {"samples_seen": [32, 64, 96, 128], "loss": [2.3, 1.7, 1.2, 0.9]}
+HINDI_TITLE = "संचित gradient पूरे batch के gradient के बराबर: क्षति घटती है"
+HINDI_LEGEND = ["पूरा batch (संदर्भ)", "4 micro-batches, संचित"]
+
+
+def glyph_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
+@pytest.fixture
+def devanagari():
+    font = plots.devanagari_font()
+    if font is None:
+        pytest.fail("no Devanagari font for matplotlib: install fonts-lohit-deva "
+                    "(Debian/Ubuntu: apt-get install fonts-lohit-deva; .ci/run does) and rerun")
+    return font
+
+
+def test_hindi_title_axis_label_and_legend_render_without_missing_glyphs(devanagari):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        figure = plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE))), HINDI_TITLE, "वैकल्पिक पाठ")
+        figure.figure.axes[0].set_xlabel("देखे गए samples")
+        png = figure.png()
+    assert glyph_warnings(caught) == [] and png.startswith(b"\x89PNG")
+    ax = figure.figure.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == HINDI_LEGEND
+    assert devanagari not in matplotlib.rcParams["font.family"]  # the user's settings outside a drawing: untouched
+
+
+def test_without_the_fallback_the_same_figure_misses_glyphs(devanagari, monkeypatch):
+    """The check above can fail: drawn with the usual font alone, Devanagari has no glyphs."""
+    monkeypatch.setattr(plots, "devanagari_font", lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE))), HINDI_TITLE, "alt").png()
+    assert glyph_warnings(caught)
+
+
+def test_latin_text_keeps_its_usual_font(devanagari, monkeypatch):
+    """An English figure drawn with the Devanagari fallback is pixel for pixel the figure drawn without it."""
+    def pixels():
+        figure = plots.loss_curves({"one batch of 32": CURVE, "4 micro-batches of 8": CURVE}, "The same title", "alt")
+        with plots.drawing():
+            figure.figure.canvas.draw()
+        return np.asarray(figure.figure.canvas.buffer_rgba()).copy()
+
+    with_fallback = pixels()
+    monkeypatch.setattr(plots, "devanagari_font", lambda: None)
+    assert np.array_equal(with_fallback, pixels())
+
+
+def test_a_font_installed_after_matplotlib_cached_its_fonts_is_found(devanagari, monkeypatch):
+    manager = font_manager.fontManager
+    monkeypatch.setattr(manager, "ttflist", [f for f in manager.ttflist if "Devanagari" not in f.name])
+    plots.devanagari_font.cache_clear()
+    try:
+        assert plots.devanagari_font() == devanagari
+    finally:
+        plots.devanagari_font.cache_clear()
+
+
+def test_hindi_without_a_devanagari_font_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(plots, "devanagari_font", lambda: None)
+    i18n.set_language("hi")
+    try:
+        with pytest.warns(UserWarning, match="fonts-lohit-deva"):
+            plots.bars(["a", "b"], [1.0, 2.0], "y (units)", "title", "alt")
+    finally:
+        i18n.set_language("en")
+
+
+def test_fixed_labels_come_from_the_catalogue(monkeypatch):
+    class Upper(gettext.NullTranslations):
+        def gettext(self, message):  # upper case, placeholders kept
+            return "".join(p if p.startswith("{") else p.upper() for p in re.split(r"(\{[^}]*\})", message))
+
+    monkeypatch.setattr(i18n, "catalogue", lambda code: Upper())
+    figure = plots.memory_stack({"a": {"parameters": 2 ** 20, "other": 2 ** 19}}, "T", "alt", budget_bytes=2 ** 20)
+    ax = figure.figure.axes[0]
+    assert ax.get_ylabel() == "PEAK MEMORY (MIB)"
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"PARAMETERS", "OTHER", "CARD BUDGET (1.00 MIB)"}
+
+
+def test_every_figure_has_labelled_axes_with_units_alt_text_and_a_wrapped_title():
+    long_title = "A title that states a measured finding and runs on for longer than one line of the figure can hold"
+    figures = [plots.loss_curves({"a": CURVE}, long_title, "alt 1"),
+               plots.memory_by_batch([1, 2, 4], [10, 20, 40], 30, long_title, "alt 2"),
+               plots.memory_stack({"a": {"parameters": 1, "other": 2}}, long_title, "alt 3"),
+               plots.bars(["a", "b"], [1, 2], "ratio (x)", long_title, "alt 4", reference=1.0),
+               plots.deviation_bars({"mean": {"layer 1": 0.1}, "variance": {"layer 1": 0.2}}, "deviation (relative)",
+                                    long_title, "alt 5"),
+               plots.lines({"a": ([1, 2], [3, 4])}, "step", "learning rate", long_title, "alt 6")]
+    for i, figure in enumerate(figures, 1):
+        ax = figure.figure.axes[0]
+        assert "(" in ax.get_ylabel() or ax.get_ylabel() == "learning rate"
+        assert ax.get_title().count("\n") == 1 and ax.get_title().replace("\n", " ") == long_title
+        assert figure.alt == f"alt {i}"
+        data, metadata = figure._repr_mimebundle_()
+        assert data["text/plain"] == metadata["image/png"]["alt"] == f"alt {i}"
+    assert figures[0].figure.axes[0].get_xlabel() == "samples seen"
+
+
+def test_a_diverging_curve_on_a_log_axis_keeps_its_gaps_and_plain_tick_labels():
+    figure = plots.loss_curves({"reference": CURVE, "diverging": {"samples_seen": [32, 64, 96, 128],
+                                                                  "loss": [2.3, 40.0, float("inf"), float("nan")]}},
+                               "title", "alt", logy=True)
+    ax = figure.figure.axes[0]
+    assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel().replace("\n", " ")
+    assert np.isnan(ax.get_lines()[1].get_ydata()[2:]).all()
+    figure.png()
+    assert all("$" not in t.get_text() for t in ax.get_yticklabels())
