@@ -103,7 +103,8 @@ def report(result: dict) -> str:
                       ("now", f"both editions, {WORKERS} workers --dist loadfile, OMP_NUM_THREADS=1")):
         suite = result[name]
         verdict = "" if suite["passed"] else f"  FAILED: {suite['summary']}"
-        lines.append(f"   {name:<7}{suite['median_s']:6.1f} s  {len(suite['notebooks']):2d} notebooks, "
+        runs = ", ".join(f"{s:.0f}" for s in suite["runs_s"])
+        lines.append(f"   {name:<7}{suite['median_s']:6.1f} s (runs: {runs} s)  {len(suite['notebooks']):2d} notebooks, "
                      f"{suite['counts'].get('passed', 0):3d} cells passed ({how}){verdict}")
     lines.append(f"   ratio now / before: {result['ratio']:.2f} (target <= 1)")
     return "nbval notebook suite, median of " + f"{len(result['now']['runs_s'])} run(s) each:\n" + "\n".join(lines)
