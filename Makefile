@@ -28,11 +28,13 @@ test: $(VENV)/.installed  ## every test: the library, the notebooks' stored outp
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \
 		--nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-notebooks: $(VENV)/.installed  ## re-execute every notebook in a fresh kernel and store its outputs and widget state
-	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/en/*.ipynb
+# One thread per kernel here too: the stored outputs are computed as nbval recomputes them in `make test`.
+notebooks: $(VENV)/.installed  ## regenerate notebooks/hi from notebooks/en + translations/lessons, run both editions in fresh kernels, store outputs and widget state
+	$(TEST_ENV) $(PY) tools/editions.py update build execute --workers $(WORKERS)
 
-translations: $(VENV)/.installed  ## extract, merge and compile the message catalogues (Babel)
+translations: $(VENV)/.installed  ## accumlib's catalogues (extract, merge, compile) and the lessons' PO files; rebuild notebooks/hi's text
 	$(PY) tools/catalogs.py
+	$(PY) tools/editions.py update build
 
 bench: $(VENV)/.installed  ## benchmark table (benchmarks/results.json)
 	$(PY) benchmarks/run.py

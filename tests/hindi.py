@@ -78,3 +78,9 @@ def devanagari_share(text: str) -> float:
 
 def is_nfc(text: str) -> bool:
     return unicodedata.normalize("NFC", text) == text
+
+
+def text_problems(text: str) -> list[str]:
+    """What is wrong with a Hindi text whatever its place: not NFC, a variant the glossary avoids."""
+    found = [] if is_nfc(text) else ["not in Unicode NFC (normalise it: unicodedata.normalize('NFC', text))"]
+    return found + [f"uses {variant!r}, which translations/glossary.tsv avoids" for variant in avoided(text)]
