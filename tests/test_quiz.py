@@ -213,7 +213,7 @@ def test_forgetting_the_division_is_a_k_times_learning_rate_for_sgd_and_largely_
 
 def test_what_shrinks_is_what_is_held_per_sample():
     bytes_ = experiments.memory_categories()
-    for held_per_sample in ("activations", "other"):
+    for held_per_sample in ("inputs", "activations", "activation_gradients"):
         assert bytes_[f"{held_per_sample}_split"] * 4 < bytes_[f"{held_per_sample}_one"], held_per_sample
     for held_per_parameter in ("parameters", "optimizer_state"):
         assert bytes_[f"{held_per_parameter}_split"] == bytes_[f"{held_per_parameter}_one"] > 0

@@ -100,8 +100,9 @@ RUNS = {
         "  parameters: {parameters_one:,} → {parameters_split:,}\n"
         "  gradients: {gradients_one:,} → {gradients_split:,}\n"
         "  optimizer state: {optimizer_state_one:,} → {optimizer_state_split:,}\n"
+        "  inputs: {inputs_one:,} → {inputs_split:,}\n"
         "  activations: {activations_one:,} → {activations_split:,}\n"
-        "  other (input batch, temporaries): {other_one:,} → {other_split:,}\n"
+        "  activation gradients: {activation_gradients_one:,} → {activation_gradients_split:,}\n"
         "  peak: {peak_one:,} → {peak_split:,}")),
     "batchnorm_gradient_gap": (batchnorm_gradient_gap, N_(
         "Largest |accumulated gradient - full-batch gradient|, 4 micro-batches of 16 against 64:\n"
