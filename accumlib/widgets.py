@@ -27,7 +27,7 @@ import torch
 from IPython.display import display
 
 from . import batchnorm, data, memory, models, pitfalls, plots
-from ._validate import positive_int, positive_number
+from ._validate import boolean, non_negative_int, positive_int, positive_number
 from .i18n import N_, _, ngettext
 from .loop import StopTraining, train
 
@@ -120,9 +120,7 @@ class Dashboard:
         if micro_batch_size not in MICRO_BATCH_SIZES or isinstance(micro_batch_size, bool):
             raise ValueError(f"micro_batch_size must be one of {MICRO_BATCH_SIZES}, got {micro_batch_size!r}")
         _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-        self.seed = seed
+        self.seed = non_negative_int("seed", seed)
         self.accum_steps = w.IntSlider(value=accum_steps, min=1, max=MAX_ACCUM_STEPS, description="accum_steps",
                                        continuous_update=False, style=STYLE)
         self.micro_batch_size = w.SelectionSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
@@ -316,8 +314,7 @@ class LossDashboard(Dashboard):
         switched = dict(forget_division=forget_division, zero_every_micro_batch=zero_every_micro_batch,
                         step_every_micro_batch=step_every_micro_batch, batchnorm=batchnorm)
         for name, value in switched.items():
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
+            boolean(name, value)
         self.switches = {name: w.Checkbox(value=switched[name], description=_(label), indent=False,
                                           layout=w.Layout(width="auto", margin="0 1.5em 0 0"))
                          for name, label in self.SWITCHES.items()}
@@ -603,10 +600,8 @@ class BatchNormDashboard(Dashboard):
 
     def _held_out_loss(self, model: torch.nn.Module) -> float:
         """Mean cross-entropy (nats) on the held-out digits in eval mode: BatchNorm normalises with its running
-        statistics. `model` is left in eval mode (callers pass their own copy)."""
-        x, y = self.held_out
-        with torch.no_grad():
-            return torch.nn.functional.cross_entropy(model.eval()(x), y).item()
+        statistics."""
+        return batchnorm.evaluate(model, *self.held_out).loss
 
     def compute(self, settings: dict, job: _Job):
         m, k = settings["micro_batch_size"], settings["accum_steps"]

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVANAGARI = re.compile(r"[\u0900-\u097F]")
 LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
 # Names and notation that are not English prose: libraries, optimizers, number formats, units, Python literals.
-NAMES = {"pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab", "voila", "binder", "sgd", "adam",
+NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab", "voila", "binder", "sgd", "adam",
          "adamw", "nan", "inf", "fp16", "bf16", "float16", "bfloat16", "float32", "float64", "amp", "gradscaler",
          "kaggle", "nanogpt", "gloo", "nccl", "torchrun", "true", "false", "none", "ms", "s", "us", "kb", "mb",
          "gb", "kib", "gib", "x", "e", "id", "mlp", "cnn", "relu", "linear", "conv2d", "digits", "cuda", "h100",

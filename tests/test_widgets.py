@@ -1,11 +1,9 @@
 """Dashboards driven from pytest: set controls, wait for the runs, check the figures' data, the summary, the record
 of runs, and the Hindi edition (with a fake catalogue that translates every message into Devanagari)."""
 import gettext
-import inspect
 import re
 import threading
 import time
-from types import SimpleNamespace
 
 import ipywidgets as w
 import numpy as np
@@ -26,47 +24,6 @@ EDGES = {(m, k) for m in SIZES for k in (1, 2, 16)}
 LOSS_COMBINATIONS = sorted(EDGES | {(64, k) for k in range(1, 17)} | {(2, k) for k in (3, 5, 7)})
 MEMORY_COMBINATIONS = sorted(EDGES | {(2, k) for k in range(1, 17)})
 BATCHNORM_COMBINATIONS = sorted(EDGES | {(64, k) for k in (4, 7, 8)} | {(2, k) for k in (3, 5, 11)})
-
-
-def _classic_train_standin(model, data, optimizer, *, micro_batch_size, accum_steps, epochs=1, seed=0,
-                           last_cycle="drop", divide=True, zero_every_micro_batch=False, step_every_micro_batch=False,
-                           on_step=None):
-    """The API announced for accumlib.pitfalls.classic_train (branch `exercises`), for the switches of the loss
-    dashboard until that branch is merged: same samples in the same order as accumlib.train; last_cycle="weighted"
-    weights each micro-batch by its samples; on_step(step) gets step.step, step.samples_seen, step.loss."""
-    assert last_cycle == "weighted"
-    X, y = data
-    generator = torch.Generator().manual_seed(seed)
-    steps = seen = 0
-    for _ in range(epochs):
-        micro = torch.randperm(len(X), generator=generator).split(micro_batch_size)
-        for first in range(0, len(micro), accum_steps):
-            cycle = micro[first:first + accum_steps]
-            total = sum(len(idx) for idx in cycle)
-            optimizer.zero_grad()
-            losses = []
-            for idx in cycle:
-                if zero_every_micro_batch:
-                    optimizer.zero_grad()
-                loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
-                (loss * (len(idx) / total if divide else 1)).backward()
-                losses.append((loss.item(), len(idx)))
-                if step_every_micro_batch or idx is cycle[-1]:
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    steps, seen = steps + 1, seen + sum(n for _, n in losses)
-                    if on_step is not None:
-                        on_step(SimpleNamespace(step=steps, samples_seen=seen,
-                                                loss=sum(v * n for v, n in losses) / sum(n for _, n in losses)))
-                    losses = []
-
-
-@pytest.fixture(autouse=True)
-def classic_train_with_switches(monkeypatch):
-    """Until branch `exercises` lands classic_train's switches, the stand-in above takes its place (delete this
-    fixture and the stand-in once `inspect.signature(pitfalls.classic_train)` has step_every_micro_batch)."""
-    if "step_every_micro_batch" not in inspect.signature(pitfalls.classic_train).parameters:
-        monkeypatch.setattr(pitfalls, "classic_train", _classic_train_standin)
 
 
 def control(dashboard, name):
