@@ -67,12 +67,12 @@ def test_categories_are_what_was_alive_at_the_peak_and_add_up_to_it(m, k):
 def test_history_records_carry_the_cpu_peak():
     net = models.cnn()
     h = accumlib.train(net, (X[:100], Y[:100]), torch.optim.SGD(net.parameters(), lr=0.1), micro_batch_size=8,
-                       accum_steps=4)
+                       accum_steps=4, measure_memory=True)
     peaks = [r.peak_memory_bytes for r in h]
     assert peaks[0] == peaks[1] == peaks[2] > peaks[3] > 0  # the last cycle (4 samples) is smaller
     big = models.cnn()
     h_big = accumlib.train(big, (X[:100], Y[:100]), torch.optim.SGD(big.parameters(), lr=0.1), micro_batch_size=32,
-                           accum_steps=1)
+                           accum_steps=1, measure_memory=True)
     assert h_big[0].peak_memory_bytes > 1.5 * peaks[0]
 
 
@@ -98,7 +98,8 @@ def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch
     assert info.value.available_bytes == budget and info.value.needed_bytes > budget
     assert f"{budget:,} bytes" in str(info.value)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
-    history = accumlib.train(net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget)
+    history = accumlib.train(net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget,
+                             measure_memory=True)
     assert len(history) == 4
     # the loop's own bookkeeping (a loss accumulator, scalar shares) adds a few bytes to the step's estimate
     assert all(budget <= r.peak_memory_bytes <= budget + 64 for r in history)
