@@ -118,12 +118,10 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     running statistics put back as they were) or raises NonFiniteError ("raise"); with a scaler, only a non-finite
     loss raises, as a gradient overflow is the scaler's routine (it skips that step and lowers its scale).
     The norm and clipping cover exactly the optimizer's parameters. If a micro-batch raises, nothing is stepped and
-    the buffers are put back. `train` checks every argument before its first step; called directly, this checks
-    only that there is one weight per micro-batch. The host reads the device once: loss and norm together.
+    the buffers are put back. This checks the types of its arguments and that there is one weight per micro-batch;
+    `train` checks everything else before its first step. The host reads the device once: loss and norm together.
     """
-    if len(micro_batches) != len(loss_weights):
-        raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
-                           "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
+    _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, scaler, on_nonfinite)  # cheap ones
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = isinstance(model, DistributedDataParallel)
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
@@ -168,6 +166,30 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     elif scheduler is not None:
         scheduler.step()  # once per optimizer step, after it
     return CycleResult(loss, grad_norm, lr, skipped)
+
+
+def _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, scaler, on_nonfinite) -> None:
+    """The checks of accumulate_and_step's arguments that cost next to nothing (no host read)."""
+    _check_model(model)
+    _check_optimizer_type(optimizer)
+    for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
+        if not hasattr(value, "__len__") or isinstance(value, (str, dict, torch.Tensor)):
+            raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
+                name=name, value=value, type=type(value).__name__))
+    if not micro_batches:
+        raise ValueError(_("micro_batches is empty: a cycle needs at least one micro-batch"))
+    if len(micro_batches) != len(loss_weights):
+        raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
+                           "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
+    for weight in loss_weights:
+        if not (isinstance(weight, torch.Tensor) and weight.dim() == 0) and not (
+                isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 <= weight < math.inf):
+            raise ValueError(_("loss_weights must hold finite numbers >= 0 (or 0-d tensors), one per micro-batch; got "
+                               "{value!r}").format(value=weight))
+    if clip_grad_norm is not None:
+        positive_number("clip_grad_norm", clip_grad_norm)
+    _check_scaler_type(scaler)
+    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
 
 
 def _scalar_loss(loss) -> torch.Tensor:
@@ -489,11 +511,21 @@ def _check_model(model) -> None:
             value=model, type=type(model).__name__))
 
 
-def _check_optimizer(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
-    """The optimizer's parameters, once it is known to hold some of the model's trainable ones."""
+def _check_optimizer_type(optimizer) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(_("optimizer must be a torch.optim.Optimizer, got {value!r} of type {type}").format(
             value=optimizer, type=type(optimizer).__name__))
+
+
+def _check_scaler_type(scaler) -> None:
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
+            value=scaler, type=type(scaler).__name__))
+
+
+def _check_optimizer(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters, once it is known to hold some of the model's trainable ones."""
+    _check_optimizer_type(optimizer)
     model_params = list(model.parameters())
     if not model_params:
         raise ValueError(_("model has no parameters: there is nothing to train"))
@@ -534,9 +566,7 @@ def _device(device) -> torch.device:
 def _amp(amp, scaler, device: torch.device):
     """Return (autocast dtype or None, GradScaler or None). True means fp16 on CUDA, bf16 on CPU."""
     one_of("amp", amp, (False, True, "fp16", "bf16"))
-    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-        raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
-            value=scaler, type=type(scaler).__name__))
+    _check_scaler_type(scaler)
     if amp is False:
         if scaler is not None:
             raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))

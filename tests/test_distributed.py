@@ -43,7 +43,6 @@ def test_no_sync_all_reduces_once_per_step_and_both_match_one_process(job):
     assert without.allreduces == (3, 3, 3, 3, 1) * 2  # every backward all-reduces; the short cycle has one
     assert with_no_sync.allreduces == (1,) * 10
     assert without.micro_batches == with_no_sync.micro_batches == (3, 3, 3, 3, 1) * 2
-    assert (without.allreduce_calls, without.allreduce_per_step) == (26, 2.6)
     single, history = one_process(MLP, (X, Y), 24, 1)
     for result in (without, with_no_sync):
         assert accumlib.parameter_gap(result.state, single) <= 1e-10

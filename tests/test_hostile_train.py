@@ -1,4 +1,4 @@
-"""Hostile input to train, gradient_gap and parameter_gap: every bad argument is refused with an error that names the
+"""Hostile input to train, accumulate_and_step, gradient_gap and parameter_gap: every bad argument is refused with an error that names the
 parameter (and the value), before any weight, buffer, gradient or optimizer state changes.
 
 The model has BatchNorm (buffers that a forward pass changes) and an Adam optimizer with state from a first run.
@@ -230,3 +230,33 @@ def test_parameter_gap_refuses_what_it_cannot_compare():
     squeezed = {k: v[:1] if k == "2.bias" else v for k, v in a.state_dict().items()}  # broadcasts silently before
     with pytest.raises(ValueError, match=r"2.bias has shape \(10,\) in model and \(1,\) in reference"):
         accumlib.parameter_gap(a, squeezed)
+
+
+CYCLE_CASES = [
+    ("model-none", dict(model=None), TypeError, ["model", "None"]),
+    ("optimizer-string", dict(optimizer="adam"), TypeError, ["optimizer", "'adam'"]),
+    ("micro-batches-generator", dict(micro_batches=(b for b in [(X[:4], Y[:4])])), TypeError,
+     ["micro_batches", "generator"]),
+    ("micro-batches-empty", dict(micro_batches=[], loss_weights=[]), ValueError, ["micro_batches", "empty"]),
+    ("weights-one-number", dict(loss_weights=0.5), TypeError, ["loss_weights", "0.5"]),
+    ("weights-too-few", dict(loss_weights=[1.0]), ValueError, ["loss_weights has 1", "micro_batches has 2"]),
+    ("weights-negative", dict(loss_weights=[0.5, -0.5]), ValueError, ["loss_weights", "-0.5"]),
+    ("weights-nan", dict(loss_weights=[0.5, math.nan]), ValueError, ["loss_weights", "nan"]),
+    ("weights-text", dict(loss_weights=["0.5", "0.5"]), ValueError, ["loss_weights", "'0.5'"]),
+    ("clip-zero", dict(clip_grad_norm=0), ValueError, ["clip_grad_norm", "0"]),
+    ("scaler-string", dict(scaler="fp16"), TypeError, ["scaler", "'fp16'"]),
+    ("on-nonfinite-unknown", dict(on_nonfinite="warn"), ValueError, ["on_nonfinite", "'warn'"]),
+    ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float"]),
+]
+
+
+@pytest.mark.parametrize("case,changes,error,names", CYCLE_CASES, ids=[c[0] for c in CYCLE_CASES])
+def test_the_cycle_function_refuses_before_anything_changes(case, changes, error, names):
+    model, optimizer = trained()
+    arguments = dict(model=model, optimizer=optimizer, micro_batches=[(X[:4], Y[:4]), (X[4:8], Y[4:8])],
+                     loss_weights=[0.5, 0.5]) | changes
+    before = snapshot(model, optimizer)
+    with pytest.raises(error) as info:
+        accumlib.accumulate_and_step(**arguments)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert same(snapshot(model, optimizer)[:2], before[:2])  # weights, buffers (put back) and optimizer state
