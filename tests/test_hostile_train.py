@@ -1,5 +1,5 @@
-"""Hostile input to train, accumulate_and_step, gradient_gap and parameter_gap: every bad argument is refused with an error that names the
-parameter (and the value), before any weight, buffer, gradient or optimizer state changes.
+"""Hostile input to train, accumulate_and_step, gradient_gap and parameter_gap: every bad argument is refused with
+an error that names the parameter (and the value), before any weight, buffer, gradient or optimizer state changes.
 
 The model has BatchNorm (buffers that a forward pass changes) and an Adam optimizer with state from a first run.
 """
