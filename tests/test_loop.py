@@ -433,3 +433,11 @@ def test_parameter_gap_never_hides_a_nan():
     with torch.no_grad():
         model[2].bias[0] = float("nan")  # the last tensor compared: Python's max() kept the earlier value
     assert math.isnan(accumlib.parameter_gap(model, reference))
+
+
+def test_an_optimizer_whose_parameters_get_no_gradient_steps_nothing_and_records_a_zero_norm():
+    model = models.mlp(dtype=torch.float64)
+    unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD([unused], lr=0.5), [(X64[:8], Y64[:8])], [1.0])
+    assert (result.grad_norm, result.skipped) == (0.0, False)
+    assert torch.equal(unused, torch.ones(3, dtype=torch.float64))
