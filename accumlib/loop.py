@@ -258,8 +258,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
     the cycle's total of `count(x, y)` loss terms (tokens, say): every cycle's terms are counted before the first
     step (count gets each micro-batch as fetched; one host read, one all-reduce under DDP), so a cycle without loss
     terms is refused before any weight changes, and no step waits for a count.
-    scheduler: stepped once per optimizer step (ReduceLROnPlateau with that step's loss); it must be built on
-    `optimizer`, and a OneCycleLR must have total_steps for every step of this run.
+    scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
+    loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run.
     clip_grad_norm: clip the accumulated gradient to this L2 norm. The norm (recorded as grad_norm) and clipping
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
