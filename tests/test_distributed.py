@@ -94,3 +94,16 @@ def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
     with pytest.raises(error) as info:
         distributed.DDPRun(**arguments)
     assert all(name in str(info.value) for name in names)
+
+
+@pytest.mark.parametrize("arguments,error,names", [
+    (dict(runs=[]), TypeError, ["runs", "DDPRun"]),
+    (dict(runs=[dict(micro_batch_size=4)]), TypeError, ["runs", "DDPRun"]),
+    (dict(world_size=0), ValueError, ["world_size", "0"]),
+    (dict(timeout=-1), ValueError, ["timeout", "-1"]),
+    (dict(on_progress="bar"), TypeError, ["on_progress", "'bar'"]),
+])
+def test_bad_jobs_are_refused_before_any_process_starts(arguments, error, names):
+    with pytest.raises(error) as info:
+        distributed.launch(**(dict(runs=RUNS[:1]) | arguments))
+    assert all(name in str(info.value) for name in names)
