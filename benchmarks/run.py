@@ -1,14 +1,15 @@
 """What accumulation costs, and what accumlib adds on top: one run, ratios measured side by side.
 
     .venv/bin/python benchmarks/run.py            # prints the tables, writes benchmarks/results.json
-    .venv/bin/python benchmarks/run.py --quick    # 5 rounds, no nbval suite (--rounds N: N rounds)
+    .venv/bin/python benchmarks/run.py --quick    # 2 epochs of adjacent steps, 5 rounds, no nbval suite
 
-Loops are compared in paired rounds: each round runs every loop once on the same micro-batches, in alternating
-order (ABBA...), so that drift of the machine and position in the round hit them alike; a ratio is taken within
-each round, and the table gives the median ratio and its interquartile range. On the CPU a loop's time is the CPU
-time of this process (time.process_time) at one thread: other programs on a shared machine do not inflate it, as
-they do wall time. On CUDA it is wall time after a synchronize. Each loop's time includes its set-up (train's
-argument checks, Accelerate's Accelerator() and prepare()).
+accumlib's overhead is measured step by step: train's on_step runs a hand-written step (and a second one, and an
+Accelerate step) on twin models right after each of its own optimizer steps, in alternating order, so every pair
+of adjacent steps sees the machine alike; the table gives the median ratio and its interquartile range. (Whole
+epochs in paired rounds, tried first, drift too much on a shared 2-core machine: a loop against itself moved by
++-5%.) The fixed cost with a trivial model still compares whole epochs, in ABBA order. On the CPU a time is the CPU
+time of this process (time.process_time) at one thread: other programs on the machine inflate it less than wall
+time. On CUDA it is wall time after a synchronize.
 """
 from __future__ import annotations
 
@@ -34,34 +35,39 @@ ACCUM_STEPS = (1, 2, 4, 8, 16)
 EFFECTIVE_BATCH = 64
 
 
-def hand_written(model, X, y, optimizer, m, k, generator):
-    """The six-line recipe: the baseline accumlib is measured against."""
-    optimizer.zero_grad()
-    for step, idx in enumerate(torch.randperm(len(X), generator=generator).split(m)):
-        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx]) / k
+def hand_written_step(model, optimizer, X, y, idx, m, k):
+    """One optimizer step of the six-line recipe: k micro-batches of m samples of X[idx], loss / k, one step."""
+    for part in idx.split(m):
+        loss = torch.nn.functional.cross_entropy(model(X[part]), y[part]) / k
         loss.backward()
-        if (step + 1) % k == 0:
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def accelerate_step(accelerator, model, optimizer, X, y, idx, m):
+    """One optimizer step with Hugging Face Accelerate's accumulate() on the same micro-batches."""
+    for part in idx.split(m):
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.cross_entropy(model(X[part]), y[part])
+            accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
 
 
-def hand_written_again(model, X, y, optimizer, m, k, generator):
-    """The same recipe once more: its ratio to the first is this machine's noise (an A/A comparison)."""
-    hand_written(model, X, y, optimizer, m, k, generator)
+def hand_written(model, X, y, optimizer, m, k, generator):
+    """The six-line recipe over one epoch: the baseline accumlib is measured against."""
+    for idx in torch.randperm(len(X), generator=generator).split(m * k):
+        hand_written_step(model, optimizer, X, y, idx, m, k)
 
 
 def with_accelerate(model, X, y, optimizer, m, k, generator):
-    """Hugging Face Accelerate's accumulate() on the same micro-batches."""
+    """Accelerate's accumulate() over one epoch."""
     from accelerate import Accelerator
 
     accelerator = Accelerator(gradient_accumulation_steps=k, cpu=X.device.type == "cpu")
     model, optimizer = accelerator.prepare(model, optimizer)
-    for idx in torch.randperm(len(X), generator=generator).split(m):
-        with accelerator.accumulate(model):
-            loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+    for idx in torch.randperm(len(X), generator=generator).split(m * k):
+        accelerate_step(accelerator, model, optimizer, X, y, idx, m)
 
 
 def with_accumlib(measure_memory):
@@ -105,18 +111,62 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def overhead(loops: dict, rounds: int, device: torch.device) -> dict[int, dict]:
-    """Per accum_steps (effective batch 64, CNN on 1,792 digits): each loop's per-round time over the hand-written
-    loop's in the same round, as (q1, median, q3), and the hand-written loop's median seconds per step."""
+def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool) -> dict[str, list[float]]:
+    """Per optimizer step of accumlib.train (after the first), its time over that of a hand-written step taken right
+    after it; likewise a second hand-written step (the machine's noise: an A/A comparison) and an Accelerate step.
+
+    train's on_step runs the other loops' steps on twin models (the same CNN, the same micro-batch sizes), in an
+    order that alternates from step to step, so each pair of steps sees the machine alike. accumlib's step is the
+    time from the end of one on_step to the start of the next: the whole driver, fetching included.
+    """
     X, y = (t.to(device) for t in data.digits(1792))
-    table = {}
-    for k in ACCUM_STEPS:
-        times = step_seconds(loops, lambda: models.cnn(seed=0), X, y, EFFECTIVE_BATCH // k, k, rounds)
-        base = times["hand-written"]
-        table[k] = {"hand_written_seconds_per_step": statistics.median(base),
-                    **{name: quartiles([a / b for a, b in zip(t, base)]) for name, t in times.items()
-                       if name != "hand-written"}}
-    return table
+    m = EFFECTIVE_BATCH // k
+    batches = torch.randperm(len(X), generator=torch.Generator().manual_seed(1)).split(EFFECTIVE_BATCH)
+    twins = {}
+    for name in ("hand-written", "hand-written again"):
+        model = models.cnn(seed=0).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        twins[name] = functools.partial(hand_written_step, model, optimizer, X, y, m=m, k=k)
+    if accelerate:
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=k, cpu=device.type == "cpu")
+        model = models.cnn(seed=0).to(device)
+        model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+        twins["accelerate"] = functools.partial(accelerate_step, accelerator, model, optimizer, X, y, m=m)
+    times = {name: [] for name in ["accumlib", *twins]}
+    last = []
+
+    def on_step(record):
+        now = clock(device)
+        taken = {"accumlib": now - last[-1]} if last else {}
+        names = list(twins) if record.step % 2 else list(twins)[::-1]
+        for name in names:
+            started = clock(device)
+            twins[name](batches[record.step % len(batches)])
+            taken[name] = clock(device) - started
+        if last:
+            for name, seconds in taken.items():
+                times[name].append(seconds)
+        last.append(clock(device))
+
+    model = models.cnn(seed=0).to(device)
+    accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m, accum_steps=k,
+                   epochs=epochs, on_step=on_step, device=device)
+    base = times.pop("hand-written")
+    return {name: [a / b for a, b in zip(t, base)] for name, t in times.items()} | {"hand-written seconds": base}
+
+
+def traced_cycle_cost(device: torch.device, k: int = 4) -> tuple[int, float]:
+    """measure_memory=True on one epoch at (64 / k, k): how many cycles were traced, and a traced cycle's wall time
+    over the median cycle's."""
+    X, y = (t.to(device) for t in data.digits(1792))
+    model = models.cnn(seed=0).to(device)
+    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05),
+                             micro_batch_size=EFFECTIVE_BATCH // k, accum_steps=k, measure_memory=True, device=device)
+    seconds = [r.seconds for r in history]
+    traced = 1 if device.type == "cpu" else len(seconds)  # one layout here: every cycle has k full micro-batches
+    return traced, seconds[0] / statistics.median(seconds)
 
 
 class HostReads(TorchFunctionMode):
@@ -183,12 +233,12 @@ def accumlib_extras_microseconds(device: torch.device, calls: int = 2000) -> dic
     optimizer = torch.optim.SGD(params, lr=0.05)
 
     def read_once():
-        values = torch.stack([loss.detach(), *norms]).tolist()
-        return math.fsum(values[:1]), math.hypot(*values[1:])
+        value, *values = torch.stack([0.0 + loss.detach(), *norms]).tolist()
+        return value, math.hypot(*values)
 
     pieces = {
         "gradient norms (one fused foreach-norm kernel)": lambda: loop._grad_norms(params, device),
-        "the one host read (stack of losses and norms, tolist, fsum, hypot)": read_once,
+        "the loss summed on the device, the one host read (stack with the norms, tolist, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda: loop._BuffersKept(model),
         "argument checks of the cycle": lambda: loop._check_cycle(model, optimizer, [(X, y)], [1.0], None, None,
                                                                   "skip"),
@@ -276,23 +326,29 @@ def main() -> None:
 def measure(device: torch.device, rounds: int, quick: bool) -> dict:
     """Sections 1-4 on `device`; section 5 (the lessons, the DDP job: CPU) with the CPU."""
     print(f"== {device.type} ==")
-    loops = {"hand-written": hand_written, "hand-written again": hand_written_again,
-             "accumlib": with_accumlib(False), "accumlib (memory measured)": with_accumlib(True)}
+    loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
     try:
         import accelerate  # noqa: F401  (benchmark-only extra: pip install -e '.[bench]')
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its column is skipped\n")
-    compared = [name for name in loops if name != "hand-written"]
-
-    table = overhead(loops, rounds, device)
-    print("1. time per optimizer step over the hand-written loop's in the same round, CNN on 1,792 digits, effective")
-    print(f"   batch {EFFECTIVE_BATCH}: median (interquartile range) of {rounds} paired rounds. 'hand-written again'")
-    print("   is the same loop once more: how far this machine's noise alone moves a ratio")
+    pairs = {k: adjacent_steps(device, k, epochs=2 if quick else 10, accelerate="accelerate" in loops)
+             for k in ACCUM_STEPS}
+    compared = [name for name in pairs[1] if name != "hand-written seconds"]
+    count = len(pairs[1]["accumlib"])
+    print("1. time of an optimizer step over the hand-written step taken right after it, CNN on 1,792 digits,")
+    print(f"   effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent steps.")
+    print("   'hand-written again' is a second hand-written step: how far this machine's noise alone moves a ratio")
     print(f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13}" + "".join(f" {n:>22}" for n in compared))
-    for k, row in table.items():
-        print(f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {row['hand_written_seconds_per_step'] * 1e3:>8.2f} ms  "
-              + "".join(f"  {row[n][1]:5.3f}x ({row[n][0]:.3f}-{row[n][2]:.3f})" for n in compared))
+    table = {}
+    for k, row in pairs.items():
+        table[k] = {"hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
+                    **{name: quartiles(row[name]) for name in compared}}
+        print(f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms  "
+              + "".join(f"  {table[k][n][1]:5.3f}x ({table[k][n][0]:.3f}-{table[k][n][2]:.3f})" for n in compared))
+    traced, slower = traced_cycle_cost(device)
+    print(f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
+          f"{slower:.1f}x a normal cycle's time")
 
     reads = host_reads({name: loops[name] for name in ("hand-written", "accumlib", "accelerate") if name in loops},
                        device)
@@ -323,6 +379,7 @@ def measure(device: torch.device, rounds: int, quick: bool) -> dict:
     result = {"overhead_ratio": {k: {name: dict(zip(("q1", "median", "q3"), row[name])) for name in compared}
                                  | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]}
                                  for k, row in table.items()},
+              "memory_measured": {"traced_cycles_per_epoch": traced, "traced_cycle_over_median": slower},
               "host_reads": reads, "fixed_cost_microseconds": fixed,
               "accumlib_extra_microseconds_per_step": extras, "accumulation_cost": cost}
     if device.type != "cpu":
