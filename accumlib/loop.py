@@ -127,7 +127,7 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     optimizer.zero_grad(set_to_none=True)  # once per cycle: from here on, every backward() adds into .grad
     with _BuffersKept(model) as buffers:  # BatchNorm's running statistics, put back if the cycle fails or is skipped
-        loss_sum = 0.0  # the cycle's weighted loss, summed on the device
+        losses = []  # each micro-batch's weighted loss, kept on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
             sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else contextlib.nullcontext()
@@ -135,18 +135,20 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                 loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
             (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
-            loss_sum = loss_sum + weighted.detach()  # stays on the device: no host read per micro-batch
+            losses.append(weighted.detach())
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
         if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
             norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
         else:
-            norms = _grad_norms(params, loss_sum.device)  # each gradient's L2 norm
-        if ddp:  # the loss summed over the processes, then averaged as DDP averages their gradients
-            dist.all_reduce(loss_sum)
-            loss_sum /= dist.get_world_size()
-        loss, *norms = torch.stack([loss_sum, *norms]).tolist()  # the one host read of the cycle
-    grad_norm = math.hypot(*norms)  # the L2 norm of all the gradients together
+            norms = _grad_norms(params, losses[0].device)  # each gradient's L2 norm
+        values = torch.stack([*losses, *norms])  # the weighted losses, then the norms
+        if ddp:  # the losses summed over the processes, then averaged as DDP averages their gradients
+            dist.all_reduce(values[:len(losses)])
+            values[:len(losses)] /= dist.get_world_size()
+        values = values.tolist()  # the one host read of the cycle
+    loss = math.fsum(values[:len(losses)])  # the cycle's loss
+    grad_norm = math.hypot(*values[len(losses):])  # the L2 norm of all the gradients together
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # the finite check, alike on every process
     lr = float(optimizer.param_groups[0]["lr"])
     if skipped:
@@ -328,7 +330,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
                 if measure:
                     peaks[layout] = peak.bytes
                 seen += cycle_samples
-                record = StepRecord(step + 1, epoch, seen, sum(1 for size in sizes if size), cycle_samples,
+                record = StepRecord(step + 1, epoch, seen, len(sizes) - sizes.count(0), cycle_samples,
                                     result.loss, result.lr, result.grad_norm, time.perf_counter() - started,
                                     peaks.get(layout) if measure_memory else None, result.skipped)
                 history.records.append(record)

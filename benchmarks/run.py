@@ -233,12 +233,12 @@ def accumlib_extras_microseconds(device: torch.device, calls: int = 2000) -> dic
     optimizer = torch.optim.SGD(params, lr=0.05)
 
     def read_once():
-        value, *values = torch.stack([0.0 + loss.detach(), *norms]).tolist()
-        return value, math.hypot(*values)
+        values = torch.stack([loss.detach(), *norms]).tolist()
+        return math.fsum(values[:1]), math.hypot(*values[1:])
 
     pieces = {
         "gradient norms (one fused foreach-norm kernel)": lambda: loop._grad_norms(params, device),
-        "the loss summed on the device, the one host read (stack with the norms, tolist, hypot)": read_once,
+        "the loss kept on the device, the one host read (stack with the norms, tolist, fsum, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda: loop._BuffersKept(model),
         "argument checks of the cycle": lambda: loop._check_cycle(model, optimizer, [(X, y)], [1.0], None, None,
                                                                   "skip"),
