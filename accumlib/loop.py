@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Sequence
+from collections.abc import Sized
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -90,8 +92,7 @@ class History:
         return [{k: v for k, v in asdict(r).items() if k != "seconds"} for r in self.records]
 
 
-@dataclass(frozen=True)
-class CycleResult:
+class CycleResult(NamedTuple):
     """What one `accumulate_and_step` did, read from the device in one transfer."""
 
     loss: float  # sum over micro-batches of loss_weights[i] * loss_i (under DDP: its mean over the processes)
@@ -124,13 +125,14 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, scaler, on_nonfinite)  # cheap ones
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = isinstance(model, DistributedDataParallel)
-    autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    nothing = contextlib.nullcontext()  # a context that does nothing, reused
+    autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else nothing
     optimizer.zero_grad(set_to_none=True)  # once per cycle: from here on, every backward() adds into .grad
     with _BuffersKept(model) as buffers:  # BatchNorm's running statistics, put back if the cycle fails or is skipped
         losses = []  # each micro-batch's weighted loss, kept on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
-            sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else contextlib.nullcontext()
+            sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else nothing
             with sync, autocast:
                 loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
@@ -171,11 +173,11 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, scaler, on_nonfinite) -> None:
-    """The checks of accumulate_and_step's arguments that cost next to nothing (no host read)."""
+    """The checks of accumulate_and_step's arguments that cost next to nothing (no host read): run every cycle."""
     _check_model(model)
     _check_optimizer_type(optimizer)
     for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
-        if not hasattr(value, "__len__") or isinstance(value, (str, dict, torch.Tensor)):
+        if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
             raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
                 name=name, value=value, type=type(value).__name__))
     if not micro_batches:
@@ -184,8 +186,8 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, 
         raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
                            "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
     for weight in loss_weights:
-        if not (isinstance(weight, torch.Tensor) and weight.dim() == 0) and not (
-                isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 <= weight < math.inf):
+        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        if not (number and 0 <= weight < math.inf or isinstance(weight, torch.Tensor) and weight.dim() == 0):
             raise ValueError(_("loss_weights must hold finite numbers >= 0 (or 0-d tensors), one per micro-batch; got "
                                "{value!r}").format(value=weight))
     if clip_grad_norm is not None:
@@ -437,6 +439,13 @@ class _Plan:
         n, m = self.samples.n, self.micro
         for epoch in range(self.epochs):
             order = self.samples.indices(torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n))
+            if self.world == 1:  # one process: the epoch split into micro-batches once, a cycle is a slice of them
+                micro = [order[i:i + m] for i in range(0, n, m)]
+                sizes = [min(m, n - i) for i in range(0, n, m)]
+                for first in range(0, len(micro), self.accum_steps):
+                    cycle_sizes = sizes[first:first + self.accum_steps]
+                    yield epoch, sum(cycle_sizes), micro[first:first + self.accum_steps], cycle_sizes
+                continue
             pad = order[:1]
             effective = m * self.accum_steps * self.world
             for start in range(0, n, effective):

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/run.py            # prints the tables, writes benchmarks/results.json
     .venv/bin/python benchmarks/run.py --quick    # 2 epochs of adjacent steps, 5 rounds, no nbval suite
+    .venv/bin/python benchmarks/run.py --quick --epochs 10 --rounds 31   # the full measurements, no nbval suite
 
 accumlib's overhead is measured step by step: train's on_step runs a hand-written step (and a second one, and an
 Accelerate step) on twin models right after each of its own optimizer steps, in alternating order, so every pair
@@ -14,6 +15,7 @@ time. On CUDA it is wall time after a synchronize.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -220,42 +222,45 @@ def fixed_cost_microseconds(loops: dict, rounds: int, device: torch.device) -> d
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
-def accumlib_extras_microseconds(device: torch.device, calls: int = 2000) -> dict[str, float]:
-    """What accumlib does per optimizer step that the hand-written loop does not, each piece timed alone on the CNN
-    at micro-batch 64 (median over 7 batches of `calls` calls, CPU time), in microseconds per step."""
+def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> dict[str, float]:
+    """What accumlib's cycle does per optimizer step that the hand-written loop does not, each piece timed alone
+    right after a forward and backward pass of the CNN at micro-batch 64 (as in a real step: caches hold the
+    convolutions, not this code), in microseconds: the median over `repeats`, less that of timing nothing."""
     X, y = (t.to(device) for t in data.digits(64))
     model = models.cnn(seed=0).to(device)
-    loss = torch.nn.functional.cross_entropy(model(X), y)
-    loss.backward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
-    norms = loop._grad_norms(params, device)
     samples = loop._Samples((X, y))
-    optimizer = torch.optim.SGD(params, lr=0.05)
 
-    def read_once():
+    def read_once(loss, norms):
         values = torch.stack([loss.detach(), *norms]).tolist()
         return math.fsum(values[:1]), math.hypot(*values[1:])
 
     pieces = {
-        "gradient norms (one fused foreach-norm kernel)": lambda: loop._grad_norms(params, device),
-        "the loss kept on the device, the one host read (stack with the norms, tolist, fsum, hypot)": read_once,
-        "buffer snapshot (walk over the modules, copies)": lambda: loop._BuffersKept(model),
-        "argument checks of the cycle": lambda: loop._check_cycle(model, optimizer, [(X, y)], [1.0], None, None,
-                                                                  "skip"),
-        "weights, micro-batch view, step record (Python)": lambda: (
+        "nothing": lambda loss, norms: None,
+        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: loop._grad_norms(params, device),
+        "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
+        "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
+        "argument checks of the cycle": lambda loss, norms: loop._check_cycle(model, optimizer, [(X, y)], [1.0],
+                                                                              None, None, "skip"),
+        "loss check, detach, contexts (per micro-batch)": lambda loss, norms: (
+            contextlib.nullcontext().__enter__(), loop._scalar_loss(loss).detach()),
+        "weights, micro-batch view, step record (Python)": lambda loss, norms: (
             loop._loss_weights("samples", [64], 64, 1, 1, None), loop._MicroBatches(samples, [X], device),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None)),
     }
-    result = {}
-    for name, piece in pieces.items():
-        batches = []
-        for _ in range(7):
+    times = {name: [] for name in pieces}
+    for repeat in range(repeats):
+        for name, piece in (list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(X), y)
+            loss.backward()
+            norms = loop._grad_norms(params, device)
             started = clock(device)
-            for _ in range(calls):
-                piece()
-            batches.append((clock(device) - started) / calls * 1e6)
-        result[name] = statistics.median(batches)
-    return result
+            piece(loss, norms)
+            times[name].append(clock(device) - started)
+    nothing = statistics.median(times.pop("nothing"))
+    return {name: (statistics.median(t) - nothing) * 1e6 for name, t in times.items()}
 
 
 def ddp_job_seconds() -> float:
@@ -308,9 +313,11 @@ def nbval_suite_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 rounds (unless --rounds), no nbval suite")
-    parser.add_argument("--rounds", type=int, help="paired rounds per configuration (default 31, --quick 5)")
+    parser.add_argument("--rounds", type=int, help="paired rounds of the fixed cost (default 31, --quick 5)")
+    parser.add_argument("--epochs", type=int, help="epochs of adjacent steps per accum_steps (default 10, --quick 2)")
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 31)
+    epochs = args.epochs or (2 if args.quick else 10)
     torch.set_num_threads(1)  # one thread: CPU time is the loop's work, with no idle-spinning second thread in it
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     machine = (f"{platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}, "
@@ -318,12 +325,12 @@ def main() -> None:
     print(f"machine: {machine}\n")
     results = {"machine": machine}
     for device in devices:
-        results[device.type] = measure(device, rounds, quick=args.quick)
+        results[device.type] = measure(device, rounds, epochs, quick=args.quick)
     (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\nwritten: benchmarks/results.json")
 
 
-def measure(device: torch.device, rounds: int, quick: bool) -> dict:
+def measure(device: torch.device, rounds: int, epochs: int, quick: bool) -> dict:
     """Sections 1-4 on `device`; section 5 (the lessons, the DDP job: CPU) with the CPU."""
     print(f"== {device.type} ==")
     loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
@@ -332,7 +339,7 @@ def measure(device: torch.device, rounds: int, quick: bool) -> dict:
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its column is skipped\n")
-    pairs = {k: adjacent_steps(device, k, epochs=2 if quick else 10, accelerate="accelerate" in loops)
+    pairs = {k: adjacent_steps(device, k, epochs, accelerate="accelerate" in loops)
              for k in ACCUM_STEPS}
     compared = [name for name in pairs[1] if name != "hand-written seconds"]
     count = len(pairs[1]["accumlib"])
@@ -364,8 +371,8 @@ def measure(device: torch.device, rounds: int, quick: bool) -> dict:
           f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
           f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)")
     extras = accumlib_extras_microseconds(device)
-    print(f"   what accumlib adds per optimizer step, each piece timed alone (CNN, micro-batch 64): "
-          f"{sum(extras.values()):.0f} us in all")
+    print(f"   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
+    print(f"   (CNN, micro-batch 64): {sum(extras.values()):.0f} us in all")
     for name, microseconds in extras.items():
         print(f"   {microseconds:>8.1f} us  {name}")
 
