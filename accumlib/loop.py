@@ -25,7 +25,7 @@ from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 from torch.utils.data import Dataset, default_collate
 
 from . import memory
-from ._validate import boolean, function, integer, one_of, positive_int, positive_number
+from ._validate import boolean, checked_by, function, integer, one_of, positive_int, positive_number
 from .i18n import _
 
 
@@ -101,6 +101,38 @@ class CycleResult(NamedTuple):
     skipped: bool  # True when the loss or the gradient was NaN/inf: no step, the model left as it was
 
 
+def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_grad_norm, scaler, autocast_dtype,
+                 scheduler, ddp_no_sync, on_nonfinite) -> None:
+    """accumulate_and_step's arguments, checked before anything changes (nothing is read from the device)."""
+    _check_model(model)
+    _check_optimizer_type(optimizer)
+    for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
+        if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
+            raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
+                name=name, value=value, type=type(value).__name__))
+    if not micro_batches:
+        raise ValueError(_("micro_batches is empty: a cycle needs at least one micro-batch"))
+    if len(micro_batches) != len(loss_weights):
+        raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
+                           "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
+    for weight in loss_weights:
+        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        if not (number and 0 <= weight < math.inf or isinstance(weight, torch.Tensor) and weight.dim() == 0):
+            raise ValueError(_("loss_weights must hold finite numbers >= 0 (or 0-d tensors), one per micro-batch; got "
+                               "{value!r}").format(value=weight))
+    function("loss_fn", loss_fn)
+    if clip_grad_norm is not None:
+        positive_number("clip_grad_norm", clip_grad_norm)
+    _check_scaler_type(scaler)
+    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
+        raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got {value!r}").format(
+            value=autocast_dtype))
+    _check_scheduler(scheduler, optimizer, 0)
+    boolean("ddp_no_sync", ddp_no_sync)
+    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
+
+
+@checked_by(_check_cycle)  # every argument, before anything changes
 def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_weights: Sequence[float], *,
                         loss_fn: Callable = torch.nn.functional.cross_entropy, clip_grad_norm: float | None = None,
@@ -119,10 +151,10 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     running statistics put back as they were) or raises NonFiniteError ("raise"); with a scaler, only a non-finite
     loss raises, as a gradient overflow is the scaler's routine (it skips that step and lowers its scale).
     The norm and clipping cover exactly the optimizer's parameters. If a micro-batch raises, nothing is stepped and
-    the buffers are put back. This checks the types of its arguments and that there is one weight per micro-batch;
-    `train` checks everything else before its first step. The host reads the device once: loss and norm together.
+    the buffers are put back. The host reads the device once: loss and norm together. Every argument is checked
+    first (types, one finite weight >= 0 per micro-batch); `train`, which checks them itself before its first step,
+    calls the unchecked function, `accumulate_and_step.__wrapped__`.
     """
-    _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, scaler, on_nonfinite)  # cheap ones
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = isinstance(model, DistributedDataParallel)
     nothing = contextlib.nullcontext()  # a context that does nothing, reused
@@ -170,30 +202,6 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     elif scheduler is not None:
         scheduler.step()  # once per optimizer step, after it
     return CycleResult(loss, grad_norm, lr, skipped)
-
-
-def _check_cycle(model, optimizer, micro_batches, loss_weights, clip_grad_norm, scaler, on_nonfinite) -> None:
-    """The checks of accumulate_and_step's arguments that cost next to nothing (no host read): run every cycle."""
-    _check_model(model)
-    _check_optimizer_type(optimizer)
-    for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
-        if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
-            raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
-                name=name, value=value, type=type(value).__name__))
-    if not micro_batches:
-        raise ValueError(_("micro_batches is empty: a cycle needs at least one micro-batch"))
-    if len(micro_batches) != len(loss_weights):
-        raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
-                           "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
-    for weight in loss_weights:
-        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        if not (number and 0 <= weight < math.inf or isinstance(weight, torch.Tensor) and weight.dim() == 0):
-            raise ValueError(_("loss_weights must hold finite numbers >= 0 (or 0-d tensors), one per micro-batch; got "
-                               "{value!r}").format(value=weight))
-    if clip_grad_norm is not None:
-        positive_number("clip_grad_norm", clip_grad_norm)
-    _check_scaler_type(scaler)
-    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
 
 
 def _scalar_loss(loss) -> torch.Tensor:
@@ -325,7 +333,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
                 measure = measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
                 with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
-                    result = accumulate_and_step(
+                    result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
                         model, optimizer, _MicroBatches(samples, indices, device), weights, loss_fn=loss_fn,
                         clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
                         ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite)

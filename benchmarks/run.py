@@ -241,8 +241,6 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: loop._grad_norms(params, device),
         "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
-        "argument checks of the cycle": lambda loss, norms: loop._check_cycle(model, optimizer, [(X, y)], [1.0],
-                                                                              None, None, "skip"),
         "loss check, detach, contexts (per micro-batch)": lambda loss, norms: (
             contextlib.nullcontext().__enter__(), loop._scalar_loss(loss).detach()),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (

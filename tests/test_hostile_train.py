@@ -247,6 +247,10 @@ CYCLE_CASES = [
     ("scaler-string", dict(scaler="fp16"), TypeError, ["scaler", "'fp16'"]),
     ("on-nonfinite-unknown", dict(on_nonfinite="warn"), ValueError, ["on_nonfinite", "'warn'"]),
     ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float"]),
+    ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
+    ("autocast-string", dict(autocast_dtype="bf16"), TypeError, ["autocast_dtype", "'bf16'"]),
+    ("scheduler-is-the-optimizer", dict(scheduler=Built(lambda m, o: o)), TypeError, ["scheduler", "Adam"]),
+    ("ddp-no-sync-int", dict(ddp_no_sync=1), TypeError, ["ddp_no_sync", "1"]),
 ]
 
 
@@ -254,7 +258,8 @@ CYCLE_CASES = [
 def test_the_cycle_function_refuses_before_anything_changes(case, changes, error, names):
     model, optimizer = trained()
     arguments = dict(model=model, optimizer=optimizer, micro_batches=[(X[:4], Y[:4]), (X[4:8], Y[4:8])],
-                     loss_weights=[0.5, 0.5]) | changes
+                     loss_weights=[0.5, 0.5])
+    arguments |= {k: v.build(model, optimizer) if isinstance(v, Built) else v for k, v in changes.items()}
     before = snapshot(model, optimizer)
     with pytest.raises(error) as info:
         accumlib.accumulate_and_step(**arguments)
