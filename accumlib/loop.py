@@ -380,10 +380,10 @@ class _Samples:
             if len(data) != 2:
                 raise TypeError(_("data must be a Dataset or a tuple (X, y) of two tensors, got a {type} of {n} "
                                   "items").format(type=type(data).__name__, n=len(data)))
-            for name, tensor in zip(("X", "y"), data):
-                _refuse_dict(tensor, _("data's {name}").format(name=name))
+            for name, tensor in zip(("data[0] (X)", "data[1] (y)"), data):
+                _refuse_dict(tensor, name)
                 if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-                    raise TypeError(_("data must be a tuple (X, y) of two tensors with one row per sample; its {name} "
+                    raise TypeError(_("data must be a tuple (X, y) of two tensors with one row per sample; {name} "
                                       "is {value!r}").format(name=name, value=tensor))
             X, y = data
             if len(X) != len(y):
@@ -421,10 +421,10 @@ def _refuse_dict(value, name: str) -> None:
 
 def _check_sample(sample) -> None:
     """A Dataset's sample must be an (x, y) pair with no dict in it."""
-    _refuse_dict(sample, _("a sample of data"))
+    _refuse_dict(sample, "data[0] (a sample)")
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
         raise TypeError(_("data's samples must be (x, y) pairs, got {value!r}").format(value=sample))
-    _refuse_dict(sample[0], _("the input x of a sample of data"))
+    _refuse_dict(sample[0], "data[0][0] (the input x of a sample)")
 
 
 class _Plan:

@@ -84,9 +84,9 @@ CASES = [
     # data
     ("data-dict-batch", dict(data={"input_ids": X, "labels": Y}), TypeError,
      ["data", "dict", "'input_ids'", "not supported"]),
-    ("data-dict-inputs", dict(data=({"pixels": X}, Y)), TypeError, ["data's X", "dict", "'pixels'"]),
-    ("data-dict-samples", dict(data=DictSamples()), TypeError, ["sample of data", "dict", "not supported"]),
-    ("data-dict-sample-inputs", dict(data=DictSamples(inputs_only=True)), TypeError, ["input x", "dict"]),
+    ("data-dict-inputs", dict(data=({"pixels": X}, Y)), TypeError, ["data[0] (X)", "dict", "'pixels'"]),
+    ("data-dict-samples", dict(data=DictSamples()), TypeError, ["data[0] (a sample)", "dict", "not supported"]),
+    ("data-dict-sample-inputs", dict(data=DictSamples(inputs_only=True)), TypeError, ["data[0][0] (the input x", "dict"]),
     ("data-one-tensor", dict(data=[X]), TypeError, ["data", "tuple (X, y)"]),
     ("data-three-items", dict(data=(X, Y, Y)), TypeError, ["data", "3 items"]),
     ("data-numpy", dict(data=(X.numpy(), Y)), TypeError, ["data", "X"]),
