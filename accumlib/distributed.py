@@ -1,43 +1,159 @@
 """Accumulation across processes, for real: DistributedDataParallel on the CPU with the gloo backend.
 
-`run_ddp` launches `world_size` worker processes on this machine with PyTorch's own launcher (torchrun, on
-loopback only); each trains a DDP-wrapped model with `accumlib.train`, and a DDP communication hook counts the
-gradient all-reduces. Rank 0's result comes back. Fresh processes (not forked or spawned from the caller) also
-keep a Jupyter kernel out of the workers.
+`launch` starts `world_size` fresh Python processes on this machine (not forked from the caller, so a Jupyter
+kernel stays out of them) with the rendezvous environment torchrun would give them: RANK, WORLD_SIZE, MASTER_ADDR
+and MASTER_PORT, on loopback only. They form one gloo process group and run each `DDPRun` of the job in turn: every
+process trains DistributedDataParallel(builder()) with `accumlib.train`, while a DDP communication hook counts the
+gradient all-reduces of each optimizer step. Rank 0's results come back. `compare_no_sync` is lesson 9's job (one
+run with and one without `no_sync()`), `run_ddp` a single run.
 """
 from __future__ import annotations
 
 import gc
+import math
 import os
+import queue
 import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ._validate import positive_int
+from ._validate import boolean, function, positive_int, positive_number
+from .i18n import _
+
+# train() arguments a DDPRun sets itself: they cannot also come in its train_options
+_SET_BY_THE_JOB = ("micro_batch_size", "accum_steps", "epochs", "seed", "ddp_no_sync", "on_step", "device",
+                   "measure_memory")
+
+
+@dataclass(frozen=True)
+class DDPRun:
+    """One training run of a DDP job: every process trains DistributedDataParallel(builder()) with SGD(lr)."""
+
+    builder: Callable[[], torch.nn.Module]  # picklable, no arguments: every process builds the same initial model
+    data: tuple  # (X, y); each cycle's micro_batch_size * accum_steps * world_size samples are shared out by rank
+    micro_batch_size: int  # per process
+    accum_steps: int
+    epochs: int = 1
+    lr: float = 0.5
+    seed: int = 0  # the sample order, as in train
+    no_sync: bool = True  # all-reduce once per optimizer step (True) or after every backward() (False)
+    train_options: dict = field(default_factory=dict)  # further picklable train() arguments: loss_fn, normalize, count
+
+    def __post_init__(self):
+        if isinstance(self.builder, torch.nn.Module):
+            raise TypeError(_("builder must build the model (a function of no arguments, e.g. "
+                              "functools.partial(models.mlp, dtype=torch.float64)), not be the model itself"))
+        function("builder", self.builder)
+        positive_int("micro_batch_size", self.micro_batch_size)
+        positive_int("accum_steps", self.accum_steps)
+        positive_int("epochs", self.epochs)
+        positive_number("lr", self.lr)
+        boolean("no_sync", self.no_sync)
+        if not (isinstance(self.data, tuple) and len(self.data) == 2
+                and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in self.data)):
+            raise TypeError(_("data must be a tuple (X, y) of two tensors, got {type}").format(
+                type=type(self.data).__name__))
+        clashes = sorted(set(self.train_options) & set(_SET_BY_THE_JOB))
+        if clashes:
+            raise ValueError(_("train_options cannot set {names}: the run sets them itself").format(
+                names=", ".join(clashes)))
+
+    def steps(self, world_size: int) -> int:
+        """Optimizer steps this run takes with `world_size` processes."""
+        return self.epochs * math.ceil(len(self.data[0]) / (self.micro_batch_size * self.accum_steps * world_size))
 
 
 @dataclass(frozen=True)
 class DDPResult:
+    """What one DDPRun did, seen from rank 0."""
+
     world_size: int
     micro_batch_size: int
     accum_steps: int
     no_sync: bool
-    steps: int  # optimizer steps taken
-    allreduce_calls: int  # gradient buckets all-reduced by DDP on rank 0, over the whole run
-    state: dict  # rank 0's final parameters (name -> tensor)
-    losses: tuple[float, ...]  # each step's mean loss over all processes
+    allreduces: tuple[int, ...]  # gradient all-reduces on rank 0 in each optimizer step (one per bucket and sync)
+    micro_batches: tuple[int, ...]  # micro-batches with samples in each optimizer step (rank 0's view of train)
+    state: dict  # rank 0's final parameters and buffers (name -> tensor)
+    losses: tuple[float, ...]  # each step's loss over all processes, as train records it
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken."""
+        return len(self.losses)
+
+    @property
+    def allreduce_calls(self) -> int:
+        """Gradient all-reduces over the whole run."""
+        return sum(self.allreduces)
 
     @property
     def allreduce_per_step(self) -> float:
+        """Mean all-reduces per optimizer step."""
         return self.allreduce_calls / self.steps
+
+
+def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
+           on_progress: Callable[[int, int], None] | None = None) -> list[DDPResult]:
+    """Run every DDPRun in one job of `world_size` CPU processes; return their results in order.
+
+    timeout: seconds for the whole job before its processes are stopped. on_progress(steps_done, steps_total) is
+    called in the caller's thread as rank 0 finishes each optimizer step (of all runs together), and once with 0
+    at the start: enough to drive an ipywidgets progress bar (`bar.value, bar.max = done, total`).
+    """
+    world_size = positive_int("world_size", world_size)
+    timeout = positive_number("timeout", timeout)
+    on_progress = function("on_progress", on_progress, optional=True)
+    runs = list(runs)
+    if not runs or not all(isinstance(run, DDPRun) for run in runs):
+        raise TypeError(_("runs must be a non-empty sequence of DDPRun, got {value!r}").format(value=runs))
+    total = sum(run.steps(world_size) for run in runs)
+    with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as folder:
+        job = Path(folder)
+        torch.save(runs, job / "job.pt")
+        for _attempt in range(2):  # a second try only when another program took the free port first
+            codes, errors = _start_and_follow(job, world_size, timeout, total, on_progress)
+            if "address already in use" not in errors.lower():
+                break
+        if any(codes):
+            raise RuntimeError(_("DDP job failed (exit codes {codes}):\n{errors}").format(codes=codes,
+                                                                                        errors=errors[-3000:]))
+        results = torch.load(job / "result.pt", weights_only=False)
+    return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, **result)
+            for run, result in zip(runs, results)]
+
+
+def compare_no_sync(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int,
+                    epochs: int = 1, lr: float = 0.5, seed: int = 0, timeout: float = 120,
+                    on_progress: Callable[[int, int], None] | None = None) -> dict[bool, DDPResult]:
+    """The same DDP training without and with `no_sync()`, in one job: {False: result, True: result}."""
+    runs = [DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, no_sync)
+            for no_sync in (False, True)]
+    without, with_no_sync = launch(runs, world_size=world_size, timeout=timeout, on_progress=on_progress)
+    return {False: without, True: with_no_sync}
+
+
+def run_ddp(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int, epochs: int = 1,
+            lr: float = 0.5, seed: int = 0, no_sync: bool = True, timeout: float = 120,
+            on_progress: Callable[[int, int], None] | None = None) -> DDPResult:
+    """Train builder() under DDP in `world_size` CPU processes; every process builds the same initial model.
+
+    builder: a picklable zero-argument callable returning the model (e.g. functools.partial(models.mlp, ...)).
+    data: (X, y); each cycle's micro_batch_size * accum_steps * world_size samples are shared out by rank.
+    timeout: seconds before the job is stopped. on_progress: as for `launch`.
+    """
+    run = DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, no_sync)
+    return launch([run], world_size=world_size, timeout=timeout, on_progress=on_progress)[0]
 
 
 def _free_port() -> int:
@@ -46,69 +162,104 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on_progress) -> tuple[list, str]:
+    """Start the worker processes, report rank 0's steps, stop every process if one fails or time runs out.
+
+    Returns (exit codes by rank, the processes' stderr together).
+    """
+    package_root = str(Path(__file__).resolve().parents[1])  # the workers import this very accumlib
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    logs = [(job / f"stderr-{rank}.txt").open("w") for rank in range(world_size)]
+    processes = [subprocess.Popen([sys.executable, "-m", __name__, str(job)], stderr=log, text=True,
+                                  stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                                  env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+                 for rank, log in enumerate(logs)]
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(processes[0].stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    try:
+        if on_progress is not None:
+            on_progress(0, total)
+        done = 0
+        while True:
+            try:
+                line = lines.get(timeout=0.05)
+            except queue.Empty:
+                line = ""
+            if line is None:  # rank 0 has closed its output: it has finished
+                break
+            if line == "step\n":
+                done += 1
+                if on_progress is not None:
+                    on_progress(done, total)
+            if any(p.poll() not in (None, 0) for p in processes):  # one failed: the others would wait for it
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(_("DDP job did not finish within timeout={timeout} s").format(timeout=timeout))
+        for p in processes:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    errors = "\n".join((job / f"stderr-{rank}.txt").read_text() for rank in range(world_size))
+    return [p.returncode for p in processes], errors
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    """Copy a process's output into `lines`, line by line; None when it closes."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
 def _counting_allreduce(state: dict, bucket):
     state["calls"] += 1
     return allreduce_hook(None, bucket)
 
 
-def _train_rank(job: Path) -> None:
-    """This process's share of a run_ddp job; rank 0 writes the result. Its DDP objects die when it returns."""
+def _train_rank(run: DDPRun) -> dict:
+    """This process's share of one run; its DDP objects die when it returns."""
     from .loop import train
 
-    spec = torch.load(job / "job.pt", weights_only=False)
-    model = DistributedDataParallel(spec["builder"]())
+    model = DistributedDataParallel(run.builder())
     counter = {"calls": 0}
     model.register_comm_hook(counter, _counting_allreduce)
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec["lr"])
-    history = train(model, spec["data"], optimizer, micro_batch_size=spec["micro_batch_size"],
-                    accum_steps=spec["accum_steps"], epochs=spec["epochs"], seed=spec["seed"],
-                    ddp_no_sync=spec["no_sync"], measure_memory=False, device="cpu")
-    if dist.get_rank() == 0:
-        torch.save({"steps": len(history), "calls": counter["calls"], "losses": tuple(r.loss for r in history),
-                    "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()}},
-                   job / "result.pt")
+    allreduces = []
+
+    def on_step(record):
+        allreduces.append(counter["calls"] - sum(allreduces))
+        if dist.get_rank() == 0:
+            print("step", flush=True)  # progress, read by launch()
+
+    history = train(model, run.data, torch.optim.SGD(model.parameters(), lr=run.lr),
+                    micro_batch_size=run.micro_batch_size, accum_steps=run.accum_steps, epochs=run.epochs,
+                    seed=run.seed, ddp_no_sync=run.no_sync, on_step=on_step, measure_memory=False, device="cpu",
+                    **run.train_options)
+    return {"allreduces": tuple(allreduces), "micro_batches": tuple(r.micro_batches for r in history),
+            "losses": tuple(r.loss for r in history),
+            "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()}}
 
 
 def _worker(job: Path) -> None:
-    """One process of a run_ddp job (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)."""
+    """One process of a job (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from launch); rank 0 saves."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        _train_rank(job)
+        results = [_train_rank(run) for run in torch.load(job / "job.pt", weights_only=False)]
+        if dist.get_rank() == 0:
+            torch.save(results, job / "result.pt")
         dist.barrier()
     finally:
         # DDP's reducer holds the process group and sits in reference cycles. Left to the interpreter's shutdown,
         # gloo's threads are destroyed after Python is gone and the process aborts (SIGABRT, seen under load).
         gc.collect()
         dist.destroy_process_group()
-
-
-def run_ddp(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int, epochs: int = 1,
-            lr: float = 0.5, seed: int = 0, no_sync: bool = True, timeout: float = 120) -> DDPResult:
-    """Train builder() under DDP in `world_size` CPU processes; every process builds the same initial model.
-
-    builder: a picklable zero-argument callable returning the model (e.g. functools.partial(models.mlp, ...)).
-    data: (X, y); each cycle's micro_batch_size * accum_steps * world_size samples are shared out by rank.
-    timeout: seconds before the job is stopped.
-    """
-    world_size = positive_int("world_size", world_size)
-    with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as folder:
-        job = Path(folder)
-        torch.save(dict(builder=builder, data=data, micro_batch_size=micro_batch_size, accum_steps=accum_steps,
-                        epochs=epochs, lr=lr, seed=seed, no_sync=no_sync), job / "job.pt")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        for _ in range(2):  # a second try only when another program took the free port first
-            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
-                       "--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", __name__,
-                       str(job)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-            if "address already in use" not in done.stderr.lower():
-                break
-        if done.returncode != 0:
-            raise RuntimeError(f"DDP job failed (exit code {done.returncode}):\n{done.stderr[-2000:]}")
-        result = torch.load(job / "result.pt", weights_only=False)
-    return DDPResult(world_size, micro_batch_size, accum_steps, no_sync, result["steps"], result["calls"],
-                     result["state"], result["losses"])
 
 
 if __name__ == "__main__":

@@ -1,27 +1,32 @@
-"""The gradient-accumulation loop, done right: `train`, its `History`, and the `gradient_gap` and `parameter_gap`
-checks.
+"""The gradient-accumulation loop: `accumulate_and_step` (one optimizer step from a cycle of micro-batches), `train`
+(the driver around it: sample order, loss weights, records), and the checks `gradient_gap` and `parameter_gap`.
 
-One optimizer step per cycle of `accum_steps` micro-batches. Each micro-batch loss is weighted by its share
-of the cycle (its samples, or its loss terms, over the cycle's total), so a cycle's gradient equals the
-gradient of one batch of the whole cycle -- the last, incomplete cycle included. The scheduler, clipping,
-the AMP scaler and zeroing run once per optimizer step. Under DistributedDataParallel the gradients are
-all-reduced once per step (`no_sync()` on the other micro-batches).
+One optimizer step per cycle of `accum_steps` micro-batches. Each micro-batch loss is weighted by its share of the
+cycle (its samples, or its loss terms, over the cycle's total), so a cycle's gradient equals the gradient of one
+batch of the whole cycle -- the last, incomplete cycle included. The scheduler, clipping, the AMP scaler and zeroing
+run once per optimizer step. Under DistributedDataParallel the gradients are all-reduced once per step (`no_sync()`
+on the other micro-batches). Nothing reads a tensor's value on the host inside a cycle but once, after its last
+backward(): on a GPU every such read makes the host wait until the device has caught up.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
+from collections.abc import Sized
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 from torch.utils.data import Dataset, default_collate
 
 from . import memory
-from ._validate import one_of, positive_int, positive_number
+from ._validate import boolean, checked_by, function, integer, one_of, positive_int, positive_number
+from .i18n import _
 
 
 class StopTraining(Exception):
@@ -41,12 +46,15 @@ class StepRecord:
     samples_seen: int  # samples processed so far, all processes together
     micro_batches: int  # micro-batches in this cycle (fewer in a last, incomplete cycle)
     samples: int  # samples in this cycle, all processes together
-    loss: float  # mean loss per sample (or per loss term, normalize="count") over the cycle
+    # the loss the step's gradient belongs to: the mean per sample over the cycle (per loss term with
+    # normalize="count"); with normalize="steps" the sum of micro-batch losses / accum_steps, which equals the mean
+    # per sample on a full cycle of equal micro-batches and is too small on a short last cycle, as its gradient is
+    loss: float
     lr: float  # learning rate of the first parameter group when the step was taken
-    grad_norm: float  # L2 norm of the accumulated gradient, before clipping
+    grad_norm: float  # L2 norm of the accumulated gradient of the optimizer's parameters, before clipping
     seconds: float  # wall time of the cycle, seconds
     peak_memory_bytes: int | None  # peak bytes during the cycle (CUDA allocator / CPU live tensors)
-    skipped: bool = False  # True when a NaN/inf loss or gradient made this step leave the weights untouched
+    skipped: bool = False  # True when a NaN/inf loss or gradient made this step leave the model untouched
 
     @property
     def samples_per_second(self) -> float:
@@ -56,7 +64,11 @@ class StepRecord:
 
 @dataclass
 class History:
-    """One `StepRecord` per optimizer step, plus why training ended early (if it did)."""
+    """One `StepRecord` per optimizer step, plus why training ended early (if it did).
+
+    When training fails (an exception from your loss, callback or scheduler, NonFiniteError, OutOfMemory), the
+    exception carries the history so far as its `history` attribute.
+    """
 
     records: list[StepRecord] = field(default_factory=list)
     stopped: str | None = None  # "StopTraining" or "KeyboardInterrupt" when training ended early
@@ -80,69 +92,507 @@ class History:
         return [{k: v for k, v in asdict(r).items() if k != "seconds"} for r in self.records]
 
 
+class CycleResult(NamedTuple):
+    """What one `accumulate_and_step` did, read from the device in one transfer."""
+
+    loss: float  # sum over micro-batches of loss_weights[i] * loss_i (under DDP: its mean over the processes)
+    grad_norm: float  # L2 norm of the accumulated gradient of the optimizer's parameters, before clipping
+    lr: float  # learning rate of the optimizer's first parameter group when the step was taken
+    skipped: bool  # True when the loss or the gradient was NaN/inf: no step, the model left as it was
+
+
+def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_grad_norm, scaler, autocast_dtype,
+                 scheduler, ddp_no_sync, on_nonfinite) -> None:
+    """accumulate_and_step's arguments, checked before anything changes (nothing is read from the device)."""
+    _check_model(model)
+    _check_optimizer_type(optimizer)
+    for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
+        if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
+            raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
+                name=name, value=value, type=type(value).__name__))
+    if not micro_batches:
+        raise ValueError(_("micro_batches is empty: a cycle needs at least one micro-batch"))
+    if len(micro_batches) != len(loss_weights):
+        raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
+                           "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
+    for weight in loss_weights:
+        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        if not (number and 0 <= weight < math.inf or isinstance(weight, torch.Tensor) and weight.dim() == 0):
+            raise ValueError(_("loss_weights must hold finite numbers >= 0 (or 0-d tensors), one per micro-batch; got "
+                               "{value!r}").format(value=weight))
+    function("loss_fn", loss_fn)
+    if clip_grad_norm is not None:
+        positive_number("clip_grad_norm", clip_grad_norm)
+    _check_scaler_type(scaler)
+    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
+        raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got {value!r}").format(
+            value=autocast_dtype))
+    _check_scheduler(scheduler, optimizer, 0)
+    boolean("ddp_no_sync", ddp_no_sync)
+    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
+
+
+@checked_by(_check_cycle)  # every argument, before anything changes
+def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_weights: Sequence[float], *,
+                        loss_fn: Callable = torch.nn.functional.cross_entropy, clip_grad_norm: float | None = None,
+                        scaler: torch.amp.GradScaler | None = None, autocast_dtype: torch.dtype | None = None,
+                        scheduler=None, ddp_no_sync: bool = True, on_nonfinite: str = "skip") -> CycleResult:
+    """One optimizer step from a cycle of micro-batches: zero once, weight each loss, backward each, step once.
+
+    micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on iteration).
+    loss_weights: one number per micro-batch, what its loss is multiplied by before backward(); for k micro-batches
+    of a mean-reduced loss that is each one's share of the cycle's samples (1/k when they are equal).
+    loss_fn(model(x), y) must return a scalar tensor. clip_grad_norm: clip the accumulated gradient to this L2 norm.
+    scaler: a GradScaler (fp16). autocast_dtype: run the forward passes under torch.autocast with this dtype.
+    scheduler: stepped once after the optimizer; a ReduceLROnPlateau gets this cycle's loss.
+    ddp_no_sync: with a DistributedDataParallel model, all-reduce the gradients only on the last micro-batch.
+    on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip": no step, buffers such as BatchNorm's
+    running statistics put back as they were) or raises NonFiniteError ("raise"); with a scaler, only a non-finite
+    loss raises, as a gradient overflow is the scaler's routine (it skips that step and lowers its scale).
+    The norm and clipping cover exactly the optimizer's parameters. If a micro-batch raises, nothing is stepped and
+    the buffers are put back. The host reads the device once: loss and norm together. Every argument is checked
+    first (types, one finite weight >= 0 per micro-batch); `train`, which checks them itself before its first step,
+    calls the unchecked function, `accumulate_and_step.__wrapped__`.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
+    ddp = isinstance(model, DistributedDataParallel)
+    nothing = contextlib.nullcontext()  # a context that does nothing, reused
+    autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else nothing
+    optimizer.zero_grad(set_to_none=True)  # once per cycle: from here on, every backward() adds into .grad
+    with _BuffersKept(model) as buffers:  # BatchNorm's running statistics, put back if the cycle fails or is skipped
+        losses = []  # each micro-batch's weighted loss, kept on the device: no host read per micro-batch
+        for i, (x, y) in enumerate(micro_batches):
+            # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
+            sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else nothing
+            with sync, autocast:
+                loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
+            weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
+            (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
+            losses.append(weighted.detach())
+        if scaler:
+            scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
+        if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
+            norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
+        else:
+            norms = _grad_norms(params, losses[0].device)  # each gradient's L2 norm
+        values = torch.stack([*losses, *norms])  # the weighted losses, then the norms
+        if ddp:  # the losses summed over the processes, then averaged as DDP averages their gradients
+            dist.all_reduce(values[:len(losses)])
+            values[:len(losses)] /= dist.get_world_size()
+        values = values.tolist()  # the one host read of the cycle
+    loss = math.fsum(values[:len(losses)])  # the cycle's loss
+    grad_norm = math.hypot(*values[len(losses):])  # the L2 norm of all the gradients together
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # the finite check, alike on every process
+    lr = float(optimizer.param_groups[0]["lr"])
+    if skipped:
+        buffers.restore()  # no step, the buffers put back: the model exactly as it was before the cycle
+    elif scaler:
+        scaler.step(optimizer)  # the one optimizer step of the cycle, through the scaler
+    else:
+        optimizer.step()  # the one optimizer step of the cycle
+    if scaler:
+        scaler.update()  # a lower scale after an overflow (a skipped step), a higher one after many good steps
+    if skipped:
+        if on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
+            raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}); the model was left as "
+                                   "it was").format(loss=loss, grad_norm=grad_norm))
+    elif isinstance(scheduler, ReduceLROnPlateau):
+        scheduler.step(loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
+    elif scheduler is not None:
+        scheduler.step()  # once per optimizer step, after it
+    return CycleResult(loss, grad_norm, lr, skipped)
+
+
+def _scalar_loss(loss) -> torch.Tensor:
+    """`loss` if it is a 0-d tensor with a gradient; a clear error otherwise (no value read from the device)."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(_("loss_fn must return a scalar tensor, got {value!r} of type {type}: return the tensor itself "
+                          "(not loss.item() or float(loss))").format(value=loss, type=type(loss).__name__))
+    if loss.dim() != 0:
+        raise ValueError(_("loss_fn must return a scalar, got a tensor of shape {shape}: reduce it (reduction='mean' "
+                           "or 'sum')").format(shape=tuple(loss.shape)))
+    if not loss.requires_grad:
+        raise ValueError(_("loss_fn returned a tensor without a gradient (requires_grad=False): compute it from the "
+                           "model's output, without .detach() or torch.no_grad()"))
+    return loss
+
+
+def _grad_norms(params: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Each gradient's L2 norm, as 0-d tensors on `device` (one fused kernel when they share a device)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:  # the loss does not depend on any of the optimizer's parameters: nothing to measure
+        return []
+    norms = torch._foreach_norm(grads)
+    return [n.to(device) for n in norms] if any(n.device != device for n in norms) else norms
+
+
+class _BuffersKept:
+    """Context manager: a copy of the model's buffers; restore() puts them back, and so does an exception."""
+
+    def __init__(self, model: torch.nn.Module):
+        modules, buffers = [model], []
+        for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
+            if module is not None:
+                buffers += module._buffers.values()
+                modules += module._modules.values()
+        self.buffers = [b for b in buffers if b is not None]
+        self.saved = [b.clone() for b in self.buffers]
+
+    def __enter__(self) -> _BuffersKept:
+        return self
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for buffer, saved in zip(self.buffers, self.saved):
+                buffer.copy_(saved)
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if error is not None:
+            self.restore()
+
+
+def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, micro_batch_size: int,
+          accum_steps: int, epochs: int = 1, loss_fn: Callable | None = None, normalize: str = "samples",
+          count: Callable | None = None, scheduler=None, clip_grad_norm: float | None = None, amp=False,
+          scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
+          on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
+          measure_memory: bool = False, memory_budget: int | None = None, ddp_no_sync: bool = True) -> History:
+    """Train with gradient accumulation; return one record per optimizer step.
+
+    data: a tuple (X, y) of tensors, or a Dataset whose samples are (x, y) pairs (dict samples are refused).
+    micro_batch_size: samples per forward/backward pass (per process). accum_steps: micro-batches per optimizer
+    step. Effective batch = micro_batch_size * accum_steps * processes. Each cycle is one `accumulate_and_step`.
+    normalize: "samples" weights each micro-batch loss by its samples over the cycle's samples (exact, also for
+    the last incomplete cycle); "steps" is the classic loss / accum_steps; "count" divides a sum-reduced loss by
+    the cycle's total of `count(x, y)` loss terms (tokens, say): every cycle's terms are counted before the first
+    step (count gets each micro-batch as fetched; one host read, one all-reduce under DDP), so a cycle without loss
+    terms is refused before any weight changes, and no step waits for a count.
+    scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
+    loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run.
+    clip_grad_norm: clip the accumulated gradient to this L2 norm. The norm (recorded as grad_norm) and clipping
+    cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
+    left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
+    amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16".
+    seed fixes the sample order. on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as
+    it was, BatchNorm buffers included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss).
+    measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
+    the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
+    those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step.
+    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes.
+    on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
+    Every argument is checked before anything changes; any other exception carries the records so far as `history`.
+    """
+    _check_model(model)
+    samples = _Samples(data)
+    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+    accum_steps = positive_int("accum_steps", accum_steps)
+    epochs = positive_int("epochs", epochs)
+    if micro_batch_size > samples.n:
+        raise ValueError(_("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to "
+                           "{n}").format(value=micro_batch_size, n=samples.n))
+    params = _check_optimizer(model, optimizer)
+    loss_fn = function("loss_fn", loss_fn, optional=True) or torch.nn.functional.cross_entropy
+    one_of("normalize", normalize, ("samples", "steps", "count"))
+    count = function("count", count, optional=True)
+    if (normalize == "count") != (count is not None):
+        raise ValueError(_("count= (a function giving a micro-batch's number of loss terms) goes with "
+                           "normalize='count', and only with it; got normalize={normalize!r}, count={count!r}").format(
+                               normalize=normalize, count=count))
+    if clip_grad_norm is not None:
+        clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
+    seed = integer("seed", seed, -2 ** 63, 2 ** 64)
+    for name, value in (("shuffle", shuffle), ("measure_memory", measure_memory), ("ddp_no_sync", ddp_no_sync)):
+        boolean(name, value)
+    on_step = function("on_step", on_step, optional=True)
+    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
+    if memory_budget is not None:
+        memory_budget = positive_int("memory_budget", memory_budget)
+    device = _device(device)
+    amp_dtype, scaler = _amp(amp, scaler, device)
+    ddp = isinstance(model, DistributedDataParallel)
+    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
+    steps_per_epoch = math.ceil(samples.n / (micro_batch_size * accum_steps * world))
+    _check_scheduler(scheduler, optimizer, epochs * steps_per_epoch)
+    plan = _Plan(samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, epochs)
+    terms = _loss_terms(plan, count, device, ddp) if normalize == "count" else None
+    if memory_budget is not None:
+        x, y = samples.fetch(list(range(micro_batch_size)))
+        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn, accum_steps=accum_steps,
+                          budget_bytes=memory_budget)
+    model.to(device)
+    history = History()
+    seen = 0
+    peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
+    try:
+        with memory.cuda_budget(device, memory_budget):
+            for step, (epoch, cycle_samples, indices, sizes) in enumerate(plan):
+                weights = _loss_weights(normalize, sizes, cycle_samples, accum_steps, world,
+                                        terms[step] if terms else None)
+                layout = tuple(sizes)
+                measure = measure_memory and (device.type == "cuda" or layout not in peaks)
+                started = time.perf_counter()
+                with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
+                    result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
+                        model, optimizer, _MicroBatches(samples, indices, device), weights, loss_fn=loss_fn,
+                        clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
+                        ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite)
+                if measure:
+                    peaks[layout] = peak.bytes
+                seen += cycle_samples
+                record = StepRecord(step + 1, epoch, seen, len(sizes) - sizes.count(0), cycle_samples,
+                                    result.loss, result.lr, result.grad_norm, time.perf_counter() - started,
+                                    peaks.get(layout) if measure_memory else None, result.skipped)
+                history.records.append(record)
+                if on_step is not None:
+                    on_step(record)
+    except StopTraining:
+        history.stopped = "StopTraining"
+    except KeyboardInterrupt:
+        history.stopped = "KeyboardInterrupt"
+    except Exception as error:
+        error.history = history  # nothing is lost: the records so far travel with the exception
+        raise
+    finally:
+        optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
+    return history
+
+
+def _loss_weights(normalize: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,
+                  cycle_terms: float | None) -> list[float]:
+    """What each micro-batch's loss is multiplied by before backward(); 0 for a padding micro-batch (size 0)."""
+    if normalize == "samples":  # a mean-reduced loss: the micro-batch's share of the cycle's samples
+        shares = [size / cycle_samples for size in sizes]
+    elif normalize == "steps":  # the classic loss / accum_steps: every micro-batch alike, even in a short last cycle
+        shares = [1 / (accum_steps * world) if size else 0.0 for size in sizes]
+    else:  # "count", a sum-reduced loss: one share per loss term of the cycle
+        shares = [1 / cycle_terms if size else 0.0 for size in sizes]
+    # DDP averages the gradients of its `world` processes; times `world`, that mean becomes the sum of every
+    # process's shares, which add up to the whole cycle (on one process world is 1)
+    return [world * share for share in shares]
+
+
 class _Samples:
-    """Indexable view of `data`: a Dataset of (x, y) pairs or a tuple (X, y) of tensors."""
+    """Indexable view of `data`: a tuple (X, y) of tensors or a Dataset of (x, y) pairs."""
 
     def __init__(self, data):
         if isinstance(data, (tuple, list)):
-            if len(data) != 2 or not all(isinstance(t, torch.Tensor) for t in data):
-                raise TypeError("data must be a Dataset or a tuple (X, y) of two tensors")
+            if len(data) != 2:
+                raise TypeError(_("data must be a Dataset or a tuple (X, y) of two tensors, got a {type} of {n} "
+                                  "items").format(type=type(data).__name__, n=len(data)))
+            for name, tensor in zip(("data[0] (X)", "data[1] (y)"), data):
+                _refuse_dict(tensor, name)
+                if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+                    raise TypeError(_("data must be a tuple (X, y) of two tensors with one row per sample; {name} "
+                                      "is {value!r}").format(name=name, value=tensor))
             X, y = data
             if len(X) != len(y):
-                raise ValueError(f"data: X has {len(X)} samples but y has {len(y)}; they must have the same length")
-            self.n = len(X)
+                raise ValueError(_("data: X has {x} samples but y has {y}; they must have the same length").format(
+                    x=len(X), y=len(y)))
+            self.n, self.dataset = len(X), None
             self.device = X.device if X.device == y.device else None
             self.fetch = lambda idx: (X[idx], y[idx])
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
-            self.n = len(data)
-            self.device = None  # unknown until fetched
-            self.fetch = lambda idx: default_collate([data[i] for i in idx.tolist()])
+            self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
+            if self.n:
+                _check_sample(data[0])
+            self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
-            raise TypeError(f"data must be a torch Dataset with a length or a tuple (X, y) of tensors, got {type(data).__name__}")
+            _refuse_dict(data, "data")
+            raise TypeError(_("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got "
+                              "{type}").format(type=type(data).__name__))
         if self.n == 0:
-            raise ValueError("data is empty: it must hold at least one sample")
+            raise ValueError(_("data is empty: it must hold at least one sample"))
+
+    def indices(self, order: torch.Tensor):
+        """`order` as fetch() takes it: a list for a Dataset, a tensor on the data's device for (X, y)."""
+        if self.dataset is not None:
+            return order.tolist()
+        return order.to(self.device) if self.device is not None else order
 
 
-def _cycles(n: int, micro_batch_size: int, accum_steps: int, world: int, rank: int, order: torch.Tensor):
-    """Yield (samples in the cycle over all processes, this process's micro-batch index tensors, their sizes).
+def _refuse_dict(value, name: str) -> None:
+    if isinstance(value, dict):
+        raise TypeError(_("{name} is a dict (keys {keys}): train passes (x, y) pairs to model(x) and "
+                          "loss_fn(output, y), and dict batches such as {{'input_ids': ..., 'labels': ...}} are not "
+                          "supported; give (inputs, targets) instead, e.g. (batch['input_ids'], "
+                          "batch['labels'])").format(name=name, keys=", ".join(repr(k) for k in list(value)[:5])))
 
-    Each cycle takes the next micro_batch_size * accum_steps * world samples of `order` (fewer at the end);
-    each process takes a contiguous shard and splits it into micro-batches. Processes with fewer micro-batches
-    than the others get zero-weight padding micro-batches (empty index tensors) so all run the same count.
+
+def _check_sample(sample) -> None:
+    """A Dataset's sample must be an (x, y) pair with no dict in it."""
+    _refuse_dict(sample, "data[0] (a sample)")
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise TypeError(_("data's samples must be (x, y) pairs, got {value!r}").format(value=sample))
+    _refuse_dict(sample[0], "data[0][0] (the input x of a sample)")
+
+
+class _Plan:
+    """Every cycle of a run, in order: (epoch, samples in the cycle over all processes, this process's micro-batch
+    indices, their sizes). Iterating again gives the same cycles: the sample order is drawn from `seed` each time.
+
+    Each cycle takes the next micro_batch_size * accum_steps * world samples of the epoch's order (fewer at the
+    end); each process takes a contiguous shard (as torch.tensor_split shares them out) and splits it into
+    micro-batches. A process with fewer micro-batches than another gets padding micro-batches (one real sample,
+    size 0, so loss weight 0): DDP needs every process to run the same number of backward passes.
     """
-    if world == 1:  # split the epoch once; a cycle is then a slice of that tuple
-        micro = order.split(micro_batch_size)
-        sizes = [micro_batch_size] * (n // micro_batch_size) + ([n % micro_batch_size] if n % micro_batch_size else [])
-        for first in range(0, len(micro), accum_steps):
-            cycle_sizes = sizes[first:first + accum_steps]
-            yield sum(cycle_sizes), micro[first:first + accum_steps], cycle_sizes
-        return
-    effective = micro_batch_size * accum_steps * world
-    for start in range(0, n, effective):
-        cycle = order[start:start + effective]
-        shards = torch.tensor_split(cycle, world)
-        counts = [math.ceil(len(s) / micro_batch_size) for s in shards]
-        micro = list(torch.split(shards[rank], micro_batch_size)) if len(shards[rank]) else []
-        micro += [cycle[:0]] * (max(counts) - len(micro))
-        yield len(cycle), micro, [len(idx) for idx in micro]
+
+    def __init__(self, samples: _Samples, micro_batch_size: int, accum_steps: int, world: int, rank: int, seed: int,
+                 shuffle: bool, epochs: int):
+        self.samples, self.micro, self.accum_steps, self.epochs = samples, micro_batch_size, accum_steps, epochs
+        self.world, self.rank, self.seed, self.shuffle = world, rank, seed, shuffle
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed)
+        n, m = self.samples.n, self.micro
+        for epoch in range(self.epochs):
+            order = self.samples.indices(torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n))
+            if self.world == 1:  # one process: the epoch split into micro-batches once, a cycle is a slice of them
+                micro = [order[i:i + m] for i in range(0, n, m)]
+                sizes = [min(m, n - i) for i in range(0, n, m)]
+                for first in range(0, len(micro), self.accum_steps):
+                    cycle_sizes = sizes[first:first + self.accum_steps]
+                    yield epoch, sum(cycle_sizes), micro[first:first + self.accum_steps], cycle_sizes
+                continue
+            pad = order[:1]
+            effective = m * self.accum_steps * self.world
+            for start in range(0, n, effective):
+                cycle_samples = min(effective, n - start)
+                share, extra = divmod(cycle_samples, self.world)
+                first = start + self.rank * share + min(self.rank, extra)
+                end = first + share + (self.rank < extra)
+                indices = [order[i:min(i + m, end)] for i in range(first, end, m)]
+                sizes = [min(m, end - i) for i in range(first, end, m)]
+                padding = math.ceil((share + (extra > 0)) / m) - len(indices)  # the busiest process's count
+                yield epoch, cycle_samples, indices + [pad] * padding, sizes + [0] * padding
 
 
-def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+class _MicroBatches:
+    """A cycle's micro-batches, fetched (and moved to the device) one at a time as the loop reaches them."""
+
+    def __init__(self, samples: _Samples, indices: list, device: torch.device):
+        self.samples, self.indices, self.device = samples, indices, device
+        self.move = samples.device != device
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self):
+        for idx in self.indices:
+            x, y = self.samples.fetch(idx)
+            yield (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) if self.move else (x, y)
+
+
+def _loss_terms(plan: _Plan, count: Callable, device: torch.device, ddp: bool) -> list[float]:
+    """Every cycle's loss terms over all processes, counted before the first step, with one host read of the counts
+    (and, under DDP, one all-reduce of the cycles' totals). Refuses a count that is not a non-negative number, and
+    a cycle without loss terms (its loss could not be normalised), naming its step and epoch."""
+    chunks, pending, owner, epochs = [], [], [], []
+    for step, (epoch, _samples, indices, sizes) in enumerate(plan):
+        epochs.append(epoch)
+        for idx, size in zip(indices, sizes):
+            if size:  # a padding micro-batch has no loss terms
+                pending.append(_count_value(count(*plan.samples.fetch(idx)), device))
+                owner.append(step)
+        if len(pending) >= 4096:  # a long run's counts, stacked as they come: memory stays small
+            chunks.append(torch.stack(pending))
+            pending = []
+    chunks += [torch.stack(pending)] if pending else []
+    counts = torch.cat(chunks).tolist() if chunks else []  # the one host read of the counts
+    totals = [0.0] * len(epochs)
+    for step, value in zip(owner, counts):
+        if not 0 <= value < math.inf:
+            raise ValueError(_("count must give a finite, non-negative number of loss terms; it gave {value} for a "
+                               "micro-batch of step {step} (epoch {epoch})").format(
+                                   value=value, step=step + 1, epoch=epochs[step]))
+        totals[step] += value
+    if ddp:  # the cycles' totals over all processes
+        summed = torch.tensor(totals, dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        totals = summed.tolist()
+    for step, total in enumerate(totals):
+        if total == 0:
+            raise ValueError(_("count gives 0 loss terms for the whole of step {step} (epoch {epoch}): a sum-reduced "
+                               "loss cannot be normalised by 0; check count, or drop the samples without loss "
+                               "terms").format(step=step + 1, epoch=epochs[step]))
+    return totals
+
+
+def _count_value(value, device: torch.device) -> torch.Tensor:
+    """count(x, y) as a 0-d float64 tensor on `device` (an int, a float or a 0-d tensor), without reading it."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not (value.is_complex() or value.dtype == torch.bool):
+        return value.to(device, torch.float64)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=torch.float64, device=device)
+    raise TypeError(_("count must return the number of loss terms of a micro-batch (an int or a 0-d tensor), got "
+                      "{value!r} of type {type}").format(value=value, type=type(value).__name__))
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(_("model must be a torch.nn.Module, got {value!r} of type {type}").format(
+            value=model, type=type(model).__name__))
+
+
+def _check_optimizer_type(optimizer) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not any(id(p) in held for p in params):
-        raise ValueError("optimizer holds none of the model's parameters: build it from model.parameters()")
-    return params
+        raise TypeError(_("optimizer must be a torch.optim.Optimizer, got {value!r} of type {type}").format(
+            value=optimizer, type=type(optimizer).__name__))
 
 
-def _amp_setup(amp, device: torch.device, scaler):
+def _check_scaler_type(scaler) -> None:
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
+            value=scaler, type=type(scaler).__name__))
+
+
+def _check_optimizer(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters, once it is known to hold some of the model's trainable ones."""
+    _check_optimizer_type(optimizer)
+    model_params = list(model.parameters())
+    if not model_params:
+        raise ValueError(_("model has no parameters: there is nothing to train"))
+    trainable = {id(p) for p in model_params if p.requires_grad}
+    if not trainable:
+        raise ValueError(_("every parameter of model is frozen (requires_grad=False): there is nothing to train; "
+                           "unfreeze the ones to train with p.requires_grad_(True)"))
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if not any(id(p) in trainable for p in held):
+        raise ValueError(_("optimizer holds none of the model's trainable parameters: build it from "
+                           "model.parameters() (or the trainable ones you want to train)"))
+    return held
+
+
+def _device(device) -> torch.device:
+    """The device to train on (default: CUDA if available, else the CPU), refused unless it can hold the model."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(_("device must be a torch.device or a string such as 'cpu' or 'cuda', got {value!r} of type "
+                          "{type}").format(value=device, type=type(device).__name__))
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(_("device={value!r} is not a device: use 'cpu', 'cuda' or 'cuda:0'").format(
+            value=device)) from error
+    if device.type == "meta":
+        raise ValueError(_("device='meta' holds shapes but no values: moving the model there would wipe its "
+                           "weights; use 'cpu' or 'cuda'"))
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(_("device={value!r} is not available on this machine: use 'cpu'").format(
+            value=str(device))) from error
+    return device
+
+
+def _amp(amp, scaler, device: torch.device):
     """Return (autocast dtype or None, GradScaler or None). True means fp16 on CUDA, bf16 on CPU."""
     one_of("amp", amp, (False, True, "fp16", "bf16"))
+    _check_scaler_type(scaler)
     if amp is False:
         if scaler is not None:
-            raise ValueError("scaler was given but amp=False: pass amp='fp16' to use a GradScaler")
+            raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
         return None, None
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
         torch.float16 if device.type == "cuda" else torch.bfloat16)
@@ -151,227 +601,93 @@ def _amp_setup(amp, device: torch.device, scaler):
     return dtype, scaler
 
 
-@dataclass
-class _Run:
-    """Everything one cycle needs, fixed for the whole of `train`."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    params: list[torch.Tensor]
-    samples: _Samples
-    loss_fn: Callable
-    accum_steps: int
-    normalize: str
-    count: Callable | None
-    scheduler: object
-    clip_grad_norm: float | None
-    autocast: Callable  # a fresh context per micro-batch: torch.autocast, or a no-op without AMP
-    move: bool  # whether fetched batches must be moved to `device`
-    scaler: torch.amp.GradScaler | None
-    device: torch.device
-    on_nonfinite: str
-    ddp: bool
-    ddp_no_sync: bool
-    world: int
+def _check_scheduler(scheduler, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    """A scheduler must step `optimizer`, and a OneCycleLR must last for the `steps` optimizer steps of the run."""
+    if scheduler is None:
+        return
+    if not callable(getattr(scheduler, "step", None)) or not hasattr(scheduler, "optimizer"):
+        raise TypeError(_("scheduler must be a learning-rate scheduler (torch.optim.lr_scheduler) built on the "
+                          "optimizer, got {value!r} of type {type}").format(value=scheduler,
+                                                                            type=type(scheduler).__name__))
+    if scheduler.optimizer is not optimizer:
+        raise ValueError(_("scheduler was built on another optimizer: it would change that optimizer's learning "
+                           "rate, not this one's; build it on the optimizer you pass to train"))
+    if isinstance(scheduler, OneCycleLR) and scheduler.last_epoch + steps > scheduler.total_steps:
+        raise ValueError(_("scheduler: this OneCycleLR has {left} of its total_steps={total} left, but this run "
+                           "takes {steps} optimizer steps; build it with total_steps={steps}").format(
+                               left=scheduler.total_steps - scheduler.last_epoch, total=scheduler.total_steps,
+                               steps=steps))
 
 
-def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, micro_batch_size: int,
-          accum_steps: int, epochs: int = 1, loss_fn: Callable | None = None, normalize: str = "samples",
-          count: Callable | None = None, scheduler=None, clip_grad_norm: float | None = None, amp=False,
-          scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
-          on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
-          measure_memory: bool = True, memory_budget: int | None = None, ddp_no_sync: bool = True) -> History:
-    """Train with gradient accumulation; return one record per optimizer step.
-
-    micro_batch_size: samples per forward/backward pass (per process). accum_steps: micro-batches per optimizer
-    step. Effective batch = micro_batch_size * accum_steps * processes.
-    normalize: "samples" weights each micro-batch loss by its samples over the cycle's samples (exact, also for
-    the last incomplete cycle); "steps" is the classic loss / accum_steps; "count" divides a sum-reduced loss by
-    the cycle's total of `count(x, y)` loss terms (tokens, say).
-    seed fixes the sample order. measure_memory records each cycle's peak bytes (CUDA allocator; on the CPU the
-    live-tensor tracker, measured once per distinct micro-batch layout because those bytes depend only on shapes).
-    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes.
-    on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
-    """
-    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
-    accum_steps = positive_int("accum_steps", accum_steps)
-    epochs = positive_int("epochs", epochs)
-    one_of("normalize", normalize, ("samples", "steps", "count"))
-    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
-    if (normalize == "count") != (count is not None):
-        raise ValueError("count= (a function giving a micro-batch's number of loss terms) goes with normalize='count', and only with it")
-    if clip_grad_norm is not None:
-        clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
-    samples = _Samples(data)
-    if micro_batch_size > samples.n:
-        raise ValueError(f"micro_batch_size={micro_batch_size} is larger than the dataset ({samples.n} samples); "
-                         f"valid range: 1 to {samples.n}")
-    params = _check_optimizer(model, optimizer)
-    loss_fn = loss_fn or torch.nn.functional.cross_entropy
-    ddp = isinstance(model, DistributedDataParallel)
-    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    amp_dtype, scaler = _amp_setup(amp, device, scaler)
-    if memory_budget is not None:
-        memory_budget = positive_int("memory_budget", memory_budget)
-        x, y = samples.fetch(torch.arange(micro_batch_size))
-        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn, accum_steps=accum_steps,
-                          budget_bytes=memory_budget)
-    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
-    run = _Run(model, optimizer, params, samples, loss_fn, accum_steps, normalize, count, scheduler, clip_grad_norm,
-               autocast, samples.device != device, scaler, device, on_nonfinite, ddp, ddp_no_sync, world)
-    generator = torch.Generator().manual_seed(seed)
-    history = History()
-    seen = 0
-    peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
-    try:
-        with memory.cuda_budget(device, memory_budget):
-            for epoch in range(epochs):
-                order = torch.randperm(samples.n, generator=generator) if shuffle else torch.arange(samples.n)
-                pad_index = order[:1]
-                for cycle_samples, micro, sizes in _cycles(samples.n, micro_batch_size, accum_steps, world, rank,
-                                                           order):
-                    layout = tuple(sizes)
-                    measure = measure_memory and (device.type == "cuda" or layout not in peaks)
-                    started = time.perf_counter()
-                    with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
-                        loss, grad_norm, lr, skipped = _accumulate_and_step(run, micro, sizes, cycle_samples,
-                                                                            pad_index)
-                    if measure:
-                        peaks[layout] = peak.bytes
-                    seen += cycle_samples
-                    record = StepRecord(len(history) + 1, epoch, seen, sum(1 for size in sizes if size),
-                                        cycle_samples, loss, lr, grad_norm, time.perf_counter() - started,
-                                        peaks.get(layout) if measure_memory else None, skipped)
-                    history.records.append(record)
-                    if on_step is not None:
-                        on_step(record)
-    except StopTraining:
-        history.stopped = "StopTraining"
-    except KeyboardInterrupt:
-        history.stopped = "KeyboardInterrupt"
-    finally:
-        optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
-    return history
+def _state(name: str, value) -> dict:
+    if isinstance(value, torch.nn.Module):
+        return value.state_dict()
+    if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
+        return value
+    raise TypeError(_("{name} must be a torch.nn.Module or a state dict of tensors, got {type}").format(
+        name=name, type=type(value).__name__))
 
 
-def _accumulate_and_step(run: _Run, micro, sizes: list[int], cycle_samples: int, pad_index: torch.Tensor):
-    """One cycle: zero, forward/backward each micro-batch with its loss share, then one optimizer step.
-
-    Returns (mean loss over the cycle, gradient norm before clipping, learning rate used, skipped?).
-    """
-    run.optimizer.zero_grad(set_to_none=True)  # once, at the start of the cycle
-    total = _cycle_total(run, micro, sizes, cycle_samples)
-    loss_sum = 0.0  # unscaled, for the record
-    for i, (idx, size) in enumerate(zip(micro, sizes)):
-        x, y = run.samples.fetch(idx if size else pad_index)  # padding: one sample at weight 0
-        if run.move:
-            x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
-        share = _share(run.normalize, size, total, run.accum_steps) * run.world if size else 0.0
-        last = i == len(micro) - 1
-        sync = run.model.no_sync() if run.ddp and run.ddp_no_sync and not last else contextlib.nullcontext()
-        with sync, run.autocast():
-            loss = run.loss_fn(run.model(x), y)
-            if loss.dim() != 0:
-                raise ValueError(f"loss_fn must return a scalar, got a tensor of shape {tuple(loss.shape)}")
-            scaled = loss * share
-            (run.scaler.scale(scaled) if run.scaler else scaled).backward()
-        loss_sum += loss.item() * (1 if run.normalize == "count" else size)
-    if run.scaler:
-        run.scaler.unscale_(run.optimizer)  # once per cycle, before clipping
-    grad_norm = _grad_norm(run.params, run.clip_grad_norm)
-    mean_loss = _mean_loss(run, loss_sum, total, cycle_samples)
-    skipped = not (math.isfinite(mean_loss) and math.isfinite(grad_norm))
-    if skipped and run.on_nonfinite == "raise" and run.scaler is None:
-        raise NonFiniteError(f"non-finite loss ({mean_loss}) or gradient norm ({grad_norm}); weights left untouched")
-    lr = float(run.optimizer.param_groups[0]["lr"])
-    if run.scaler:  # the scaler itself skips the step when it finds inf/NaN gradients
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-    elif not skipped:
-        run.optimizer.step()
-    if run.scheduler is not None and not skipped:
-        run.scheduler.step()
-    return mean_loss, grad_norm, lr, skipped
-
-
-def _cycle_total(run: _Run, micro, sizes: list[int], cycle_samples: int) -> float:
-    """The denominator of the cycle: its samples, accum_steps, or its loss terms (all processes)."""
-    if run.normalize == "samples":
-        return cycle_samples
-    if run.normalize == "steps":
-        return run.accum_steps
-    terms = torch.tensor(float(sum(int(run.count(*run.samples.fetch(idx))) for idx, size in zip(micro, sizes) if size)),
-                         device=run.device)
-    if run.ddp:
-        dist.all_reduce(terms)
-    if terms.item() <= 0:
-        raise ValueError(f"count= returned {terms.item():g} loss terms for a whole cycle; it must be positive")
-    return terms.item()
-
-
-def _share(normalize: str, n_micro: int, total: float, accum_steps: int) -> float:
-    """The factor that multiplies a micro-batch's loss before backward()."""
-    if normalize == "samples":
-        return n_micro / total  # mean loss x samples / cycle samples
-    if normalize == "steps":
-        return 1 / accum_steps  # the classic recipe
-    return 1 / total  # sum-reduced loss / loss terms in the cycle
-
-
-def _mean_loss(run: _Run, loss_sum: float, total: float, cycle_samples: int) -> float:
-    """The cycle's unscaled mean loss per sample (per loss term for normalize="count"), all processes."""
-    if run.ddp:
-        summed = torch.tensor(loss_sum, dtype=torch.float64)
-        dist.all_reduce(summed)
-        loss_sum = summed.item()
-    return loss_sum / (total if run.normalize == "count" else cycle_samples)
-
-
-def _grad_norm(params: list[torch.Tensor], clip: float | None) -> float:
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    if clip is not None:
-        return float(torch.nn.utils.clip_grad_norm_(params, clip))
-    if len({(g.device, g.dtype) for g in grads}) == 1:  # one fused kernel, without get_total_norm's regrouping
-        return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
-    return float(torch.nn.utils.get_total_norm(grads))
+def _max_abs_difference(pairs) -> float:
+    """max |a - b| over pairs of same-shaped tensors (in float64, on the CPU); NaN if any difference is NaN."""
+    gaps = [(a.detach().to("cpu", torch.float64) - b.detach().to("cpu", torch.float64)).abs().max()
+            for a, b in pairs if a.numel()]
+    return torch.stack(gaps).max().item() if gaps else 0.0  # torch's max keeps a NaN (Python's max may drop it)
 
 
 def parameter_gap(model, reference) -> float:
-    """Max |difference| over every parameter and buffer of two models (or state dicts) of the same layout."""
-    a, b = (m.state_dict() if isinstance(m, torch.nn.Module) else m for m in (model, reference))
+    """Max |difference| over every parameter and buffer of two models (or state dicts) of the same layout.
+
+    NaN when a difference is NaN (a NaN weight is never hidden).
+    """
+    a, b = _state("model", model), _state("reference", reference)
     if a.keys() != b.keys():
-        raise ValueError(f"model and reference differ in layout: {sorted(a.keys() ^ b.keys())[:5]}")
-    return max(((a[k].double() - b[k].double()).abs().max().item() for k in a), default=0.0)
+        raise ValueError(_("model and reference differ in layout: {keys}").format(keys=sorted(a.keys() ^ b.keys())[:5]))
+    for key in a:
+        if a[key].shape != b[key].shape:
+            raise ValueError(_("model and reference differ in layout: {key} has shape {a} in model and {b} in "
+                               "reference").format(key=key, a=tuple(a[key].shape), b=tuple(b[key].shape)))
+    return _max_abs_difference((a[key], b[key]) for key in a)
 
 
 def gradient_gap(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor, accum_steps: int,
                  normalize: str = "samples") -> float:
-    """Max |accumulated gradient - full-batch gradient| over all parameters, for `accum_steps` chunks of (x, y).
+    """Max |accumulated gradient - full-batch gradient| over all parameters, for (x, y) split into `accum_steps`
+    micro-batches.
 
-    Chunks have ceil(len(x) / accum_steps) samples (the last may be smaller). loss_fn must return the mean
-    loss over its batch. normalize: "samples" (each chunk's share of the samples), "steps" (1 / accum_steps)
-    or "none" (no division: the accumulated gradient is accum_steps times too large). The model's parameters, buffers (BatchNorm statistics), `.grad` and the RNG are left
-    as they were.
+    The micro-batches are as equal as possible (torch.tensor_split: sizes differ by at most one). loss_fn must
+    return the mean loss over its batch. normalize: "samples" (each micro-batch's share of the samples), "steps"
+    (1 / accum_steps) or "none" (no division: the accumulated gradient is accum_steps times too large). The model's
+    parameters, buffers (BatchNorm statistics), `.grad` and the RNG are left as they were, also on an error.
     """
+    _check_model(model)
+    loss_fn = function("loss_fn", loss_fn)
+    for name, tensor in (("x", x), ("y", y)):
+        _refuse_dict(tensor, name)
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            raise TypeError(_("{name} must be a tensor with one row per sample, got {value!r}").format(
+                name=name, value=tensor))
+    if len(x) != len(y):
+        raise ValueError(_("x has {x} samples but y has {y}; they must have the same length").format(x=len(x),
+                                                                                                     y=len(y)))
     accum_steps = positive_int("accum_steps", accum_steps)
     one_of("normalize", normalize, ("samples", "steps", "none"))
     if accum_steps > len(x):
-        raise ValueError(f"accum_steps={accum_steps} is larger than the batch ({len(x)} samples); valid range: 1 to {len(x)}")
+        raise ValueError(_("accum_steps={value} is larger than the batch ({n} samples); valid range: 1 to {n}").format(
+            value=accum_steps, n=len(x)))
     params = [p for p in model.parameters() if p.requires_grad]
-    buffers = {name: b.clone() for name, b in model.named_buffers()}
-    with torch.random.fork_rng(devices=[]):
-        full = torch.autograd.grad(loss_fn(model(x), y), params)
+    if not params:
+        raise ValueError(_("model has no trainable parameters (requires_grad=True): there is no gradient to compare"))
+
+    def gradient(xs, ys, share):
+        loss = _scalar_loss(loss_fn(model(xs), ys)) * share
+        return torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
+
+    with _BuffersKept(model) as buffers, torch.random.fork_rng(devices=[]):
+        full = gradient(x, y, 1.0)
         accumulated = [torch.zeros_like(p) for p in params]
-        size = math.ceil(len(x) / accum_steps)
-        for xs, ys in zip(torch.split(x, size), torch.split(y, size)):
+        for xs, ys in zip(torch.tensor_split(x, accum_steps), torch.tensor_split(y, accum_steps)):
             share = {"samples": len(xs) / len(x), "steps": 1 / accum_steps, "none": 1.0}[normalize]
-            for acc, g in zip(accumulated, torch.autograd.grad(loss_fn(model(xs), ys) * share, params)):
-                acc += g
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
-    return max((a - f).abs().max().item() for a, f in zip(accumulated, full))
+            torch._foreach_add_(accumulated, gradient(xs, ys, share))
+        buffers.restore()
+    return _max_abs_difference(zip(accumulated, full))

@@ -1,15 +1,24 @@
 """What accumulation costs, and what accumlib adds on top: one run, ratios measured side by side.
 
-    .venv/bin/python benchmarks/run.py            # prints a table, writes benchmarks/results.json
-    .venv/bin/python benchmarks/run.py --quick    # fewer repeats, no nbval suite
+    .venv/bin/python benchmarks/run.py            # prints the tables, writes benchmarks/results.json
+    .venv/bin/python benchmarks/run.py --quick    # 2 epochs of adjacent steps, 5 rounds, no nbval suite
+    .venv/bin/python benchmarks/run.py --quick --epochs 10 --rounds 31   # the full measurements, no nbval suite
 
-Every time is the median over repeats after a warm-up, and configurations are interleaved, in alternating order
-(ABBA...), so that drift of the machine and position in the round hit them alike. Ratios, not absolute times, are the result.
+accumlib's overhead is measured step by step: train's on_step runs a hand-written step (and a second one, and an
+Accelerate step) on twin models right after each of its own optimizer steps, in alternating order, so every pair
+of adjacent steps sees the machine alike; the table gives the median ratio and its interquartile range. (Whole
+epochs in paired rounds, tried first, drift too much on a shared 2-core machine: a loop against itself moved by
++-5%.) The fixed cost with a trivial model still compares whole epochs, in ABBA order. On the CPU a time is the CPU
+time of this process (time.process_time) at one thread: other programs on the machine inflate it less than wall
+time. On CUDA it is wall time after a synchronize.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import math
 import platform
 import statistics
 import subprocess
@@ -18,36 +27,49 @@ import time
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import accumlib
-from accumlib import data, memory, models, widgets
+from accumlib import data, distributed, loop, memory, models, widgets
 
 ROOT = Path(__file__).resolve().parents[1]
+ACCUM_STEPS = (1, 2, 4, 8, 16)
+EFFECTIVE_BATCH = 64
 
 
-def hand_written(model, X, y, optimizer, m, k, generator):
-    """The six-line recipe: the baseline accumlib is measured against."""
-    optimizer.zero_grad()
-    for step, idx in enumerate(torch.randperm(len(X), generator=generator).split(m)):
-        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx]) / k
+def hand_written_step(model, optimizer, X, y, idx, m, k):
+    """One optimizer step of the six-line recipe: k micro-batches of m samples of X[idx], loss / k, one step."""
+    for part in idx.split(m):
+        loss = torch.nn.functional.cross_entropy(model(X[part]), y[part]) / k
         loss.backward()
-        if (step + 1) % k == 0:
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def accelerate_step(accelerator, model, optimizer, X, y, idx, m):
+    """One optimizer step with Hugging Face Accelerate's accumulate() on the same micro-batches."""
+    for part in idx.split(m):
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.cross_entropy(model(X[part]), y[part])
+            accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
 
 
+def hand_written(model, X, y, optimizer, m, k, generator):
+    """The six-line recipe over one epoch: the baseline accumlib is measured against."""
+    for idx in torch.randperm(len(X), generator=generator).split(m * k):
+        hand_written_step(model, optimizer, X, y, idx, m, k)
+
+
 def with_accelerate(model, X, y, optimizer, m, k, generator):
-    """Hugging Face Accelerate's accumulate() on the same micro-batches."""
+    """Accelerate's accumulate() over one epoch."""
     from accelerate import Accelerator
 
     accelerator = Accelerator(gradient_accumulation_steps=k, cpu=X.device.type == "cpu")
     model, optimizer = accelerator.prepare(model, optimizer)
-    for idx in torch.randperm(len(X), generator=generator).split(m):
-        with accelerator.accumulate(model):
-            loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+    for idx in torch.randperm(len(X), generator=generator).split(m * k):
+        accelerate_step(accelerator, model, optimizer, X, y, idx, m)
 
 
 def with_accumlib(measure_memory):
@@ -57,48 +79,33 @@ def with_accumlib(measure_memory):
     return run
 
 
-def step_seconds(loops: dict, build, X, y, m: int, k: int, repeats: int) -> dict[str, list[float]]:
+def clock(device: torch.device) -> float:
+    """Seconds: this process's CPU time on the CPU; wall time, once the device has finished, on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return time.process_time()
+
+
+def step_seconds(loops: dict, build, X, y, m: int, k: int, rounds: int) -> dict[str, list[float]]:
     """Each loop's seconds per optimizer step, one epoch of (X, y) per round on a fresh build(), rounds interleaved
-    in alternating order (ABBA: no loop always runs first); the first round is a warm-up.
+    in alternating order (ABBA: no loop always runs first); a first round warms up and is not counted.
 
     len(X) must be a multiple of m * k, so every loop does the same work (the six-line recipe skips a last,
     incomplete cycle).
     """
     steps = len(X) // (m * k)
     times = {name: [] for name in loops}
-    for repeat in range(repeats + 1):
+    for repeat in range(rounds + 1):
         order = list(loops.items())
         for name, loop in (order if repeat % 2 else order[::-1]):
             model = build().to(X.device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-            synchronize(X.device)
-            started = time.perf_counter()
+            started = clock(X.device)
             loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
-            synchronize(X.device)
             if repeat:
-                times[name].append((time.perf_counter() - started) / steps)
+                times[name].append((clock(X.device) - started) / steps)
     return times
-
-
-def paired_ratios(loops: dict, m: int, k: int, repeats: int, device: torch.device) -> dict[str, list[float]]:
-    """Per round, each loop's time per step over the first loop's in the same round (CNN on 1,792 digits)."""
-    X, y = (t.to(device) for t in data.digits(1792))
-    times = step_seconds(loops, lambda: models.cnn(seed=0), X, y, m, k, repeats)
-    first = next(iter(times.values()))
-    return {name: [a / b for a, b in zip(t, first)] for name, t in times.items()}
-
-
-def fixed_cost_microseconds(loops: dict, repeats: int, device: torch.device) -> dict[str, float]:
-    """Median microseconds per step (8 x 4) with a trivial Linear(4, 2): what is left is the loops' bookkeeping."""
-    X = torch.randn(1792, 4, generator=torch.Generator().manual_seed(0)).to(device)
-    y = (X[:, 0] > 0).long()
-    times = step_seconds(loops, lambda: torch.nn.Linear(4, 2), X, y, 8, 4, repeats)
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -106,11 +113,168 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
+def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool) -> dict[str, list[float]]:
+    """Per optimizer step of accumlib.train (after the first), its time over that of a hand-written step taken right
+    after it; likewise a second hand-written step (the machine's noise: an A/A comparison) and an Accelerate step.
+
+    train's on_step runs the other loops' steps on twin models (the same CNN, the same micro-batch sizes), in an
+    order that alternates from step to step, so each pair of steps sees the machine alike. accumlib's step is the
+    time from the end of one on_step to the start of the next: the whole driver, fetching included.
+    """
+    X, y = (t.to(device) for t in data.digits(1792))
+    m = EFFECTIVE_BATCH // k
+    batches = torch.randperm(len(X), generator=torch.Generator().manual_seed(1)).split(EFFECTIVE_BATCH)
+    twins = {}
+    for name in ("hand-written", "hand-written again"):
+        model = models.cnn(seed=0).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        twins[name] = functools.partial(hand_written_step, model, optimizer, X, y, m=m, k=k)
+    if accelerate:
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=k, cpu=device.type == "cpu")
+        model = models.cnn(seed=0).to(device)
+        model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+        twins["accelerate"] = functools.partial(accelerate_step, accelerator, model, optimizer, X, y, m=m)
+    times = {name: [] for name in ["accumlib", *twins]}
+    last = []
+
+    def on_step(record):
+        now = clock(device)
+        taken = {"accumlib": now - last[-1]} if last else {}
+        names = list(twins) if record.step % 2 else list(twins)[::-1]
+        for name in names:
+            started = clock(device)
+            twins[name](batches[record.step % len(batches)])
+            taken[name] = clock(device) - started
+        if last:
+            for name, seconds in taken.items():
+                times[name].append(seconds)
+        last.append(clock(device))
+
+    model = models.cnn(seed=0).to(device)
+    accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m, accum_steps=k,
+                   epochs=epochs, on_step=on_step, device=device)
+    base = times.pop("hand-written")
+    return {name: [a / b for a, b in zip(t, base)] for name, t in times.items()} | {"hand-written seconds": base}
+
+
+def traced_cycle_cost(device: torch.device, k: int = 4) -> tuple[int, float]:
+    """measure_memory=True on one epoch at (64 / k, k): how many cycles were traced, and a traced cycle's wall time
+    over the median cycle's."""
+    X, y = (t.to(device) for t in data.digits(1792))
+    model = models.cnn(seed=0).to(device)
+    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05),
+                             micro_batch_size=EFFECTIVE_BATCH // k, accum_steps=k, measure_memory=True, device=device)
+    seconds = [r.seconds for r in history]
+    traced = 1 if device.type == "cpu" else len(seconds)  # one layout here: every cycle has k full micro-batches
+    return traced, seconds[0] / statistics.median(seconds)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts reads of a tensor's value on the host: each one waits for the device on a GPU."""
+
+    NAMES = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in self.NAMES
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads(loops: dict, device: torch.device) -> dict[int, dict]:
+    """Per accum_steps: each loop's host reads per optimizer step over one epoch, and accumlib's reads between
+    the micro-batches of a cycle (per micro-batch), counted with a TorchFunctionMode."""
+    X, y = (t.to(device) for t in data.digits(1792))
+    table = {}
+    for k in ACCUM_STEPS:
+        m, steps = EFFECTIVE_BATCH // k, len(X) // EFFECTIVE_BATCH
+        row = {}
+        for name, loop in loops.items():
+            model = models.cnn(seed=0).to(device)
+            with HostReads() as reads:
+                loop(model, X, y, torch.optim.SGD(model.parameters(), lr=0.05), m, k, torch.Generator())
+            row[name] = reads.count / steps
+        at_micro_batch = []
+
+        def counting_loss(output, target):
+            at_micro_batch.append(reads.count)
+            return torch.nn.functional.cross_entropy(output, target)
+
+        model = models.cnn(seed=0).to(device)
+        with HostReads() as reads:
+            accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m,
+                           accum_steps=k, loss_fn=counting_loss, device=device)
+        inside = sum(b - a for i, (a, b) in enumerate(zip(at_micro_batch, at_micro_batch[1:])) if (i + 1) % k)
+        row["accumlib, between micro-batches"] = inside / len(at_micro_batch)
+        table[k] = row
+    return table
+
+
+def fixed_cost_microseconds(loops: dict, rounds: int, device: torch.device) -> dict[str, float]:
+    """Median microseconds per step (8 x 4) with a trivial Linear(4, 2): what is left is the loops' bookkeeping."""
+    X = torch.randn(1792, 4, generator=torch.Generator().manual_seed(0)).to(device)
+    y = (X[:, 0] > 0).long()
+    times = step_seconds(loops, lambda: torch.nn.Linear(4, 2), X, y, 8, 4, rounds)
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
+def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> dict[str, float]:
+    """What accumlib's cycle does per optimizer step that the hand-written loop does not, each piece timed alone
+    right after a forward and backward pass of the CNN at micro-batch 64 (as in a real step: caches hold the
+    convolutions, not this code), in microseconds: the median over `repeats`, less that of timing nothing."""
+    X, y = (t.to(device) for t in data.digits(64))
+    model = models.cnn(seed=0).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    params = list(model.parameters())
+    samples = loop._Samples((X, y))
+
+    def read_once(loss, norms):
+        values = torch.stack([loss.detach(), *norms]).tolist()
+        return math.fsum(values[:1]), math.hypot(*values[1:])
+
+    pieces = {
+        "nothing": lambda loss, norms: None,
+        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: loop._grad_norms(params, device),
+        "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
+        "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
+        "loss check, detach, contexts (per micro-batch)": lambda loss, norms: (
+            contextlib.nullcontext().__enter__(), loop._scalar_loss(loss).detach()),
+        "weights, micro-batch view, step record (Python)": lambda loss, norms: (
+            loop._loss_weights("samples", [64], 64, 1, 1, None), loop._MicroBatches(samples, [X], device),
+            accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None)),
+    }
+    times = {name: [] for name in pieces}
+    for repeat in range(repeats):
+        for name, piece in (list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(X), y)
+            loss.backward()
+            norms = loop._grad_norms(params, device) if piece is read_once else None  # the read needs them
+            started = clock(device)
+            piece(loss, norms)
+            times[name].append(clock(device) - started)
+    nothing = statistics.median(times.pop("nothing"))
+    return {name: (statistics.median(t) - nothing) * 1e6 for name, t in times.items()}
+
+
+def ddp_job_seconds() -> float:
+    """Wall seconds of lesson 9's DDP job: compare_no_sync with 2 processes, 100 digits, 4 x 3 x 2, 2 epochs."""
+    X, y = data.digits(100, flat=True, dtype=torch.float64)
+    started = time.perf_counter()
+    distributed.compare_no_sync(functools.partial(models.mlp, dtype=torch.float64), (X, y), micro_batch_size=4,
+                                accum_steps=3, epochs=2)
+    return time.perf_counter() - started
+
+
 def accumulation_cost(repeats: int, device: torch.device) -> list[dict]:
     X, y = data.digits()
     rows = []
-    for k in (1, 2, 4, 8, 16):
-        m = 64 // k
+    for k in ACCUM_STEPS:
+        m = EFFECTIVE_BATCH // k
         timing = accumlib.time_config(models.cnn(), (X, y), micro_batch_size=m, accum_steps=k, warmup=3,
                                       repeats=repeats, device=device)
         peak = memory.measure_step(models.cnn(), X[:m], y[:m], accum_steps=k, device=device)
@@ -168,62 +332,95 @@ def nbval_suite_seconds() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and no nbval suite")
+    parser.add_argument("--quick", action="store_true", help="5 rounds (unless --rounds), no nbval suite")
+    parser.add_argument("--rounds", type=int, help="paired rounds of the fixed cost (default 31, --quick 5)")
+    parser.add_argument("--epochs", type=int, help="epochs of adjacent steps per accum_steps (default 10, --quick 2)")
     args = parser.parse_args()
-    repeats = 5 if args.quick else 31
+    rounds = args.rounds or (5 if args.quick else 31)
+    epochs = args.epochs or (2 if args.quick else 10)
+    torch.set_num_threads(1)  # one thread: CPU time is the loop's work, with no idle-spinning second thread in it
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    machine = (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+    machine = (f"{platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}, "
                f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
     print(f"machine: {machine}\n")
     results = {"machine": machine}
     for device in devices:
-        results[device.type] = measure(device, repeats, quick=args.quick)
+        results[device.type] = measure(device, rounds, epochs, quick=args.quick)
     (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\nwritten: benchmarks/results.json")
 
 
-def measure(device: torch.device, repeats: int, quick: bool) -> dict:
-    """Sections 1-3 on `device`; section 4 (the lessons, CPU) with the CPU."""
+def measure(device: torch.device, rounds: int, epochs: int, quick: bool) -> dict:
+    """Sections 1-4 on `device`; section 5 (the lessons, the DDP job: CPU) with the CPU."""
     print(f"== {device.type} ==")
-
-    loops = {"hand-written": hand_written, "accumlib": with_accumlib(False),
-             "accumlib (memory measured)": with_accumlib(True)}
+    loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
     try:
-        import accelerate  # noqa: F401  (benchmark-only extra: pip install accelerate)
+        import accelerate  # noqa: F401  (benchmark-only extra: pip install -e '.[bench]')
         loops["accelerate"] = with_accelerate
     except ImportError:
-        print("accelerate is not installed (pip install -e '.[bench]'): its row is skipped\n")
-    ratios = paired_ratios(loops, m=8, k=4, repeats=repeats, device=device)
-    overhead = {name: quartiles(r) for name, r in ratios.items()}
-    print("1-2. time per effective batch, CNN on digits, micro-batch 8 x accum_steps 4, ratio to the hand-written")
-    print(f"     loop in the same round: median (interquartile range) of {repeats} rounds")
-    for name, (q1, median, q3) in overhead.items():
-        print(f"   {name:<28} {median:5.2f}x ({q1:.2f}-{q3:.2f})")
+        print("accelerate is not installed (pip install -e '.[bench]'): its column is skipped\n")
+    pairs = {k: adjacent_steps(device, k, epochs, accelerate="accelerate" in loops)
+             for k in ACCUM_STEPS}
+    compared = [name for name in pairs[1] if name != "hand-written seconds"]
+    count = len(pairs[1]["accumlib"])
+    print("1. time of an optimizer step over the hand-written step taken right after it, CNN on 1,792 digits,")
+    print(f"   effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent steps.")
+    print("   'hand-written again' is a second hand-written step: how far this machine's noise alone moves a ratio")
+    print(f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13}" + "".join(f" {n:>22}" for n in compared))
+    table = {}
+    for k, row in pairs.items():
+        table[k] = {"hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
+                    **{name: quartiles(row[name]) for name in compared}}
+        print(f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms  "
+              + "".join(f"  {table[k][n][1]:5.3f}x ({table[k][n][0]:.3f}-{table[k][n][2]:.3f})" for n in compared))
+    traced, slower = traced_cycle_cost(device)
+    print(f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
+          f"{slower:.1f}x a normal cycle's time")
 
-    fixed = fixed_cost_microseconds({name: loops[name] for name in ("hand-written", "accumlib")}, repeats, device)
-    print(f"   fixed cost per optimizer step with a trivial model (4 micro-batches): hand-written "
+    reads = host_reads({name: loops[name] for name in ("hand-written", "accumlib", "accelerate") if name in loops},
+                       device)
+    columns = list(next(iter(reads.values())))
+    print("\n2. host reads (item, tolist, float, bool, int, index) per optimizer step; the last column: accumlib's")
+    print("   between the micro-batches of a cycle, per micro-batch")
+    print(f"   {'accum_steps':>11}" + "".join(f" {c:>{max(len(c), 12)}}" for c in columns))
+    for k, row in reads.items():
+        print(f"   {k:>11}" + "".join(f" {row[c]:>{max(len(c), 12)}.2f}" for c in columns))
+
+    fixed = fixed_cost_microseconds({name: loops[name] for name in ("hand-written", "accumlib")}, rounds, device)
+    print(f"\n3. fixed cost per optimizer step with a trivial Linear(4, 2) (8 x 4): hand-written "
           f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
           f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)")
+    extras = accumlib_extras_microseconds(device)
+    print(f"   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
+    print(f"   (CNN, micro-batch 64): {sum(extras.values()):.0f} us in all")
+    for name, microseconds in extras.items():
+        print(f"   {microseconds:>8.1f} us  {name}")
 
-    cost = accumulation_cost(repeats, device)
-    print("\n3. cost of accumulation at a fixed effective batch of 64 (ratios to accum_steps = 1)")
+    cost = accumulation_cost(rounds, device)
+    print(f"\n4. cost of accumulation at a fixed effective batch of {EFFECTIVE_BATCH} (ratios to accum_steps = 1)")
     print(f"   {'accum_steps':>11} {'micro':>5} {'time':>6} {'peak':>6} {'activations':>12} {'params+grads':>13}")
     for r in cost:
         print(f"   {r['accum_steps']:>11} {r['micro_batch_size']:>5} {r['time_ratio']:5.2f}x {r['peak_ratio']:5.2f}x "
               f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}")
 
-    result = {"overhead_ratio": {k: dict(zip(("q1", "median", "q3"), v)) for k, v in overhead.items()},
-              "fixed_cost_microseconds": fixed, "accumulation_cost": cost}
+    result = {"overhead_ratio": {k: {name: dict(zip(("q1", "median", "q3"), row[name])) for name in compared}
+                                 | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]}
+                                 for k, row in table.items()},
+              "memory_measured": {"traced_cycles_per_epoch": traced, "traced_cycle_over_median": slower},
+              "host_reads": reads, "fixed_cost_microseconds": fixed,
+              "accumlib_extra_microseconds_per_step": extras, "accumulation_cost": cost}
     if device.type != "cpu":
         return result
+    ddp = ddp_job_seconds()
+    print(f"\n5. lesson 9's DDP job (compare_no_sync: 2 processes, both no_sync settings): {ddp:.1f} s")
     response = responsiveness(3 if quick else 7)
-    print("\n4. slider change to redrawn figure (median seconds)")
+    print("   slider change to redrawn figure (median seconds)")
     for name, seconds in response.items():
         print(f"   {name:<20} {seconds:.2f} s")
     suite = None if quick else nbval_suite_seconds()
     if suite is not None:
         print(f"   whole nbval notebook suite: {suite:.0f} s")
-    return {**result, "slider_seconds": response, "nbval_suite_seconds": suite}
+    return {**result, "ddp_job_seconds": ddp, "slider_seconds": response, "nbval_suite_seconds": suite}
 
 
 if __name__ == "__main__":

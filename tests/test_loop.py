@@ -1,4 +1,5 @@
-"""accumlib.train and gradient_gap: exact equivalence, once-per-step work, NaN, interruption, bad input."""
+"""accumlib.train, accumulate_and_step, gradient_gap and parameter_gap: exact equivalence, once-per-step work,
+NaN, interruption, and the valid set-ups that used to give silently wrong results. Bad input: test_hostile_train.py."""
 import math
 
 import pytest
@@ -239,14 +240,16 @@ def test_dataset_input_matches_tensor_tuple():
     assert max_param_diff(a, model) == 0
 
 
-def test_history_columns_for_plotting():
+def test_history_columns_for_plotting_and_memory_only_when_asked():
     _, history = run(4, 3, 50, epochs=1)
     columns = history.columns()
     assert columns["step"] == [1, 2, 3, 4, 5]
     assert columns["samples_seen"] == [12, 24, 36, 48, 50]
-    assert all(isinstance(b, int) and b > 0 for b in columns["peak_memory_bytes"])
-    assert columns["samples_per_second"] == [r.samples / r.seconds for r in history]
+    assert columns["peak_memory_bytes"] == [None] * 5  # measure_memory is off by default
     assert all(s > 0 for s in columns["seconds"])
+    _, measured = run(4, 3, 50, epochs=1, measure_memory=True)
+    peaks = [r.peak_memory_bytes for r in measured]
+    assert peaks[0] == peaks[1] == peaks[2] == peaks[3] > peaks[4] > 0  # full cycles alike; the last is smaller
 
 
 def test_token_count_normalisation_equals_the_full_batch():
@@ -274,39 +277,167 @@ def test_token_count_normalisation_equals_the_full_batch():
     assert max_param_diff(fit_mean_of_means(20, 1), full) <= 1e-10
 
 
-@pytest.mark.parametrize("name", ["micro_batch_size", "accum_steps"])
-@pytest.mark.parametrize("bad,error", [(True, TypeError), (2.0, TypeError), ("4", TypeError), (0, ValueError),
-                                       (-3, ValueError)])
-def test_bad_counts_name_parameter_value_and_range(name, bad, error):
+def test_the_cycle_function_takes_exactly_one_full_batch_step():
+    """accumulate_and_step over 4 micro-batches weighted 1/4 = one hand-written step on the whole batch."""
+    x, y = X64[:64], Y64[:64]
+    full = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(full.parameters(), lr=0.5)
+    loss = torch.nn.functional.cross_entropy(full(x), y)
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in full.parameters()])).item()
+    optimizer.step()
     model = models.mlp(dtype=torch.float64)
-    before = [p.detach().clone() for p in model.parameters()]
-    kwargs = {"micro_batch_size": 4, "accum_steps": 2, name: bad}
-    with pytest.raises(error) as info:
-        accumlib.train(model, (X64[:20], Y64[:20]), torch.optim.SGD(model.parameters(), lr=0.5), **kwargs)
-    message = str(info.value)
-    assert name in message and repr(bad) in message and "positive integer" in message
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                                          list(zip(x.split(16), y.split(16))), [0.25] * 4)
+    assert max_param_diff(model, full) <= 1e-14
+    assert result.loss == pytest.approx(loss.item(), abs=1e-14) and result.grad_norm == pytest.approx(norm, rel=1e-12)
+    assert (result.lr, result.skipped) == (0.5, False)
+    with pytest.raises(ValueError, match="loss_weights has 3 values but micro_batches has 4"):
+        accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                                     list(zip(x.split(16), y.split(16))), [1 / 3] * 3)
 
 
-def test_bad_data_optimizer_and_loss():
+def test_steps_normalisation_records_the_loss_it_differentiates():
+    """On a short last cycle the classic loss / accum_steps is too small: the record shows the same loss."""
+    _, by_samples = run(4, 3, 50, epochs=1, lr=0.0)  # lr 0: both runs see the same weights
+    _, by_steps = run(4, 3, 50, epochs=1, lr=0.0, normalize="steps")
+    assert [r.loss for r in by_steps[:4]] == pytest.approx([r.loss for r in by_samples[:4]], abs=1e-12)
+    assert by_steps[4].loss == pytest.approx(by_samples[4].loss / 3, abs=1e-12)  # one micro-batch of 2, over 3
+
+
+def head_and_body(body_trainable):
     model = models.mlp(dtype=torch.float64)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(ValueError, match="empty"):
-        accumlib.train(model, (X64[:0], Y64[:0]), opt, micro_batch_size=1, accum_steps=1)
-    with pytest.raises(ValueError, match="micro_batch_size=32 is larger than the dataset \\(20 samples\\); valid range: 1 to 20"):
-        accumlib.train(model, (X64[:20], Y64[:20]), opt, micro_batch_size=32, accum_steps=1)
-    with pytest.raises(ValueError, match="X has 20 samples but y has 19"):
-        accumlib.train(model, (X64[:20], Y64[:19]), opt, micro_batch_size=4, accum_steps=1)
-    other = torch.optim.SGD(models.mlp(dtype=torch.float64).parameters(), lr=0.5)
-    with pytest.raises(ValueError, match="optimizer holds none of the model's parameters"):
-        accumlib.train(model, (X64[:20], Y64[:20]), other, micro_batch_size=4, accum_steps=1)
-    per_sample = lambda o, t: torch.nn.functional.cross_entropy(o, t, reduction="none")
-    with pytest.raises(ValueError, match="loss_fn must return a scalar, got a tensor of shape \\(4,\\)"):
-        accumlib.train(model, (X64[:20], Y64[:20]), opt, micro_batch_size=4, accum_steps=2, loss_fn=per_sample)
-    with pytest.raises(TypeError, match="data must be"):
-        accumlib.train(model, [X64[:20]], opt, micro_batch_size=4, accum_steps=1)
-    with pytest.raises(ValueError, match="normalize must be one of"):
-        accumlib.train(model, (X64[:20], Y64[:20]), opt, micro_batch_size=4, accum_steps=1, normalize="tokens")
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    model[0].requires_grad_(body_trainable)
+    return model, torch.optim.SGD(model[2].parameters(), lr=0.5)
+
+
+def test_an_optimizer_over_the_head_trains_exactly_like_a_frozen_body():
+    """Norm and clipping cover the optimizer's parameters; the body's own gradients are left as PyTorch leaves them."""
+    histories = {}
+    for body_trainable in (True, False):
+        model, optimizer = head_and_body(body_trainable)
+        histories[body_trainable] = accumlib.train(model, (X64[:120], Y64[:120]), optimizer, micro_batch_size=4,
+                                                   accum_steps=3, epochs=2, clip_grad_norm=0.05)
+        histories[body_trainable, "model"] = model
+    assert max_param_diff(histories[True, "model"], histories[False, "model"]) == 0
+    assert [r.grad_norm for r in histories[True]] == [r.grad_norm for r in histories[False]]
+    body = histories[True, "model"][0]
+    assert body.weight.grad is not None  # never zeroed by this optimizer: PyTorch adds up every step's gradient
+    assert torch.equal(body.weight, models.mlp(dtype=torch.float64)[0].weight)  # and never stepped
+
+
+def test_a_skipped_step_leaves_batchnorm_statistics_exactly_as_they_were():
+    X, y = data.digits(48)
+    X = X.clone()
+    X[13] = float("nan")  # in the second cycle (micro-batch 4, accum_steps 2, in order)
+    model = models.cnn(norm="batch")
+    states = []
+    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
+                             accum_steps=2, shuffle=False,
+                             on_step=lambda r: states.append({k: v.clone() for k, v in model.state_dict().items()}))
+    assert [r.skipped for r in history] == [False, True, False, False, False, False]
+    assert accumlib.parameter_gap(states[1], states[0]) == 0  # weights and running statistics, all untouched
+    assert torch.isfinite(model.eval()(data.digits(8)[0])).all()
+
+
+def test_raise_with_a_grad_scaler_raises_on_a_nonfinite_loss():
+    X, y = X64[:60].float(), Y64[:60].clone()
+    y[30] = 99
+    model = models.mlp()
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite loss") as info:
+        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
+                       accum_steps=3, shuffle=False, loss_fn=nan_on_label_99, on_nonfinite="raise", amp="fp16",
+                       device="cpu")
+    assert [r.skipped for r in info.value.history] == [False, False]  # the records so far travel with the error
+
+
+def test_a_grad_scaler_overflow_is_skipped_and_not_raised():
+    """With a scaler, inf gradients are its routine: the step is skipped and the scale lowered, even with "raise"."""
+    X, y = data.digits(192, flat=True)
+    model = models.mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 30)
+    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8,
+                             accum_steps=2, amp="fp16", scaler=scaler, on_nonfinite="raise", device="cpu")
+    skipped = [r.skipped for r in history]
+    assert skipped[0] and not skipped[-1] and skipped == sorted(skipped, reverse=True)
+    assert scaler.get_scale() == 2.0 ** 30 * 0.5 ** sum(skipped)
+
+
+class RecordingPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    def step(self, metrics, epoch=None):
+        self.metrics = [*getattr(self, "metrics", []), metrics]
+        return super().step(metrics, epoch)
+
+
+def test_reduce_lr_on_plateau_gets_each_optimizer_steps_loss():
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = RecordingPlateau(optimizer, patience=0, factor=0.5, threshold=10.0)  # no step counts as better
+    history = accumlib.train(model, (X64[:96], Y64[:96]), optimizer, micro_batch_size=4, accum_steps=3,
+                             scheduler=scheduler)
+    assert scheduler.metrics == [r.loss for r in history]
+    assert [r.lr for r in history] == [0.5 * 0.5 ** i for i in range(8)]
+
+
+def test_one_cycle_lr_with_exactly_the_runs_steps_runs_to_the_end():
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=10)
+    history = accumlib.train(model, (X64[:100], Y64[:100]), optimizer, micro_batch_size=4, accum_steps=5, epochs=2,
+                             scheduler=scheduler)
+    lrs = [r.lr for r in history]
+    assert len(lrs) == 10 and max(lrs) == 0.5 and lrs[-1] == min(lrs)  # warmed up to max_lr, annealed to the end
+
+
+def failing_at_step(step, where):
+    """A loss function or on_step callback that raises on optimizer step `step`, after the steps before it."""
+    calls = []
+
+    def loss_fn(output, target):
+        calls.append(1)
+        if len(calls) == 3 * (step - 1) + 2:  # the second micro-batch of that step
+            raise RuntimeError("user code failed")
+        return torch.nn.functional.cross_entropy(output, target)
+
+    def on_step(record):
+        if record.step == step:
+            raise RuntimeError("user code failed")
+    return {"loss_fn": loss_fn, "on_step": on_step}[where]
+
+
+@pytest.mark.parametrize("where,recorded", [("loss_fn", 2), ("on_step", 3)])
+def test_an_exception_from_user_code_carries_the_records_so_far(where, recorded):
+    model = models.mlp(dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="user code failed") as info:
+        accumlib.train(model, (X64[:96], Y64[:96]), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
+                       accum_steps=3, **{where: failing_at_step(3, where)})
+    assert [r.step for r in info.value.history] == list(range(1, recorded + 1))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_gradient_gap_runs_exactly_accum_steps_micro_batches():
+    """9 samples in 4 micro-batches (3, 2, 2, 2), not ceil(9 / 4) = 3 per micro-batch, which gives only 3."""
+    calls = []
+
+    def counting_loss(output, target):
+        calls.append(len(target))
+        return torch.nn.functional.cross_entropy(output, target)
+
+    model = models.mlp(dtype=torch.float64)
+    assert accumlib.gradient_gap(model, counting_loss, X64[:9], Y64[:9], 4) < 1e-15
+    assert calls == [9, 3, 2, 2, 2]
+
+
+def test_parameter_gap_never_hides_a_nan():
+    model, reference = models.mlp(), models.mlp()
+    with torch.no_grad():
+        model[2].bias[0] = float("nan")  # the last tensor compared: Python's max() kept the earlier value
+    assert math.isnan(accumlib.parameter_gap(model, reference))
+
+
+def test_an_optimizer_whose_parameters_get_no_gradient_steps_nothing_and_records_a_zero_norm():
+    model = models.mlp(dtype=torch.float64)
+    unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD([unused], lr=0.5), [(X64[:8], Y64[:8])], [1.0])
+    assert (result.grad_norm, result.skipped) == (0.0, False)
+    assert torch.equal(unused, torch.ones(3, dtype=torch.float64))

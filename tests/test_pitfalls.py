@@ -1,11 +1,9 @@
 """Issue 7: each bug real training code shipped is measurably wrong; accumlib's loop is right."""
-import functools
-
 import pytest
 import torch
 
 import accumlib
-from accumlib import data, distributed, models, pitfalls
+from accumlib import data, models, pitfalls
 
 X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 8 cycles of 12 + 4 left over
 
@@ -268,17 +266,3 @@ def test_logging_the_scaled_loss_shrinks_it_by_accum_steps():
                                                           accum_steps=k)])
     assert histories[0] == pytest.approx(histories[1], abs=1e-12)  # accumlib logs the true loss, whatever k
 
-
-def test_ddp_all_reduces_once_per_step_with_no_sync_and_matches_one_process():
-    builder = functools.partial(models.mlp, dtype=torch.float64)
-    with_no_sync = distributed.run_ddp(builder, (X, Y), micro_batch_size=4, accum_steps=3, epochs=2)
-    without = distributed.run_ddp(builder, (X, Y), micro_batch_size=4, accum_steps=3, epochs=2, no_sync=False)
-    assert with_no_sync.steps == without.steps == 10  # 100 samples / (4 x 3 x 2) per step: 4 full + 1 short, x2
-    assert with_no_sync.allreduce_per_step == 1
-    assert without.allreduce_calls == 2 * (4 * 3 + 1)  # every backward all-reduces; the short cycle has 1
-    single = builder()
-    history = accumlib.train(single, (X, Y), torch.optim.SGD(single.parameters(), lr=0.5), micro_batch_size=24,
-                             accum_steps=1, epochs=2)
-    for result in (with_no_sync, without):
-        assert accumlib.parameter_gap(result.state, single) <= 1e-10
-        assert result.losses == pytest.approx([r.loss for r in history], abs=1e-12)  # mean over both processes

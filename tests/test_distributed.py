@@ -1,0 +1,109 @@
+"""DDP for real, run once: 2 gloo processes, one job, every run the lesson and the library need, checked here.
+
+The runs: the lesson's pair (with and without no_sync()), normalize="count" with padding micro-batches, and the
+classic normalize="steps". Each is compared with one process training on the same cycles in float64.
+"""
+import functools
+import time
+
+import pytest
+import torch
+
+import accumlib
+from accumlib import data, distributed, models
+
+X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 4 cycles of 4 x 3 x 2 = 24, then 4 samples
+TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last cycle shards 5 + 4 samples
+MLP = functools.partial(models.mlp, dtype=torch.float64)
+SEQUENCE = functools.partial(models.sequence_model, dtype=torch.float64)
+BY_COUNT = dict(loss_fn=models.token_loss_sum, normalize="count", count=data.count_tokens)
+RUNS = [distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
+        distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
+        distributed.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
+        distributed.DDPRun(MLP, (X[:96], Y[:96]), 4, 3, epochs=2, train_options=dict(normalize="steps"))]
+
+
+@pytest.fixture(scope="module")
+def job():
+    progress = []
+    started = time.perf_counter()
+    results = distributed.launch(RUNS, world_size=2, on_progress=lambda done, total: progress.append((done, total)))
+    return results, progress, time.perf_counter() - started
+
+
+def one_process(builder, data_, m, k, **options):
+    model = builder()
+    history = accumlib.train(model, data_, torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
+                             accum_steps=k, epochs=2, **options)
+    return model, history
+
+
+def test_no_sync_all_reduces_once_per_step_and_both_match_one_process(job):
+    (without, with_no_sync, *_), _progress, _seconds = job
+    assert without.allreduces == (3, 3, 3, 3, 1) * 2  # every backward all-reduces; the short cycle has one
+    assert with_no_sync.allreduces == (1,) * 10
+    assert without.micro_batches == with_no_sync.micro_batches == (3, 3, 3, 3, 1) * 2
+    single, history = one_process(MLP, (X, Y), 24, 1)
+    for result in (without, with_no_sync):
+        assert accumlib.parameter_gap(result.state, single) <= 1e-10
+        assert result.losses == pytest.approx([r.loss for r in history], abs=1e-12)  # mean over both processes
+
+
+def test_count_normalisation_with_padding_micro_batches_matches_one_process(job):
+    count_run = job[0][2]
+    # rank 0 holds 5 of the last cycle's 9 sequences (micro-batches of 4 and 1); rank 1 holds 4 and a padding one
+    assert count_run.micro_batches == (3, 3, 2) * 2
+    single, history = one_process(SEQUENCE, (TOKENS_X, TOKENS_Y), 24, 1, **BY_COUNT)
+    assert accumlib.parameter_gap(count_run.state, single) <= 1e-10
+    assert count_run.losses == pytest.approx([r.loss for r in history], abs=1e-12)  # padding adds no loss
+
+
+def test_steps_normalisation_counts_every_process_micro_batch_once(job):
+    """Classic loss / accum_steps over 2 processes: the gradient of one process with 2 x accum_steps micro-batches."""
+    steps_run = job[0][3]
+    single, history = one_process(MLP, (X[:96], Y[:96]), 4, 6, normalize="steps")
+    assert accumlib.parameter_gap(steps_run.state, single) <= 1e-10
+    assert steps_run.losses == pytest.approx([r.loss for r in history], abs=1e-12)
+
+
+def test_progress_reaches_every_step_of_every_run_in_order(job):
+    _results, progress, _seconds = job
+    total = 10 + 10 + 6 + 8
+    assert progress == [(done, total) for done in range(total + 1)]
+
+
+def test_a_failing_process_stops_the_job_at_once_with_its_error():
+    """Rank 1's builder fails; rank 0 waits for it in DDP's first broadcast and is stopped, not left hanging."""
+    fails_on_rank_1 = functools.partial(
+        eval, "__import__('accumlib').models.mlp() if __import__('os').environ['RANK'] == '0' else 1 / 0")
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        distributed.run_ddp(fails_on_rank_1, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2)
+    assert time.perf_counter() - started < 60  # gloo's own timeout would be 30 minutes
+
+
+@pytest.mark.parametrize("change,error,names", [
+    (dict(micro_batch_size=0), ValueError, ["micro_batch_size", "0"]),
+    (dict(no_sync="yes"), TypeError, ["no_sync", "'yes'"]),
+    (dict(data=[X, Y]), TypeError, ["data", "list"]),
+    (dict(builder=models.mlp()), TypeError, ["builder"]),
+    (dict(train_options=dict(seed=3)), ValueError, ["train_options", "seed"]),
+])
+def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
+    arguments = dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change
+    with pytest.raises(error) as info:
+        distributed.DDPRun(**arguments)
+    assert all(name in str(info.value) for name in names)
+
+
+@pytest.mark.parametrize("arguments,error,names", [
+    (dict(runs=[]), TypeError, ["runs", "DDPRun"]),
+    (dict(runs=[dict(micro_batch_size=4)]), TypeError, ["runs", "DDPRun"]),
+    (dict(world_size=0), ValueError, ["world_size", "0"]),
+    (dict(timeout=-1), ValueError, ["timeout", "-1"]),
+    (dict(on_progress="bar"), TypeError, ["on_progress", "'bar'"]),
+])
+def test_bad_jobs_are_refused_before_any_process_starts(arguments, error, names):
+    with pytest.raises(error) as info:
+        distributed.launch(**(dict(runs=RUNS[:1]) | arguments))
+    assert all(name in str(info.value) for name in names)

@@ -1,0 +1,267 @@
+"""Hostile input to train, accumulate_and_step, gradient_gap and parameter_gap: every bad argument is refused with
+an error that names the parameter (and the value), before any weight, buffer, gradient or optimizer state changes.
+
+The model has BatchNorm (buffers that a forward pass changes) and an Adam optimizer with state from a first run.
+"""
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import accumlib
+from accumlib import data, models
+
+X, Y = data.digits(48)  # 48 samples, micro-batch 4 x accum_steps 2: 6 optimizer steps per epoch
+
+
+def trained():
+    """A BatchNorm CNN and an Adam optimizer that has state, after one short run."""
+    model = models.cnn(norm="batch")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    accumlib.train(model, (X[:16], Y[:16]), optimizer, micro_batch_size=8, accum_steps=1)
+    return model, optimizer
+
+
+def snapshot(model, optimizer):
+    return (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()),
+            [None if p.grad is None else p.grad.clone() for p in model.parameters()])
+
+
+def same(a, b) -> bool:
+    """Equal tensors (NaN equal to NaN), dicts, lists and plain values, recursively."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a.nan_to_num(), b.nan_to_num())
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b))
+    return a == b
+
+
+class DictSamples(torch.utils.data.Dataset):
+    def __init__(self, inputs_only=False):
+        self.inputs_only = inputs_only
+
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return ({"pixels": X[i]}, Y[i]) if self.inputs_only else {"input_ids": X[i], "labels": Y[i]}
+
+
+def first_cycle_has_no_terms(x, y):
+    """A count that gives 0 loss terms to every sample of the second cycle (samples 8..15, shuffle=False)."""
+    return (x.flatten(1).sum(1) > 0).sum()
+
+
+def blank_second_cycle():
+    blank = X.clone()
+    blank[8:16] = 0
+    return blank, Y
+
+
+class Built:
+    """An argument built from the test's model and optimizer, just before the call."""
+
+    def __init__(self, build):
+        self.build = build
+
+
+def other_optimizer(model=None, optimizer=None):
+    return torch.optim.SGD(models.cnn(norm="batch").parameters(), lr=0.1)
+
+
+ce = nn.functional.cross_entropy
+CASES = [
+    # model
+    ("model-none", dict(model=None), TypeError, ["model", "None"]),
+    ("model-string", dict(model="resnet"), TypeError, ["model", "'resnet'"]),
+    ("model-without-parameters", dict(model=nn.ReLU()), ValueError, ["model", "no parameters"]),
+    ("model-frozen", dict(model=models.cnn().requires_grad_(False)), ValueError,
+     ["model", "frozen", "requires_grad"]),
+    # data
+    ("data-dict-batch", dict(data={"input_ids": X, "labels": Y}), TypeError,
+     ["data", "dict", "'input_ids'", "not supported"]),
+    ("data-dict-inputs", dict(data=({"pixels": X}, Y)), TypeError, ["data[0] (X)", "dict", "'pixels'"]),
+    ("data-dict-samples", dict(data=DictSamples()), TypeError, ["data[0] (a sample)", "dict", "not supported"]),
+    ("data-dict-sample-inputs", dict(data=DictSamples(inputs_only=True)), TypeError, ["data[0][0] (the input x", "dict"]),
+    ("data-one-tensor", dict(data=[X]), TypeError, ["data", "tuple (X, y)"]),
+    ("data-three-items", dict(data=(X, Y, Y)), TypeError, ["data", "3 items"]),
+    ("data-numpy", dict(data=(X.numpy(), Y)), TypeError, ["data", "X"]),
+    ("data-number", dict(data=5), TypeError, ["data", "int"]),
+    ("data-lengths", dict(data=(X, Y[:-1])), ValueError, ["X has 48 samples but y has 47"]),
+    ("data-empty", dict(data=(X[:0], Y[:0])), ValueError, ["data", "empty"]),
+    ("micro-batch-larger-than-data", dict(micro_batch_size=49), ValueError, ["micro_batch_size=49", "1 to 48"]),
+    # optimizer
+    ("optimizer-none", dict(optimizer=None), TypeError, ["optimizer", "None"]),
+    ("optimizer-of-another-model", dict(optimizer=Built(other_optimizer)), ValueError,
+     ["optimizer", "none of the model's trainable parameters"]),
+    # loss_fn
+    ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
+    ("loss-string", dict(loss_fn="cross_entropy"), TypeError, ["loss_fn", "'cross_entropy'"]),
+    ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float", "item()"]),
+    ("loss-per-sample", dict(loss_fn=lambda o, t: ce(o, t, reduction="none")), ValueError, ["loss_fn", "(4,)"]),
+    ("loss-detached", dict(loss_fn=lambda o, t: ce(o, t).detach()), ValueError, ["loss_fn", "requires_grad"]),
+    # normalize and count
+    ("normalize-unknown", dict(normalize="tokens"), ValueError, ["normalize", "'tokens'"]),
+    ("normalize-none", dict(normalize=None), ValueError, ["normalize", "None"]),
+    ("count-without-normalize", dict(count=data.count_tokens), ValueError, ["count", "normalize='count'"]),
+    ("normalize-without-count", dict(normalize="count"), ValueError, ["count", "normalize='count'"]),
+    ("count-not-callable", dict(normalize="count", count=5), TypeError, ["count", "5"]),
+    ("count-returns-text", dict(normalize="count", count=lambda x, y: "many"), TypeError, ["count", "'many'"]),
+    ("count-returns-vector", dict(normalize="count", count=lambda x, y: y), TypeError, ["count", "0-d tensor"]),
+    ("count-negative", dict(normalize="count", count=lambda x, y: -1), ValueError, ["count", "-1", "step 1"]),
+    ("count-cycle-without-terms", dict(normalize="count", count=first_cycle_has_no_terms, shuffle=False,
+                                       data=blank_second_cycle()), ValueError, ["count", "step 2", "epoch 0"]),
+    # clipping
+    *[(f"clip-{value!r}", dict(clip_grad_norm=value), error, ["clip_grad_norm", repr(value)])
+      for value, error in [(0, ValueError), (-1.0, ValueError), ("1", TypeError), (True, TypeError),
+                           (math.inf, ValueError), (math.nan, ValueError)]],
+    # amp and scaler
+    *[(f"amp-{value!r}", dict(amp=value), ValueError, ["amp", repr(value)]) for value in (0, 1, "yes", "FP16", None)],
+    ("scaler-not-a-scaler", dict(amp="fp16", scaler="scaler"), TypeError, ["scaler", "'scaler'"]),
+    ("scaler-without-amp", dict(scaler=torch.amp.GradScaler("cpu")), ValueError, ["scaler", "amp=False"]),
+    # device
+    ("device-meta", dict(device="meta"), ValueError, ["device='meta'", "wipe"]),
+    ("device-unknown", dict(device="gpu"), ValueError, ["device='gpu'"]),
+    ("device-bool", dict(device=True), TypeError, ["device", "True"]),
+    ("device-float", dict(device=1.5), TypeError, ["device", "1.5"]),
+    # seed and the switches
+    *[(f"seed-{value!r}", dict(seed=value), TypeError, ["seed", repr(value)]) for value in ("a", 1.5, True)],
+    ("seed-too-large", dict(seed=2 ** 70), ValueError, ["seed", str(2 ** 70)]),
+    *[(f"{name}-{value!r}", {name: value}, TypeError, [name, repr(value), "True or False"])
+      for name, value in [("shuffle", "False"), ("shuffle", "no"), ("shuffle", 0), ("shuffle", None),
+                          ("measure_memory", "no"), ("measure_memory", 1), ("ddp_no_sync", 1)]],
+    ("on-nonfinite-unknown", dict(on_nonfinite="ignore"), ValueError, ["on_nonfinite", "'ignore'"]),
+    ("on-nonfinite-bool", dict(on_nonfinite=True), ValueError, ["on_nonfinite", "True"]),
+    # callbacks and the scheduler
+    ("on-step-number", dict(on_step=5), TypeError, ["on_step", "5"]),
+    ("on-step-string", dict(on_step="print"), TypeError, ["on_step", "'print'"]),
+    ("on-step-class", dict(on_step=accumlib.StepRecord), TypeError, ["on_step", "StepRecord"]),
+    ("scheduler-string", dict(scheduler="cosine"), TypeError, ["scheduler", "'cosine'"]),
+    ("scheduler-is-the-optimizer", dict(scheduler=Built(lambda m, o: o)), TypeError, ["scheduler", "Adam"]),
+    ("scheduler-of-another-optimizer",
+     dict(scheduler=Built(lambda m, o: torch.optim.lr_scheduler.StepLR(other_optimizer(), step_size=1))), ValueError,
+     ["scheduler", "another optimizer"]),
+    ("one-cycle-too-short",
+     dict(scheduler=Built(lambda m, o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=5))), ValueError,
+     ["scheduler", "OneCycleLR", "total_steps=5", "6 optimizer steps"]),
+    # memory budget
+    ("memory-budget-zero", dict(memory_budget=0), ValueError, ["memory_budget", "0"]),
+    ("memory-budget-string", dict(memory_budget="1MB"), TypeError, ["memory_budget", "'1MB'"]),
+]
+COUNT_CASES = [(f"{name}-{value!r}", {name: value}, error, [name, repr(value), "positive integer"])
+               for name in ("micro_batch_size", "accum_steps", "epochs")
+               for value, error in [(True, TypeError), (2.0, TypeError), ("4", TypeError), (0, ValueError),
+                                    (-3, ValueError)]]
+
+
+@pytest.mark.parametrize("case,changes,error,names", CASES + COUNT_CASES, ids=[c[0] for c in CASES + COUNT_CASES])
+def test_train_refuses_before_anything_changes(case, changes, error, names):
+    model, optimizer = trained()
+    arguments = dict(model=model, data=(X, Y), optimizer=optimizer, micro_batch_size=4, accum_steps=2)
+    arguments |= {k: v.build(model, optimizer) if isinstance(v, Built) else v for k, v in changes.items()}
+    before = snapshot(model, optimizer)  # after building the arguments: a scheduler's constructor sets the lr
+    with pytest.raises(error) as info:
+        accumlib.train(arguments.pop("model"), arguments.pop("data"), arguments.pop("optimizer"), **arguments)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert same(snapshot(model, optimizer), before)
+
+
+def test_cuda_is_refused_where_there_is_none():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    model, optimizer = trained()
+    before = snapshot(model, optimizer)
+    with pytest.raises(ValueError, match="device='cuda' is not available"):
+        accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=2, device="cuda")
+    assert same(snapshot(model, optimizer), before)
+
+
+def raises_on_second_call():
+    calls = []
+
+    def loss(output, target):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("user code failed")
+        return ce(output, target)
+    return loss
+
+
+GAP_CASES = [
+    ("model-none", dict(model=None), TypeError, ["model", "None"]),
+    ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
+    ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float"]),
+    ("x-dict", dict(x={"pixels": X}), TypeError, ["x", "dict"]),
+    ("x-list", dict(x=X.tolist()), TypeError, ["x"]),
+    ("y-number", dict(y=3), TypeError, ["y", "3"]),
+    ("lengths", dict(y=Y[:-1]), ValueError, ["x has 48", "y has 47"]),
+    ("accum-steps-bool", dict(accum_steps=True), TypeError, ["accum_steps", "True"]),
+    ("accum-steps-zero", dict(accum_steps=0), ValueError, ["accum_steps", "0"]),
+    ("accum-steps-too-large", dict(accum_steps=49), ValueError, ["accum_steps=49", "1 to 48"]),
+    ("normalize-count", dict(normalize="count"), ValueError, ["normalize", "'count'"]),
+    ("normalize-false", dict(normalize=False), ValueError, ["normalize", "False"]),
+    ("frozen", dict(model=models.cnn().requires_grad_(False)), ValueError, ["model", "trainable"]),
+    ("loss-fails-midway", dict(loss_fn=raises_on_second_call()), RuntimeError, ["user code failed"]),
+]
+
+
+@pytest.mark.parametrize("case,changes,error,names", GAP_CASES, ids=[c[0] for c in GAP_CASES])
+def test_gradient_gap_refuses_and_leaves_the_model_as_it_was(case, changes, error, names):
+    model = models.cnn(norm="batch")
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    arguments = dict(model=model, loss_fn=ce, x=X, y=Y, accum_steps=4) | changes
+    before = snapshot(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(error) as info:
+        accumlib.gradient_gap(**arguments)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert same(snapshot(model, torch.optim.SGD(model.parameters(), lr=0.1)), before)  # buffers, even mid-way
+
+
+def test_parameter_gap_refuses_what_it_cannot_compare():
+    a = models.mlp()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module or a state dict"):
+        accumlib.parameter_gap(None, a)
+    with pytest.raises(TypeError, match="reference must be a torch.nn.Module or a state dict"):
+        accumlib.parameter_gap(a, [1, 2])
+    squeezed = {k: v[:1] if k == "2.bias" else v for k, v in a.state_dict().items()}  # broadcasts silently before
+    with pytest.raises(ValueError, match=r"2.bias has shape \(10,\) in model and \(1,\) in reference"):
+        accumlib.parameter_gap(a, squeezed)
+
+
+CYCLE_CASES = [
+    ("model-none", dict(model=None), TypeError, ["model", "None"]),
+    ("optimizer-string", dict(optimizer="adam"), TypeError, ["optimizer", "'adam'"]),
+    ("micro-batches-generator", dict(micro_batches=(b for b in [(X[:4], Y[:4])])), TypeError,
+     ["micro_batches", "generator"]),
+    ("micro-batches-empty", dict(micro_batches=[], loss_weights=[]), ValueError, ["micro_batches", "empty"]),
+    ("weights-one-number", dict(loss_weights=0.5), TypeError, ["loss_weights", "0.5"]),
+    ("weights-too-few", dict(loss_weights=[1.0]), ValueError, ["loss_weights has 1", "micro_batches has 2"]),
+    ("weights-negative", dict(loss_weights=[0.5, -0.5]), ValueError, ["loss_weights", "-0.5"]),
+    ("weights-nan", dict(loss_weights=[0.5, math.nan]), ValueError, ["loss_weights", "nan"]),
+    ("weights-text", dict(loss_weights=["0.5", "0.5"]), ValueError, ["loss_weights", "'0.5'"]),
+    ("clip-zero", dict(clip_grad_norm=0), ValueError, ["clip_grad_norm", "0"]),
+    ("scaler-string", dict(scaler="fp16"), TypeError, ["scaler", "'fp16'"]),
+    ("on-nonfinite-unknown", dict(on_nonfinite="warn"), ValueError, ["on_nonfinite", "'warn'"]),
+    ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float"]),
+    ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
+    ("autocast-string", dict(autocast_dtype="bf16"), TypeError, ["autocast_dtype", "'bf16'"]),
+    ("scheduler-is-the-optimizer", dict(scheduler=Built(lambda m, o: o)), TypeError, ["scheduler", "Adam"]),
+    ("ddp-no-sync-int", dict(ddp_no_sync=1), TypeError, ["ddp_no_sync", "1"]),
+]
+
+
+@pytest.mark.parametrize("case,changes,error,names", CYCLE_CASES, ids=[c[0] for c in CYCLE_CASES])
+def test_the_cycle_function_refuses_before_anything_changes(case, changes, error, names):
+    model, optimizer = trained()
+    arguments = dict(model=model, optimizer=optimizer, micro_batches=[(X[:4], Y[:4]), (X[4:8], Y[4:8])],
+                     loss_weights=[0.5, 0.5])
+    arguments |= {k: v.build(model, optimizer) if isinstance(v, Built) else v for k, v in changes.items()}
+    before = snapshot(model, optimizer)
+    with pytest.raises(error) as info:
+        accumlib.accumulate_and_step(**arguments)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert same(snapshot(model, optimizer)[:2], before[:2])  # weights, buffers (put back) and optimizer state
