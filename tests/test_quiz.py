@@ -11,11 +11,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import torch
-from torch.nn import functional as F
 
 import accumlib
-from accumlib import data, models, quiz
+from accumlib import quiz
 from accumlib.quiz import experiments
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -199,16 +197,9 @@ def test_forgetting_the_division_is_a_k_times_learning_rate_for_sgd_and_largely_
     result = experiments.no_division_sgd_adam()
     assert result["sgd"] > result["sgd_moved"]  # the weights end further from the right run than they moved
     assert result["adam"] < 0.05 * result["adam_moved"]
-    # "exactly a 4 times larger learning rate" for plain SGD: the two runs agree to rounding error
-    X, y = data.digits(64, flat=True, dtype=torch.float64)
-    ends = []
-    for lr, scale in ((0.4, 1), (0.1, 4)):
-        model = models.mlp(dtype=torch.float64)
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=lr), micro_batch_size=8, accum_steps=4,
-                       loss_fn=lambda out, target, scale=scale: scale * F.cross_entropy(out, target),
-                       measure_memory=False)
-        ends.append(model)
-    assert accumlib.parameter_gap(*ends) < 1e-12
+    # "exactly a 4 times larger learning rate" for plain SGD: forgetting the division at lr 0.1 and dividing at lr 0.4
+    # agree to rounding error (lesson 2 prints this number)
+    assert result["sgd_larger_lr"] < 1e-12
 
 
 def test_what_shrinks_is_what_is_held_per_sample():

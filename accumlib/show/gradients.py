@@ -1,0 +1,118 @@
+"""Lesson 2, gradients add up: an accumulated gradient against the full-batch gradient, `gradient_gap` with and
+without the division, and what forgetting the division does to SGD and to Adam."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from ..i18n import _
+from ._format import table
+
+ROUNDING = 1e-12  # relative to the largest gradient entry: a difference this small is float rounding, not a bug
+
+
+@dataclass(frozen=True)
+class GradientComparison:
+    """An accumulated gradient against the full-batch gradient, over every parameter's entries."""
+
+    largest_difference: float  # max |accumulated - full batch| over all entries
+    largest_entry: float  # max |full batch| over all entries
+    ratio: float  # the multiple of the full-batch gradient closest to the accumulated one (least squares)
+    proportional: bool  # whether the accumulated gradient is that multiple of the full-batch one (up to rounding)
+
+    @property
+    def equal(self) -> bool:
+        return self.largest_difference <= ROUNDING * self.largest_entry
+
+
+def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tensor]) -> GradientComparison:
+    """Compare an accumulated gradient with the full-batch gradient (one tensor per parameter, same order) and say
+    what it is: equal up to rounding, a multiple of the full-batch gradient, or something else."""
+    if len(accumulated) != len(full_batch) or any(a.shape != f.shape for a, f in zip(accumulated, full_batch)):
+        raise ValueError(f"accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
+                         f"{[tuple(a.shape) for a in accumulated]} and {[tuple(f.shape) for f in full_batch]}")
+    a = torch.cat([g.detach().flatten().double() for g in accumulated])
+    f = torch.cat([g.detach().flatten().double() for g in full_batch])
+    if not f.abs().max() > 0:
+        raise ValueError("full_batch: the full-batch gradient is zero everywhere; nothing to compare it with")
+    largest_difference, largest_entry = (a - f).abs().max().item(), f.abs().max().item()
+    ratio = (a @ f / (f @ f)).item()
+    proportional = (a - ratio * f).abs().max().item() <= ROUNDING * max(largest_entry, abs(ratio) * largest_entry)
+    result = GradientComparison(largest_difference, largest_entry, ratio, proportional)
+    if result.equal:
+        print(_("The accumulated gradient equals the full-batch gradient: no entry differs by more than {gap:.1e} "
+                "(float rounding), where the largest entry is {largest:.4f}.").format(
+                    gap=largest_difference, largest=largest_entry))
+    elif proportional:
+        print(_("Every entry of the accumulated gradient is {ratio:.3f} times the full-batch entry: the largest "
+                "difference is {gap:.4f}, where the largest entry is {largest:.4f}.").format(
+                    ratio=ratio, gap=largest_difference, largest=largest_entry))
+    else:
+        print(_("The accumulated gradient differs from the full-batch gradient by up to {gap:.4f} (the largest entry "
+                "is {largest:.4f}), and it is not a multiple of it.").format(gap=largest_difference,
+                                                                            largest=largest_entry))
+    return result
+
+
+def gap_table(gaps: Mapping[int, Mapping[str, float]], full_batch: Sequence[torch.Tensor]) -> bool:
+    """`accumlib.gradient_gap` at several accum_steps, with the division (normalize="steps") and without it
+    (normalize="none"): gaps is accum_steps -> {"steps": gap, "none": gap}; full_batch is the full-batch gradient
+    (one tensor per parameter), whose largest |entry| the gaps are measured against. Prints a table and what it
+    shows; returns whether every gap without the division is (accum_steps - 1) times that entry, as for an
+    accumulated gradient accum_steps times too large."""
+    if not gaps or any(set(g) != {"steps", "none"} for g in gaps.values()):
+        raise ValueError("gaps must map each accum_steps to {'steps': gap, 'none': gap} (gradient_gap's normalize)")
+    largest_entry = max((g.detach().abs().max().item() for g in full_batch), default=0.0)
+    if not largest_entry > 0:
+        raise ValueError("full_batch: the full-batch gradient is zero everywhere (or empty): nothing to measure "
+                         "the gaps against")
+    rows = [[k, f"{g['steps']:.1e}", f"{g['none']:.4f}", f"{g['none'] / largest_entry:.3f}"] for k, g in gaps.items()]
+    print(table(["accum_steps", _("gap, loss / accum_steps"), _("gap, no division"),
+                 _("gap without division / largest entry")], rows))
+    rounding = all(g["steps"] <= ROUNDING * largest_entry for g in gaps.values())
+    k_times = all(abs(g["none"] / largest_entry - (k - 1)) <= 1e-9 * k for k, g in gaps.items())
+    if rounding:
+        print(_("With the division, every gap is float rounding (at most {gap:.1e}).").format(
+            gap=max(g["steps"] for g in gaps.values())))
+    else:
+        print(_("With the division, some gaps are larger than float rounding (up to {gap:.1e}).").format(
+            gap=max(g["steps"] for g in gaps.values())))
+    if k_times:
+        print(_("Without it, each gap is accum_steps - 1 times the largest full-batch entry: exactly what an "
+                "accumulated gradient accum_steps times the full-batch gradient gives."))
+    else:
+        print(_("Without it, the gaps are not all accum_steps - 1 times the largest full-batch entry."))
+    return k_times
+
+
+def sgd_and_adam(result: Mapping[str, float]) -> dict[str, float]:
+    """What forgetting the division did with SGD and with Adam (`quiz.experiments.no_division_sgd_adam()`): how far
+    the weights ended from the run that divides, against how far that run moved them, and, for SGD, against dividing
+    with an accum_steps times larger learning rate. Prints a table and the findings; returns each optimizer's
+    difference as a share of how far the weights moved."""
+    needed = {"steps", "accum_steps", "sgd", "sgd_moved", "adam", "adam_moved", "sgd_larger_lr"}
+    if not needed <= set(result):
+        raise ValueError(f"result must be quiz.experiments.no_division_sgd_adam()'s dict; it lacks "
+                         f"{sorted(needed - set(result))}")
+    share = {name: result[name] / result[f"{name}_moved"] for name in ("sgd", "adam")}
+    print(table([_("optimizer"), _("weights moved, dividing"), _("difference, forgetting the division"),
+                 _("difference / moved")],
+                [[label, f"{result[f'{name}_moved']:.1e}", f"{result[name]:.1e}", f"{share[name]:.1%}"]
+                 for name, label in (("sgd", "SGD"), ("adam", "Adam"))]))
+    numbers = dict(accum_steps=result["accum_steps"], gap=result["sgd_larger_lr"], steps=result["steps"],
+                   share=share["adam"])
+    if result["sgd_larger_lr"] <= ROUNDING:
+        print(_("SGD: forgetting the division gives the same weights as dividing with a {accum_steps} times larger "
+                "learning rate (largest difference {gap:.1e}, float rounding).").format(**numbers))
+    else:
+        print(_("SGD: forgetting the division does not give the same weights as dividing with a {accum_steps} times "
+                "larger learning rate (largest difference {gap:.1e}).").format(**numbers))
+    if share["adam"] < 0.05:
+        print(_("Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
+                "{accum_steps} largely cancels.").format(**numbers))
+    else:
+        print(_("Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
+                "{accum_steps} does not cancel here.").format(**numbers))
+    return share

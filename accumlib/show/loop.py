@@ -1,0 +1,149 @@
+"""Lesson 3, the loop: a hand-written loop against `accumlib.train`, the loop with a line in the wrong place, which
+micro-batches a step condition steps after, and the source of accumlib's own cycle."""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from ..i18n import _, ngettext
+from ..loop import History, parameter_gap
+from ..pitfalls import ClassicStep
+from ._format import table
+
+ROUNDING = 1e-12  # largest weight difference that is float64 rounding, not a different computation
+
+# pitfalls.classic_train's switches for a misplaced line ("" for none), as the table names them
+MISTAKES = {"": "the six-line loop", "zero_every_micro_batch": "zero_grad() before every backward()",
+            "step_every_micro_batch": "step() after every micro-batch", "divide": "no division"}
+
+
+def same_weights(hand_written: torch.nn.Module, library: torch.nn.Module, history: History) -> float:
+    """A hand-written loop's model against the same run with `accumlib.train` (its model and History): the largest
+    weight difference, and what the history recorded. Returns that difference."""
+    if not len(history):
+        raise ValueError("history holds no optimizer step")
+    gap = parameter_gap(hand_written, library)
+    if gap == 0:
+        print(_("The hand-written loop and accumlib.train end with exactly the same weights, bit for bit."))
+    elif gap <= ROUNDING:
+        print(_("The hand-written loop and accumlib.train end with the same weights: they differ by at most {gap:.1e} "
+                "(float64 rounding).").format(gap=gap))
+    else:
+        print(_("The hand-written loop and accumlib.train end with different weights: they differ by up to "
+                "{gap:.2e}.").format(gap=gap))
+    layouts = sorted({(record.micro_batches, record.samples) for record in history})
+    if len(layouts) == 1:
+        print(ngettext("accumlib.train recorded {steps} optimizer step of {micro_batches} micro-batches and {samples} "
+                       "samples; the loss went from {first:.3f} to {last:.3f}.",
+                       "accumlib.train recorded {steps} optimizer steps, each of {micro_batches} micro-batches and "
+                       "{samples} samples; the loss went from {first:.3f} to {last:.3f}.", len(history)).format(
+                           steps=len(history), micro_batches=layouts[0][0], samples=layouts[0][1],
+                           first=history[0].loss, last=history[-1].loss))
+    else:
+        print(ngettext("accumlib.train recorded {steps} optimizer step; the loss went from {first:.3f} to {last:.3f}.",
+                       "accumlib.train recorded {steps} optimizer steps; the loss went from {first:.3f} to "
+                       "{last:.3f}.", len(history)).format(steps=len(history), first=history[0].loss,
+                                                           last=history[-1].loss))
+    return gap
+
+
+def misplaced(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]], reference: torch.nn.Module,
+              accum_steps: int) -> dict[str, float]:
+    """Runs of `pitfalls.classic_train` with one mistake each, against a correct run's model (`reference`).
+
+    runs: the switch that was on ("" for none, "zero_every_micro_batch", "step_every_micro_batch", "divide" for
+    divide=False) -> (the trained model, the ClassicStep records its on_step received). Prints per run the optimizer
+    steps, how many micro-batches each step's gradient held, and the largest weight difference from the reference;
+    then what each mistake did. Returns run -> weight difference."""
+    unknown = sorted(set(runs) - set(MISTAKES))
+    if unknown:
+        raise ValueError(f"runs: unknown mistakes {unknown}; name each run by its classic_train switch, one of "
+                         f"{sorted(MISTAKES)} ('' for none)")
+    gaps, rows = {}, []
+    for name, (model, steps) in runs.items():
+        if not steps:
+            raise ValueError(f"runs[{name!r}]: no optimizer step was recorded; pass on_step=steps.append")
+        gaps[name] = parameter_gap(model, reference)
+        held = sorted({step.micro_batches for step in steps})
+        rows.append([_(MISTAKES[name]), len(steps), ", ".join(map(str, held)), f"{gaps[name]:.1e}"])
+    print(table([_("loop"), _("optimizer steps"), _("micro-batches in a step's gradient"),
+                 _("weight difference from accumlib.train")], rows))
+    for name, (model, steps) in runs.items():
+        held = max(step.micro_batches for step in steps)
+        if gaps[name] == 0:
+            print(_("{loop}: exactly the weights of accumlib.train.").format(loop=_(MISTAKES[name])))
+        elif gaps[name] <= ROUNDING:
+            print(_("{loop}: the weights of accumlib.train, up to rounding ({gap:.1e}).").format(
+                loop=_(MISTAKES[name]), gap=gaps[name]))
+        elif held < accum_steps:
+            print(ngettext("{loop}: every step's gradient holds {held} micro-batch, not {accum_steps}: {steps} steps, "
+                           "weights off by {gap:.2f}.",
+                           "{loop}: every step's gradient holds at most {held} micro-batches, not {accum_steps}: "
+                           "{steps} steps, weights off by {gap:.2f}.", held).format(
+                               loop=_(MISTAKES[name]), held=held, accum_steps=accum_steps, steps=len(steps),
+                               gap=gaps[name]))
+        else:
+            print(_("{loop}: every step holds its {accum_steps} micro-batches, yet the weights are off by "
+                    "{gap:.2f}.").format(loop=_(MISTAKES[name]), accum_steps=accum_steps, gap=gaps[name]))
+    return gaps
+
+
+def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, accum_steps: int) -> dict[str, list[int]]:
+    """Which micro-batches a step condition steps after, and what each step holds.
+
+    steps_at: the condition's code -> the values of `step` (micro-batches counted from 0) at which it is true;
+    micro_batches: how many micro-batches the epoch has. With the gradients zeroed right after every step, a step
+    holds the micro-batches since the one before. Prints a table (micro-batches counted from 1, as a person counts)
+    and, per condition, whether its steps hold accum_steps micro-batches and what is never stepped. Returns
+    condition -> micro-batches per step."""
+    held_by = {}
+    rows = []
+    for condition, steps in steps_at.items():
+        steps = list(steps)
+        if any(not 0 <= s < micro_batches for s in steps) or steps != sorted(set(steps)):
+            raise ValueError(f"steps_at[{condition!r}] must list increasing step values from 0 to {micro_batches - 1}, "
+                             f"got {steps}")
+        held = [now - before for before, now in zip([-1, *steps], steps)]
+        left = micro_batches - 1 - steps[-1] if steps else micro_batches
+        held_by[condition] = held
+        rows.append([condition, ", ".join(str(s + 1) for s in steps), ", ".join(map(str, held)), left])
+    print(table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("never stepped")], rows))
+    for condition, held in held_by.items():
+        left = micro_batches - sum(held)
+        if held and all(h == accum_steps for h in held) and not left:
+            print(_("{condition}: every step holds {accum_steps} micro-batches, and none is left over.").format(
+                condition=condition, accum_steps=accum_steps))
+            continue
+        if held and held[0] != accum_steps:
+            print(ngettext("{condition}: the first step comes after {first} micro-batch, not {accum_steps}.",
+                           "{condition}: the first step comes after {first} micro-batches, not {accum_steps}.",
+                           held[0]).format(condition=condition, first=held[0], accum_steps=accum_steps))
+        if left:
+            print(ngettext("{condition}: the last micro-batch waits for a step that never comes.",
+                           "{condition}: the last {left} micro-batches wait for a step that never comes.", left).format(
+                               condition=condition, left=left))
+    return held_by
+
+
+def source(function: Callable) -> str:
+    """Print a function's code without its docstring (decorators included) and return it."""
+    original = inspect.unwrap(function)
+    if not inspect.isfunction(original):
+        raise TypeError(f"function must be a Python function (def ...), got {function!r}")
+    code = textwrap.dedent(inspect.getsource(original))
+    definition = ast.parse(code).body[0]
+    lines = code.splitlines()
+    first = definition.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        del lines[first.lineno - 1:first.end_lineno]
+    code = "\n".join(lines)
+    print(_("{name}, from {file} ({count} lines without its docstring):").format(
+        name=f"{original.__module__}.{original.__qualname__}", file=inspect.getsourcefile(original).rsplit("/", 1)[-1],
+        count=len(lines)))
+    print()
+    print(code)
+    return code
