@@ -100,3 +100,11 @@ def test_a_plan_that_needs_no_accumulation_names_no_larger_split(capsys):
     show.plan(memory.fit_batch(models.cnn(), (X[:1], Y[:1]), target_batch=16, budget_bytes=2**20))
     out = capsys.readouterr().out
     assert "micro-batch × accum_steps = 16 × 1" in out and "next larger" not in out and "at all" not in out
+
+
+def test_categories_in_the_other_order_do_not_call_the_micro_batch_smaller(capsys):
+    changes = show.categories([cnn_report(4, 16), cnn_report(64, 1)])
+    assert changes.shrinks == ("gradients",)
+    out = capsys.readouterr().out
+    assert "What shrinks from 4 × 16 to 64 × 1:" in out and "micro-batch is" not in out
+    assert "The peak does not fall" in out

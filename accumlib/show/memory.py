@@ -108,8 +108,11 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
     print()
     ends = dict(first=_split_of(first), last=_split_of(last), times=_ratio(first.micro_batch_size,
                                                                         last.micro_batch_size))
-    if shrinks:
+    if shrinks and first.micro_batch_size > last.micro_batch_size:
         print(_("From {first} to {last} the micro-batch is {times} times smaller. What shrinks:").format(**ends))
+    elif shrinks:
+        print(_("What shrinks from {first} to {last}:").format(**ends))
+    if shrinks:
         for c in shrinks:
             print("  - " + _("{category}: {before:,} → {after:,} bytes ({times} times smaller)").format(
                 category=category_name(c), before=by_category[c][0], after=by_category[c][-1],
