@@ -42,7 +42,8 @@ def test_gradient_gaps_call_exact_only_what_rounding_explains(capsys):
 def causes():
     fresh = models.cnn(norm="batch", seed=1)
     result = batchnorm.divergence_causes(fresh, (X, Y), micro_batch_size=4, accum_steps=8)
-    moved = {n: batchnorm.running_average_moved(fresh, n) for n in (result.updates_one_batch, result.updates_accumulated)}
+    moved = {n: batchnorm.running_average_moved(fresh, n)
+             for n in (result.updates_one_batch, result.updates_accumulated)}
     return result, moved
 
 

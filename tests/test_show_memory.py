@@ -68,7 +68,8 @@ def test_accumulation_raises_the_sgd_peak_and_barely_moves_the_adam_peak(wide_pa
     assert -1e-3 < adam.change < 0 and adam.accumulated.peak_phase == adam.one_batch.peak_phase == "step"
     assert adam.model_sized_share > 0.999
     out = capsys.readouterr().out
-    assert "SGD: 8 × 8 peaks 44% higher than 64 × 1. What changed most: incoming gradients, 0 → 16,785,408 bytes." in out
+    assert ("SGD: 8 × 8 peaks 44% higher than 64 × 1. What changed most: incoming gradients, 0 → 16,785,408 "
+            "bytes.") in out
     assert "Adam: 8 × 8 peaks 0.014% lower than 64 × 1." in out
     assert "99.998% of the bytes are fixed by the model" in out  # not rounded up to 100.00%
 

@@ -177,7 +177,8 @@ def remedies(result: Remedies) -> RemedyFindings:
                 "weights, by up to {gap:.2g}.").format(
             before=accumulated.evaluation.statistics_error_total, after=reestimated.evaluation.statistics_error_total,
             loss_before=accumulated.evaluation.loss, loss_after=reestimated.evaluation.loss,
-            one_before=one.evaluation.statistics_error_total, one_after=one_reestimated.evaluation.statistics_error_total,
+            one_before=one.evaluation.statistics_error_total,
+            one_after=one_reestimated.evaluation.statistics_error_total,
             one_loss_before=one.evaluation.loss, one_loss_after=one_reestimated.evaluation.loss,
             gap=reestimated.weight_gap, **runs))
     elif result.reestimate_weight_change == 0:

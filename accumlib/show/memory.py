@@ -81,7 +81,8 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
     """
     reports = list(reports)
     if len(reports) < 2 or not all(isinstance(r, MemoryReport) for r in reports):
-        raise TypeError(f"reports must be two or more MemoryReports (memory.measure_step), got {reports!r}")
+        raise TypeError(f"reports must be two or more MemoryReports (memory.measure_step), got "
+                        f"{[type(r).__name__ for r in reports]}")
     batches = {r.micro_batch_size * r.accum_steps for r in reports}
     if len(batches) != 1:
         raise ValueError(f"reports must split one effective batch (micro_batch_size x accum_steps the same in each), "

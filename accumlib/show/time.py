@@ -16,7 +16,7 @@ from .memory import split
 
 def _ms(seconds: float) -> str:
     """Seconds as milliseconds with two decimals ("1.07 ms"), or three below 1 ms ("0.095 ms")."""
-    return _("{milliseconds:.{decimals}f} ms").format(milliseconds=seconds * 1e3, decimals=3 if seconds < 1e-3 else 2)
+    return f"{seconds * 1e3:.{3 if seconds < 1e-3 else 2}f} ms"  # the same in every language (the glossary's ms)
 
 
 def _times(ratio: float) -> str:
@@ -73,7 +73,8 @@ def passes(decomposition: TimeDecomposition) -> plots.Plot:
             "(measured):"))
     print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
                  [_("{fixed} + {arithmetic} + {optimizer} = {predicted} ({measured})").format(
-                     fixed=_ms(s.overhead_seconds), arithmetic=_ms(s.compute_seconds), optimizer=_ms(d.optimizer_seconds),
+                     fixed=_ms(s.overhead_seconds), arithmetic=_ms(s.compute_seconds),
+                     optimizer=_ms(d.optimizer_seconds),
                      predicted=_ms(s.predicted_seconds), measured=_ms(s.seconds)) for s in d.steps]))
     print(_("Every split does the same arithmetic: each sample passes through the same layers. What grows is the "
             "fixed cost, paid once per pass: {first_fixed} for {first_passes} pass, {last_fixed} for "
@@ -136,7 +137,8 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
                     "its batch does not add a smaller share of time.").format(**values))
     title = _("Time per effective batch of {batch} against one batch: {last} costs {ratios}").format(
         batch=batch, last=labels[-1],
-        ratios=", ".join(_("{ratio} for {label}").format(ratio=_times(r[-1]), label=label) for label, r in ratios.items()))
+        ratios=", ".join(_("{ratio} for {label}").format(ratio=_times(r[-1]), label=label)
+                         for label, r in ratios.items()))
     alt = _("Lines of the time per effective batch of {batch} samples against one batch, for micro-batch × "
             "accum_steps {splits}: {series}.").format(
         batch=batch, splits=", ".join(labels),
