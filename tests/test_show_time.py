@@ -1,0 +1,95 @@
+"""accumlib.show.time (lesson 6): measured times differ from run to run, so everything printed must read the same
+after notebooks/sanitize.cfg masks the times (what nbval compares); the one sentence whose wording depends on the
+times is checked on both of its branches."""
+import configparser
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from accumlib import data, models, timing
+from accumlib.show import time as show
+
+X, Y = data.digits(64)
+SANITIZE = Path(__file__).resolve().parents[1] / "notebooks" / "sanitize.cfg"
+
+
+def masked(text: str) -> str:
+    """`text` as nbval compares it: every regex of notebooks/sanitize.cfg applied."""
+    config = configparser.ConfigParser()
+    config.read(SANITIZE)
+    for section in config.sections():
+        text = re.sub(config[section]["regex"], config[section]["replace"], text)
+    return text
+
+
+def quick(model):
+    return timing.decompose_time(model, (X, Y), accum_steps=(1, 4, 16), repeats=1, warmup=0)
+
+
+def printed(capsys, small, wider) -> str:
+    show.steps(small)
+    show.passes(small)
+    show.compare({"cnn()": small, "cnn(channels=(32, 64))": wider})
+    return capsys.readouterr().out
+
+
+def test_two_runs_print_the_same_once_times_are_masked(capsys):
+    small, wider = quick(models.cnn()), quick(models.cnn(channels=(32, 64)))
+    first = printed(capsys, small, wider)
+    # the same measurements with every time scaled: other digits, other widths, the same masked text
+    slower = [dataclasses.replace(d, overhead_seconds=d.overhead_seconds * 13.7,
+                                  seconds_per_sample=d.seconds_per_sample * 13.7,
+                                  optimizer_seconds=d.optimizer_seconds * 13.7,
+                                  passes=tuple(dataclasses.replace(p, seconds=p.seconds * 13.7,
+                                                                   fitted_seconds=p.fitted_seconds * 13.7)
+                                               for p in d.passes),
+                                  steps=tuple(dataclasses.replace(s, seconds=s.seconds * 13.7,
+                                                                  predicted_seconds=s.predicted_seconds * 13.7,
+                                                                  overhead_seconds=s.overhead_seconds * 13.7,
+                                                                  compute_seconds=s.compute_seconds * 13.7)
+                                              for s in d.steps)) for d in (small, wider)]
+    second = printed(capsys, *slower)
+    assert first != second and masked(first) == masked(second)
+    assert re.search(r"\d\.\d+ ms", first) and "T ms" in masked(first) and "R.RRx" in masked(first)
+    assert not re.search(r"\d\.\d", masked(first)), "a measured number escapes the masks"
+
+
+def test_steps_and_passes_say_what_grows_with_accum_steps(capsys):
+    small = quick(models.cnn())
+    ratios = show.steps(small)
+    assert ratios[0] == 1 and len(ratios) == 3
+    plot = show.passes(small)
+    out = capsys.readouterr().out
+    assert "4 × 16 takes" in out and "What grows is the fixed cost, paid once per pass" in out
+    assert plot.figure.axes[0].get_ylim()[0] == 0
+    assert plot.figure.axes[0].get_title().startswith("One pass costs ")
+
+
+def decomposition(overhead: float, per_sample: float) -> timing.TimeDecomposition:
+    """A decomposition whose measurements lie exactly on the line overhead + per_sample * size (seconds)."""
+    sizes, batch = (64, 16, 4), 64
+    passes = tuple(timing.PassTiming(m, overhead + per_sample * m, overhead + per_sample * m, ()) for m in sizes)
+    steps = tuple(timing.StepTiming(batch // m, m, (batch // m) * (overhead + per_sample * m),
+                                    (batch // m) * (overhead + per_sample * m), (batch // m) * overhead,
+                                    per_sample * batch, ()) for m in sizes)
+    return timing.TimeDecomposition("cpu", timing.THREAD_CPU, 1, batch, overhead, per_sample, 0.0,
+                                    tuple(sorted(passes, key=lambda p: p.micro_batch_size)), steps)
+
+
+def test_compare_says_the_fixed_cost_is_a_smaller_part_only_when_it_is(capsys):
+    small = decomposition(1e-3, 1e-4)
+    ratios = show.compare({"small": small, "wider": decomposition(1e-3, 1e-3)})
+    assert ratios["wider"][-1] < ratios["small"][-1]
+    assert "the fixed cost is a smaller part of every pass of wider than of small" in capsys.readouterr().out
+    show.compare({"small": small, "heavier calls": decomposition(1e-2, 1e-4)})
+    assert "Here the fixed cost is not a smaller part of every pass of heavier calls" in capsys.readouterr().out
+
+
+def test_compare_refuses_decompositions_of_different_splits():
+    with pytest.raises(ValueError, match="decompositions must split the same effective batch the same ways"):
+        show.compare({"a": decomposition(1e-3, 1e-4),
+                      "b": dataclasses.replace(decomposition(1e-3, 1e-4), effective_batch=32)})
+    with pytest.raises(ValueError, match="two or more models"):
+        show.compare({"a": decomposition(1e-3, 1e-4)})
