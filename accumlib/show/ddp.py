@@ -1,0 +1,116 @@
+"""Lesson 9: accumulation across processes. The effective batch of a DDP run, a progress bar for the DDP job, the
+all-reduces of every optimizer step with and without `no_sync()`, and the weights against one process.
+
+The runs themselves are `accumlib.distributed`'s (`compare_no_sync`): these functions only print what they did.
+"""
+from __future__ import annotations
+
+import ipywidgets as w
+from IPython.display import display
+
+from ..i18n import _, ngettext
+from ..loop import parameter_gap
+from ._format import table
+
+
+def effective_batch(*, micro_batch_size: int, accum_steps: int, processes: int, samples: int) -> int:
+    """Print the samples one optimizer step sees (micro_batch_size x accum_steps x processes) and how an epoch of
+    `samples` splits into steps (the last one shorter when they do not divide); return the effective batch."""
+    batch = micro_batch_size * accum_steps * processes
+    full, rest = divmod(samples, batch)
+    print(_("Effective batch: {micro_batch_size} × {accum_steps} × {processes} = {batch} samples per optimizer "
+            "step.").format(micro_batch_size=micro_batch_size, accum_steps=accum_steps, processes=processes,
+                            batch=batch))
+    if rest:
+        print(ngettext("{samples} samples per epoch: {full} full step and a last step of {rest} samples.",
+                       "{samples} samples per epoch: {full} full steps and a last step of {rest} samples.",
+                       full).format(samples=samples, full=full, rest=rest))
+    else:
+        print(ngettext("{samples} samples per epoch: {full} full step.", "{samples} samples per epoch: {full} full "
+                       "steps.", full).format(samples=samples, full=full))
+    return batch
+
+
+class ProgressBar:
+    """`on_progress` for `distributed.compare_no_sync` and friends: a bar with the job's optimizer steps, shown at
+    the first report (the job reports 0 of its total steps as it starts its processes). Its text view (what nbval
+    stores) is the state it was shown in, so it is the same on every run."""
+
+    def __init__(self):
+        self.bar = w.IntProgress(value=0, min=0, max=1)
+        self.label = w.Label()
+        self.widget = w.HBox([self.bar, self.label])
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        self.bar.max, self.bar.value = max(total, 1), done
+        if done == 0:
+            self.label.value = _("starting the processes…")
+        elif done < total:
+            self.label.value = _("optimizer step {done} of {total}").format(done=done, total=total)
+        else:
+            self.label.value = ngettext("done: {total} optimizer step", "done: {total} optimizer steps",
+                                        total).format(total=total)
+        if not self.shown:
+            self.shown = True
+            display(self)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle["text/plain"] = _("Progress of the DDP job: {state}").format(state=self.label.value)
+        return bundle
+
+
+def progress_bar() -> ProgressBar:
+    """A progress bar to pass as `on_progress=`; it appears when the job starts."""
+    return ProgressBar()
+
+
+def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
+    """The gradient all-reduces of every optimizer step, without and with `no_sync()`.
+
+    results: {False: DDPResult, True: DDPResult} of the same training (`distributed.compare_no_sync`). Prints one
+    row per optimizer step (the micro-batches each process ran, the all-reduces of each run) and the finding.
+    Returns {no_sync: all-reduces per step}.
+    """
+    without, with_no_sync = results[False], results[True]
+    if without.micro_batches != with_no_sync.micro_batches:
+        raise ValueError(_("results: the two runs took different steps ({a} and {b} micro-batches per step): pass "
+                           "the results of one compare_no_sync job").format(a=without.micro_batches,
+                                                                            b=with_no_sync.micro_batches))
+    print(table([_("optimizer step"), _("micro-batches per process"), _("all-reduces without no_sync()"),
+                 _("with no_sync()")],
+                [[str(step), str(micro), str(a), str(b)] for step, (micro, a, b) in
+                 enumerate(zip(without.micro_batches, without.allreduces, with_no_sync.allreduces), 1)]))
+    steps = without.steps
+    if without.allreduces == without.micro_batches and len(set(without.micro_batches)) > 1:
+        print(_("Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
+                "micro-batches, {total} for {steps} steps ({mean:.1f} per step on average, since the short steps have "
+                "fewer micro-batches).").format(total=without.allreduce_calls, steps=steps,
+                                               mean=without.allreduce_per_step))
+    elif without.allreduces == without.micro_batches:
+        print(_("Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
+                "micro-batches, {total} for {steps} steps.").format(total=without.allreduce_calls, steps=steps))
+    else:
+        print(_("Without no_sync(): {total} all-reduces for {steps} steps.").format(total=without.allreduce_calls,
+                                                                                    steps=steps))
+    if set(with_no_sync.allreduces) == {1}:
+        print(_("With no_sync(), one all-reduce per step, in the backward() of the cycle's last micro-batch: {total} "
+                "for {steps} steps, {saved} fewer.").format(total=with_no_sync.allreduce_calls, steps=steps,
+                                                            saved=without.allreduce_calls - with_no_sync.allreduce_calls))
+    else:
+        print(_("With no_sync(): {total} all-reduces for {steps} steps.").format(total=with_no_sync.allreduce_calls,
+                                                                                 steps=steps))
+    return {False: without.allreduces, True: with_no_sync.allreduces}
+
+
+def same_weights(results: dict, single) -> dict[bool, float]:
+    """Each DDP run's final weights against one process that trained on whole effective batches (`single`, a
+    model or state dict); prints the largest differences and returns {no_sync: difference}."""
+    gaps = {no_sync: parameter_gap(result.state, single) for no_sync, result in results.items()}
+    result = results[True]
+    print(_("Largest weight difference from one process trained on batches of {batch}: {without:.1e} without "
+            "no_sync(), {with_no_sync:.1e} with it.").format(
+                batch=result.micro_batch_size * result.accum_steps * result.world_size, without=gaps[False],
+                with_no_sync=gaps[True]))
+    return gaps

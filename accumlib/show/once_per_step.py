@@ -1,0 +1,213 @@
+"""Lesson 8: the scheduler, clipping, the GradScaler and the logged loss belong to the optimizer step.
+
+Each function takes the lesson's own training run as a function of the mistake (`run(per_micro_batch)` or
+`run(**switches)` of `pitfalls.classic_train`), runs it the right way and the wrong way, and prints what differs:
+the learning rates, the norm of the gradient each optimizer step used, what PyTorch raised or warned. The gradient
+an optimizer step uses is read by a hook that runs just before every `optimizer.step()` (`step_gradients`).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .. import plots
+from ..i18n import _
+from ..loop import parameter_gap
+from ._format import figure, table
+
+# The GradScaler calls of the optimizer step that lesson 8 moves into the micro-batch loop, one or both at a time
+# (pitfalls.classic_train's switches), after the right loop (no switch).
+SCALER_MISTAKES = ({}, {"unscale_per_micro_batch": True}, {"update_per_micro_batch": True},
+                   {"unscale_per_micro_batch": True, "update_per_micro_batch": True})
+_CALLS = {"unscale_per_micro_batch": "unscale_()", "update_per_micro_batch": "update()"}
+
+
+@contextlib.contextmanager
+def step_gradients():
+    """Record, for every optimizer step taken inside the block (any optimizer), the gradient it used: one flat
+    float64 copy of all its parameters' gradients per step, appended to the list the block gets. A step that a
+    GradScaler skips (inf or NaN in the gradient) calls no optimizer.step() and records nothing."""
+    gradients: list[torch.Tensor] = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad.flatten() for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        gradients.append(torch.cat(grads).double() if grads else torch.zeros(0, dtype=torch.float64))
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        yield gradients
+    finally:
+        handle.remove()
+
+
+def _first_sentence(message: str) -> str:
+    return message.split(". ")[0].rstrip(".") + "."
+
+
+def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> dict[bool, list[float]]:
+    """The scheduler stepped once per optimizer step against after every micro-batch.
+
+    run(per_micro_batch) trains with a fresh scheduler and returns the learning rate of each optimizer step.
+    Prints the first `shown_steps` learning rates of both, when the fast schedule reaches the last learning rate of
+    the right one (and whether it climbs again after), and what PyTorch warned; draws both schedules. Returns
+    {per_micro_batch: learning rates}.
+    """
+    rates, warned = {}, {}
+    for per_micro_batch in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rates[per_micro_batch] = list(run(per_micro_batch))
+        warned[per_micro_batch] = [_first_sentence(str(w.message)) for w in caught]
+    right, fast = rates[False], rates[True]
+    steps, last = len(right), right[-1]
+    reached = next((i for i, lr in enumerate(fast) if lr <= last * (1 + 1e-9)), None)
+    labels = {False: _("once per optimizer step"), True: _("after every micro-batch")}
+    print(table([_("scheduler.step()"), *(_("step {number}").format(number=i) for i in range(1, shown_steps + 1))],
+                [[labels[key], *(f"{lr:.3f}" for lr in rates[key][:shown_steps])] for key in (False, True)]))
+    for key in (False, True):
+        for message in warned[key]:
+            print(_("PyTorch warned while the scheduler stepped {how}: {message}").format(how=labels[key],
+                                                                                          message=message))
+    if reached is None:
+        finding = _("Stepped after every micro-batch, the learning rate never falls to {low:.3f}, the last learning "
+                    "rate of the schedule stepped once per optimizer step (step {slow}).").format(low=last, slow=steps)
+    elif max(fast[reached:]) > fast[reached]:
+        finding = _("Stepped after every micro-batch, the learning rate falls to {low:.3f} by step {fast} instead of "
+                    "step {slow}, then climbs back to {peak:.3f}.").format(
+                        low=last, fast=reached + 1, slow=steps, peak=max(fast[reached:]))
+    else:
+        finding = _("Stepped after every micro-batch, the learning rate falls to {low:.3f} by step {fast} instead of "
+                    "step {slow}.").format(low=last, fast=reached + 1, slow=steps)
+    print(finding)
+    alt = _("Line chart of the learning rate of each of {steps} optimizer steps: stepped once per optimizer step, "
+            "the schedule falls from {start:.3f} to {low:.3f}; stepped after every micro-batch, it starts at "
+            "{fast_start:.3f} and ranges from {fast_low:.3f} to {fast_high:.3f}.").format(
+                steps=steps, start=right[0], low=last, fast_start=fast[0], fast_low=min(fast), fast_high=max(fast))
+    xs = list(range(1, steps + 1))
+    figure(plots.lines({labels[key]: (xs, rates[key]) for key in (False, True)}, _("optimizer step"),
+                       _("learning rate"), finding.rstrip("."), alt))
+    return rates
+
+
+def clipping(run: Callable[[bool], torch.nn.Module], *, max_norm: float) -> dict[bool, list[torch.Tensor]]:
+    """Clipping once per optimizer step against inside the micro-batch loop (after every backward()).
+
+    run(per_micro_batch) trains a fresh model with clip_grad_norm=max_norm and returns it; both runs start from the
+    same weights and see the same micro-batches, so their first optimizer steps use comparable gradients. Prints the
+    norms of the gradients the steps used, how far step 1's gradient is from the right one, and how far apart the
+    runs' weights ended. Returns {per_micro_batch: the gradient (flat) of each optimizer step}.
+    """
+    gradients, models = {}, {}
+    for per_micro_batch in (False, True):
+        with step_gradients() as seen:
+            models[per_micro_batch] = run(per_micro_batch)
+        gradients[per_micro_batch] = seen
+    for per_micro_batch, message in ((False, _("Clipped once per optimizer step: the {steps} steps used gradients of "
+                                               "norm {low:.4f} to {high:.4f} (max_norm = {max_norm:g}).")),
+                                     (True, _("Clipped after every micro-batch: the {steps} steps used gradients of "
+                                              "norm {low:.4f} to {high:.4f} (max_norm = {max_norm:g})."))):
+        norms = [g.norm().item() for g in gradients[per_micro_batch]]
+        print(message.format(steps=len(norms), low=min(norms), high=max(norms), max_norm=max_norm))
+    right, wrong = gradients[False][0], gradients[True][0]
+    print(_("Step 1, same weights, same micro-batches: the gradient clipped after every micro-batch differs from the "
+            "right one by {share:.0%} of the right one's length.").format(
+                share=((wrong - right).norm() / right.norm()).item()))
+    print(_("The two runs' weights differ by up to {gap:.1e} after {steps} steps.").format(
+        gap=parameter_gap(models[True], models[False]), steps=len(gradients[True])))
+    return gradients
+
+
+def logged_losses(log, histories: dict[tuple[int, int], object], *, accum_steps: int) -> float:
+    """What a loop logs when it logs the divided loss, against the true loss.
+
+    log: `pitfalls.classic_train`'s log of a run with `accum_steps`; histories: (micro_batch_size, accum_steps) ->
+    `accumlib.train`'s history, all from the same seed. Prints the first cycle's micro-batch losses as logged
+    (divided) and true, their mean, and the first step's loss that accumlib.train recorded for each split.
+    Returns the first cycle's true mean loss.
+    """
+    print(table([_("micro-batch"), _("logged: loss / accum_steps"), _("true loss")],
+                [[str(i + 1), f"{scaled:.4f}", f"{true:.4f}"]
+                 for i, (scaled, true) in enumerate(zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps]))]))
+    mean = math.fsum(log.true_losses[:accum_steps]) / accum_steps
+    print(_("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(mean=mean))
+    for (micro_batch_size, steps), history in histories.items():
+        print(_("accumlib.train, micro_batch_size={micro_batch_size}, accum_steps={accum_steps}: step 1's loss "
+                "{loss:.4f}").format(micro_batch_size=micro_batch_size, accum_steps=steps, loss=history[0].loss))
+    return mean
+
+
+@dataclass(frozen=True)
+class ScalerOutcome:
+    """What one GradScaler placement did: the exception it raised (None if it trained) and the gradient norm of
+    each optimizer step it took."""
+
+    switches: dict
+    error: BaseException | None
+    step_norms: list[float]
+
+
+def scaler_mistakes(run: Callable[..., object]) -> list[ScalerOutcome]:
+    """Which GradScaler calls PyTorch refuses when they run after every micro-batch, and which run silently.
+
+    run(**switches) trains a fresh model with a GradScaler through `pitfalls.classic_train(..., **switches)`; it is
+    called once per entry of SCALER_MISTAKES, the right loop first. Prints one row per placement (what ran after
+    every micro-batch, what happened, step 1's gradient against the right loop's), PyTorch's messages and the
+    finding. Returns the outcomes in SCALER_MISTAKES's order.
+    """
+    outcomes = []
+    for switches in SCALER_MISTAKES:
+        with step_gradients() as seen:
+            try:
+                run(**switches)
+                error = None
+            except (RuntimeError, AssertionError) as raised:
+                error = raised
+        outcomes.append(ScalerOutcome(dict(switches), error, [g.norm().item() for g in seen]))
+    right = outcomes[0].step_norms[0]
+    rows = []
+    for outcome in outcomes:
+        calls = ", ".join(_CALLS[name] for name in outcome.switches) or _("nothing: all once per step")
+        if outcome.error is not None:
+            happens = _("PyTorch raises {error}").format(error=type(outcome.error).__name__)
+            ratio = "-"
+        else:
+            happens = _("trains") if not outcome.switches else _("trains, silently")
+            ratio = f"{outcome.step_norms[0] / right:.1e}"
+        rows.append([calls, happens, ratio])
+    print(table([_("after every micro-batch"), _("what happens"), _("step 1's gradient / the right one")], rows))
+    for outcome in outcomes:
+        if outcome.error is not None:
+            print(f"{type(outcome.error).__name__}: {outcome.error}")
+    silent = [o for o in outcomes[1:] if o.error is None]
+    for outcome in silent:
+        print(_("Silent: with {calls} after every micro-batch, step 1's gradient is {ratio:.1e} times the right one "
+                "(its norm {norm:.2e} instead of {right:.2e}).").format(
+                    calls=" + ".join(_CALLS[name] for name in outcome.switches), ratio=outcome.step_norms[0] / right,
+                    norm=outcome.step_norms[0], right=right))
+    return outcomes
+
+
+def same_as_accumlib(model: torch.nn.Module, reference: torch.nn.Module, logged: list[float], history) -> float:
+    """A hand-written loop against accumlib.train on the same micro-batches: weights, logged losses, skipped steps.
+
+    logged: the loss the hand-written loop logged per optimizer step; history: accumlib.train's records. Prints the
+    comparison, and whether every logged loss is finite (math.isfinite: neither inf nor NaN). Returns the largest
+    weight difference.
+    """
+    if len(logged) != len(history):
+        raise ValueError(_("logged has {losses} losses but history has {steps} steps: give one logged loss per "
+                           "optimizer step of the same run").format(losses=len(logged), steps=len(history)))
+    gap = parameter_gap(model, reference)
+    loss_gap = max(abs(mine - record.loss) for mine, record in zip(logged, history))
+    finite = all(math.isfinite(value) for value in logged)
+    print(_("Your loop against accumlib.train, {steps} optimizer steps: weights differ by up to {gap:.1e}, logged "
+            "losses by up to {loss_gap:.1e}.").format(steps=len(history), gap=gap, loss_gap=loss_gap))
+    print(_("Steps the GradScaler skipped: {skipped}. Every logged loss finite (math.isfinite): {finite}.").format(
+        skipped=sum(record.skipped for record in history), finite=_("yes") if finite else _("no")))
+    return gap
