@@ -35,13 +35,14 @@ ALLOCATOR = "CUDA caching allocator (max_memory_allocated)"
 class OutOfMemory(torch.OutOfMemoryError):
     """A step needs more bytes than the (simulated) card has. needed_bytes, available_bytes: bytes."""
 
-    def __init__(self, needed_bytes: int, available_bytes: int, what: str = "this micro-batch", *,
+    def __init__(self, needed_bytes: int, available_bytes: int, what: str | None = None, *,
                  advice: str | None = None):
         self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
         advice = advice if advice is not None else _("use a smaller micro_batch_size and more accum_steps")
         super().__init__(_("out of memory: {what} needs {needed:,} bytes ({needed_mib:.2f} MiB) but the budget is "
                            "{available:,} bytes ({available_mib:.2f} MiB); {advice}").format(
-            what=what, needed=needed_bytes, needed_mib=needed_bytes / 2**20, available=available_bytes,
+            what=what if what is not None else _("this micro-batch"), needed=needed_bytes,
+            needed_mib=needed_bytes / 2**20, available=available_bytes,
             available_mib=available_bytes / 2**20, advice=advice))
 
 

@@ -497,14 +497,14 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
     if leaked:
         findings.add("leaked-tail", ngettext(
             "The micro-batch left over at the end of epoch {epoch} leaks into the first step of epoch {next_epoch} "
-            "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches instead of "
-            "{expected} (its gradient is off by {error:.0%}). Step the last cycle at the end of each epoch.",
+            "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches, 1 of them from "
+            "epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end of each epoch.",
             "The {count} micro-batches left over at the end of epoch {epoch} leak into the first step of epoch "
             "{next_epoch} (step {step}): nothing steps or zeroes their gradient, so that step holds {held} "
-            "micro-batches instead of {expected} (its gradient is off by {error:.0%}). Step the last cycle at the end "
+            "micro-batches, {count} of them from epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end "
             "of each epoch.", len(leaked)).format(
                 count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1, step=r.number,
-                held=len(leaked) + len([j for j in inner if j in nonzero]), expected=len(ref.cycle_of(r.last)),
+                held=len(leaked) + len([j for j in inner if j in nonzero]),
                 error=_relative_error(fp, r)))
     dropped = [j for j in crossing if j not in nonzero]
     if dropped and ref.is_tail(ref.cycle_of(dropped[0])):

@@ -38,8 +38,8 @@ def scale_loss(loss, accum_steps):
 
 exercises.scale_loss.check(scale_loss)
 '''
-    hint_text = N_("The full-batch loss is the mean over all its samples. With accum_steps equal micro-batches, each "
-                   "micro-batch's mean loss is one accum_steps-th of it.")
+    hint_text = N_("The full-batch loss is the mean over all its samples: with accum_steps equal micro-batches, it is "
+                   "the mean of their accum_steps mean losses, so each micro-batch's loss counts 1/accum_steps.")
 
     def verdict(self, scale_loss) -> Verdict:
         """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum."""

@@ -111,12 +111,13 @@ exercises.largest_batch.check(largest_batch)
         answer, best = int(returned), self.largest()
         if answer > best:
             return wrong([Finding("too-large", _(
-                "A step on {batch} samples needs {peak:,} bytes, more than the {card} card ({budget:,} bytes): the "
+                "A step on a batch of {batch} needs {peak:,} bytes, more than the {card} card ({budget:,} bytes): the "
                 "largest batch that fits is smaller.").format(batch=answer, peak=step_peak(answer), card=card,
                                                               budget=self.card_bytes))])
         if answer < best:
-            message = _("A step on {batch} samples fits the {card} card ({peak:,} of {budget:,} bytes), but so does a "
-                        "step on {next} samples ({next_peak:,} bytes): the largest batch that fits is larger.").format(
+            message = _("A step on a batch of {batch} fits the {card} card ({peak:,} of {budget:,} bytes), but so "
+                        "does a step on a batch of {next} ({next_peak:,} bytes): the largest batch that fits is "
+                        "larger.").format(
                             batch=answer, card=card, peak=step_peak(answer), budget=self.card_bytes, next=answer + 1,
                             next_peak=step_peak(answer + 1))
             if tried and all(size & (size - 1) == 0 for size in tried):
@@ -125,9 +126,9 @@ exercises.largest_batch.check(largest_batch)
                                                          high=2 * answer)
             return wrong([Finding("not-largest", message)])
         return right(ngettext(
-            "A step on {batch} samples needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
+            "A step on a batch of {batch} needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
             "would need {next_peak:,}. Your search measured {count} batch size.",
-            "A step on {batch} samples needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
+            "A step on a batch of {batch} needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
             "would need {next_peak:,}. Your search measured {count} batch sizes.", len(set(tried))).format(
                            batch=answer, peak=step_peak(answer), card=card, budget=self.card_bytes,
                            next_peak=step_peak(answer + 1), count=len(set(tried))))
