@@ -161,7 +161,7 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else nothing
     optimizer.zero_grad(set_to_none=True)  # once per cycle: from here on, every backward() adds into .grad
     with _BuffersKept(model) as buffers:  # BatchNorm's running statistics, put back if the cycle fails or is skipped
-        losses = []  # each micro-batch's weighted loss, kept on the device: no host read per micro-batch
+        total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
             sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else nothing
@@ -169,20 +169,10 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                 loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
             (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
-            losses.append(weighted.detach())
+            total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
-        if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
-            norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
-        else:
-            norms = _grad_norms(params, losses[0].device)  # each gradient's L2 norm
-        values = torch.stack([*losses, *norms])  # the weighted losses, then the norms
-        if ddp:  # the losses summed over the processes, then averaged as DDP averages their gradients
-            dist.all_reduce(values[:len(losses)])
-            values[:len(losses)] /= dist.get_world_size()
-        values = values.tolist()  # the one host read of the cycle
-    loss = math.fsum(values[:len(losses)])  # the cycle's loss
-    grad_norm = math.hypot(*values[len(losses):])  # the L2 norm of all the gradients together
+        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, ddp)  # the one host read of the cycle
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # the finite check, alike on every process
     lr = float(optimizer.param_groups[0]["lr"])
     if skipped:
@@ -216,6 +206,27 @@ def _scalar_loss(loss) -> torch.Tensor:
         raise ValueError(_("loss_fn returned a tensor without a gradient (requires_grad=False): compute it from the "
                            "model's output, without .detach() or torch.no_grad()"))
     return loss
+
+
+def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
+                        ddp: bool) -> tuple[float, float]:
+    """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm, read from the device
+    at once.
+
+    Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
+    the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
+    return, so the optimizer step runs with no more memory than the hand-written loop's.
+    """
+    if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
+        norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
+    else:
+        norms = _grad_norms(params, total.device)  # each gradient's L2 norm
+    values = torch.stack([total, *norms])  # the loss, then the norms
+    if ddp:
+        dist.all_reduce(values[:1])
+        values[:1] /= dist.get_world_size()
+    loss, *norms = values.tolist()
+    return loss, math.hypot(*norms)
 
 
 def _grad_norms(params: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

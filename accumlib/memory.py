@@ -65,7 +65,8 @@ CATEGORY_DEFINITIONS = {
     "activation gradients": N_("gradients with respect to the activations, which backward() computes layer by "
                                "layer on its way to the parameters; proportional to the micro-batch"),
     "other": N_("everything else alive at the peak: results of the forward pass that backward() does not need "
-                "(the loss, the logits while they live); on CUDA also the allocator's rounding and workspaces"),
+                "(the loss, the logits while they live) and, with accumulation, the step's loss summed so far; on "
+                "CUDA also the allocator's rounding and workspaces"),
 }
 CATEGORIES = tuple(CATEGORY_DEFINITIONS)
 
@@ -243,6 +244,7 @@ def training_step(model, optimizer, micro_batches: Sequence[tuple[torch.Tensor, 
     Raises ValueError when loss_fn does not return a scalar tensor.
     """
     optimizer.zero_grad(set_to_none=True)
+    kept = None  # the divided losses summed, detached: accumlib.train keeps this sum on the device for its one read
     for x, y in micro_batches:
         mark("forward")
         loss = loss_fn(model(x), y)
@@ -250,6 +252,7 @@ def training_step(model, optimizer, micro_batches: Sequence[tuple[torch.Tensor, 
             shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ValueError(f"loss_fn must return a scalar tensor (the mean loss of the micro-batch), got {shape}")
         scaled = loss / len(micro_batches)
+        kept = scaled.detach() if kept is None else kept + scaled.detach()  # as many bytes as train's sum keeps
         mark("backward")
         scaled.backward()  # the unscaled loss stays alive through backward, as in a loop that logs it
         del loss, scaled
@@ -407,7 +410,8 @@ def _step_peak(model, optimizer, x, y, loss_fn, accum_steps: int) -> MemoryRepor
     """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
 
     Exact, not an estimate: from the second pass on every pass starts from the same live tensors (weights, the
-    whole .grad, optimizer state, the micro-batch), so passes 3..accum_steps peak exactly as pass 2 does.
+    whole .grad, optimizer state, the micro-batch, the loss summed so far), so passes 3..accum_steps peak exactly as
+    pass 2 does.
     """
     report = measure_step(model, x, y, optimizer=optimizer, loss_fn=loss_fn, accum_steps=min(accum_steps, 2),
                           fake=True)

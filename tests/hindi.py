@@ -61,7 +61,8 @@ def untranslated(text: str) -> list[str]:
 
 
 def avoided(text: str) -> list[str]:
-    """Variants the glossary avoids, found in a Hindi text (whole words)."""
+    """Variants the glossary avoids, found in a Hindi text (whole words; str.format placeholders are code)."""
+    text = re.sub(r"\{[^{}]*\}", " ", text)
     found = []
     for row in glossary():
         for variant in filter(None, (v.strip() for v in row["avoid"].split(","))):

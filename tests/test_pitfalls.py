@@ -132,7 +132,8 @@ def test_on_step_sees_each_step_with_its_true_mean_loss_like_accumlib():
     assert [s.step for s in steps] == list(range(1, 19)) and log.steps == 18
     assert [s.samples_seen for s in steps] == [r.samples_seen for r in history]
     assert [(s.micro_batches, s.samples) for s in steps] == [(r.micro_batches, r.samples) for r in history]
-    assert [s.loss for s in steps] == pytest.approx([r.loss for r in history], abs=1e-12)
+    # train sums each cycle's float32 losses on the device (no host read per micro-batch): float32 rounding apart
+    assert [s.loss for s in steps] == pytest.approx([r.loss for r in history], rel=1e-6)
 
 
 def test_on_step_loss_covers_only_the_micro_batches_whose_gradient_the_step_applied():

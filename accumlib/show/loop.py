@@ -9,7 +9,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..i18n import _, ngettext
+from ..i18n import N_, _, ngettext
 from ..loop import History, parameter_gap
 from ..pitfalls import ClassicStep
 from ._format import table
@@ -17,8 +17,8 @@ from ._format import table
 ROUNDING = 1e-12  # largest weight difference that is float64 rounding, not a different computation
 
 # pitfalls.classic_train's switches for a misplaced line ("" for none), as the table names them
-MISTAKES = {"": "the six-line loop", "zero_every_micro_batch": "zero_grad() before every backward()",
-            "step_every_micro_batch": "step() after every micro-batch", "divide": "no division"}
+MISTAKES = {"": N_("the six-line loop"), "zero_every_micro_batch": N_("zero_grad() before every backward()"),
+            "step_every_micro_batch": N_("step() after every micro-batch"), "divide": N_("no division")}
 
 
 def same_weights(hand_written: torch.nn.Module, library: torch.nn.Module, history: History) -> float:
