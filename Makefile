@@ -8,6 +8,8 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # (measured: the notebook suite took 220 s with two workers at default threads, 59 s with one thread each).
 TEST_ENV := OMP_NUM_THREADS=1
 WORKERS ?= 2
+# The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
+EDITION ?= en
 
 .PHONY: lab app test notebooks translations bench clean
 
@@ -19,10 +21,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 lab: $(VENV)/.installed  ## open the lessons in JupyterLab
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/en/01_large_batch_problem.ipynb
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/$(EDITION)/01_large_batch_problem.ipynb
 
 app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila
-	$(VENV)/bin/voila notebooks/en/dashboards.ipynb --port=$(PORT)
+	$(VENV)/bin/voila notebooks/$(EDITION)/dashboards.ipynb --port=$(PORT)
 
 test: $(VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \

@@ -32,6 +32,9 @@ from torch.overrides import TorchFunctionMode
 import accumlib
 from accumlib import data, distributed, loop, memory, models, widgets
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbval_suites  # noqa: E402  (benchmarks/nbval_suites.py: the notebook suite before and after the Hindi edition)
+
 ROOT = Path(__file__).resolve().parents[1]
 ACCUM_STEPS = (1, 2, 4, 8, 16)
 EFFECTIVE_BATCH = 64
@@ -323,13 +326,6 @@ def responsiveness(changes: int, rounds: int = 3) -> dict[str, float]:
     return result
 
 
-def nbval_suite_seconds() -> float:
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "notebooks",
-                    "--nbval-sanitize-with", "notebooks/sanitize.cfg"], cwd=ROOT, check=True, capture_output=True)
-    return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 rounds (unless --rounds), no nbval suite")
@@ -417,10 +413,10 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool) -> dict
     print("   slider change to redrawn figure (median seconds)")
     for name, seconds in response.items():
         print(f"   {name:<20} {seconds:.2f} s")
-    suite = None if quick else nbval_suite_seconds()
-    if suite is not None:
-        print(f"   whole nbval notebook suite: {suite:.0f} s")
-    return {**result, "ddp_job_seconds": ddp, "slider_seconds": response, "nbval_suite_seconds": suite}
+    suites = None if quick else nbval_suites.measure()
+    if suites is not None:
+        print("\n6. " + nbval_suites.report(suites))
+    return {**result, "ddp_job_seconds": ddp, "slider_seconds": response, "nbval_suites": suites}
 
 
 if __name__ == "__main__":
