@@ -1,0 +1,52 @@
+"""Issue 11 section 2, checked on the stored English lessons: one lesson per idea, at most about 700 words of prose
+(what a learner reads in under 10 minutes with the cells run), the lesson's exercise in a cell tagged `exercise`
+that calls its checker, and the lesson's own quick check as the last cell. Each failure names the notebook."""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from accumlib import exercises
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks" / "en").glob("[0-9][0-9]_*.ipynb"))
+MOST_WORDS = 700
+FENCED = re.compile(r"```.*?```", re.S)
+
+
+def number(path: Path) -> int:
+    return int(path.name[:2])
+
+
+def prose_words(notebook) -> int:
+    """Words of the markdown cells, fenced code blocks left out."""
+    return sum(len(FENCED.sub(" ", cell.source).split()) for cell in notebook.cells if cell.cell_type == "markdown")
+
+
+def test_the_lessons_are_numbered_one_to_ten_without_gaps():
+    assert [number(path) for path in LESSONS] == list(range(1, 11))
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_lesson_reads_in_under_ten_minutes(path):
+    words = prose_words(nbformat.read(path, as_version=4))
+    assert words <= MOST_WORDS, f"{path.name}: {words} words of prose, more than {MOST_WORDS}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_the_exercise_cells_call_the_lessons_checkers(path):
+    notebook = nbformat.read(path, as_version=4)
+    cells = [cell for cell in notebook.cells if "exercise" in cell.metadata.get("tags", [])]
+    expected = [e.name for e in exercises.BY_LESSON.get(number(path), ())]
+    called = [name for cell in cells for name in re.findall(r"exercises\.(\w+)\.check\(", cell.source)]
+    assert called == expected, f"{path.name}: exercise cells call {called}, the lesson's exercises are {expected}"
+    assert all(cell.cell_type == "code" for cell in cells), f"{path.name}: an `exercise` tag on a markdown cell"
+
+
+@pytest.mark.parametrize("path", LESSONS[:-1], ids=lambda p: p.stem)
+def test_a_lesson_ends_with_its_own_quick_check(path):
+    notebook = nbformat.read(path, as_version=4)
+    last = notebook.cells[-1]
+    assert last.cell_type == "code" and last.source.strip() == f"quiz.check(lesson={number(path)})", (
+        f"{path.name}: the last cell is {last.source!r}, not its quick check")
