@@ -535,7 +535,7 @@ def _count_value(value, device: torch.device) -> torch.Tensor:
         return value.to(device, torch.float64)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(float(value), dtype=torch.float64, device=device)
-    raise TypeError(_("count must return the number of loss terms of a micro-batch (an int or a 0-d tensor), got "
+    raise TypeError(_("count must return the number of loss terms of a micro-batch (a number or a 0-d tensor), got "
                       "{value!r} of type {type}").format(value=value, type=type(value).__name__))
 
 

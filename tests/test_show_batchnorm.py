@@ -87,16 +87,16 @@ def test_remedies_say_what_each_fixes_as_measured(remedies, capsys):
     out = capsys.readouterr().out
     assert "GroupNorm, 4 × 8                  < 1e-05" in out  # rounding-level gaps are not printed digit by digit
     assert "none kept" in out
-    higher = remedies.groupnorm_one_batch.evaluation.loss > remedies.batchnorm_reestimated.evaluation.loss
+    higher = remedies.groupnorm_accumulated.evaluation.loss > remedies.batchnorm_reestimated.evaluation.loss
     assert findings.groupnorm_higher_loss == higher
     assert ("GroupNorm makes accumulation exact, not the model better" in out) == higher
 
 
 def test_remedies_call_groupnorm_better_only_when_its_held_out_loss_is_not_higher(remedies, capsys):
-    worse = dataclasses.replace(remedies.groupnorm_one_batch, evaluation=dataclasses.replace(
-        remedies.groupnorm_one_batch.evaluation, loss=remedies.batchnorm_reestimated.evaluation.loss + 1))
-    assert show.remedies(dataclasses.replace(remedies, groupnorm_one_batch=worse)).groupnorm_higher_loss
+    worse = dataclasses.replace(remedies.groupnorm_accumulated, evaluation=dataclasses.replace(
+        remedies.groupnorm_accumulated.evaluation, loss=remedies.batchnorm_reestimated.evaluation.loss + 1))
+    assert show.remedies(dataclasses.replace(remedies, groupnorm_accumulated=worse)).groupnorm_higher_loss
     assert "GroupNorm makes accumulation exact, not the model better" in capsys.readouterr().out
     better = dataclasses.replace(worse, evaluation=dataclasses.replace(worse.evaluation, loss=0.0))
-    assert not show.remedies(dataclasses.replace(remedies, groupnorm_one_batch=better)).groupnorm_higher_loss
+    assert not show.remedies(dataclasses.replace(remedies, groupnorm_accumulated=better)).groupnorm_higher_loss
     assert "is not higher than re-estimated BatchNorm's" in capsys.readouterr().out

@@ -124,5 +124,5 @@ def test_same_as_accumlib_checks_finite_with_isfinite_so_an_inf_loss_is_not_fini
     logged[1] = math.inf  # inf == inf: the `x == x` test would call it finite
     once_per_step.same_as_accumlib(model, model, logged, history)
     assert "Every logged loss finite (math.isfinite): no." in capsys.readouterr().out
-    with pytest.raises(ValueError, match="logged has 3 losses but history has 4 steps"):
+    with pytest.raises(ValueError, match="`logged` has 3 losses but `history` has 4 steps"):
         once_per_step.same_as_accumlib(model, model, logged[:3], history)

@@ -187,7 +187,7 @@ def remedies(result: Remedies) -> RemedyFindings:
     else:
         print(_("Re-estimating changed weights by up to {change:.2g}: it should change only the running "
                 "statistics.").format(change=result.reestimate_weight_change))
-    grouped, grouped_one = result.groupnorm_accumulated, result.groupnorm_one_batch
+    grouped = result.groupnorm_accumulated
     if grouped.weight_gap < ROUNDING:
         print(_("GroupNorm: {accumulated} and {one} trained the same weights (largest difference below {rounding:.0e}, "
                 "float32 rounding), and it keeps no running statistics: eval mode computes what training "
@@ -195,14 +195,14 @@ def remedies(result: Remedies) -> RemedyFindings:
     else:
         print(_("GroupNorm: {accumulated} and {one} trained weights that differ by up to {gap:.2g}.").format(
             gap=grouped.weight_gap, **runs))
-    values = dict(grouped=grouped_one.evaluation.loss, batchnorm=reestimated.evaluation.loss, **runs)
-    if grouped_one.evaluation.loss > reestimated.evaluation.loss:
+    values = dict(grouped=grouped.evaluation.loss, batchnorm=reestimated.evaluation.loss, **runs)  # both accumulated
+    if grouped.evaluation.loss > reestimated.evaluation.loss:
         print(_("GroupNorm makes accumulation exact, not the model better: here its held-out loss, {grouped:.3f}, is "
-                "higher than re-estimated BatchNorm's, {batchnorm:.3f} ({accumulated}). A different normalisation is a "
-                "different model: check it on held-out data.").format(**values))
+                "higher than re-estimated BatchNorm's, {batchnorm:.3f} (both {accumulated}). A different normalisation "
+                "is a different model: check it on held-out data.").format(**values))
     else:
         print(_("Here GroupNorm's held-out loss, {grouped:.3f}, is not higher than re-estimated BatchNorm's, "
-                "{batchnorm:.3f} ({accumulated}). A different normalisation is a different model: check it on held-out "
-                "data.").format(**values))
+                "{batchnorm:.3f} (both {accumulated}). A different normalisation is a different model: check it on "
+                "held-out data.").format(**values))
     return RemedyFindings(result.reestimate_weight_change == 0, lowered, grouped.weight_gap < ROUNDING,
-                          grouped_one.evaluation.loss > reestimated.evaluation.loss)
+                          grouped.evaluation.loss > reestimated.evaluation.loss)

@@ -75,15 +75,15 @@ def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> di
             print(_("PyTorch warned while the scheduler stepped {how}: {message}").format(how=labels[key],
                                                                                           message=message))
     if reached is None:
-        finding = _("Stepped after every micro-batch, the learning rate never falls to {low:.3f}, the last learning "
-                    "rate of the schedule stepped once per optimizer step (step {slow}).").format(low=last, slow=steps)
+        finding = _("With the scheduler stepped after every micro-batch, the learning rate never falls to {low:.3f}, "
+                    "the last learning rate of the schedule stepped once per optimizer step (step {slow}).").format(low=last, slow=steps)
     elif max(fast[reached:]) > fast[reached]:
-        finding = _("Stepped after every micro-batch, the learning rate falls to {low:.3f} by step {fast} instead of "
-                    "step {slow}, then climbs back to {peak:.3f}.").format(
+        finding = _("With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
+                    "{fast} instead of step {slow}, then climbs back to {peak:.3f}.").format(
                         low=last, fast=reached + 1, slow=steps, peak=max(fast[reached:]))
     else:
-        finding = _("Stepped after every micro-batch, the learning rate falls to {low:.3f} by step {fast} instead of "
-                    "step {slow}.").format(low=last, fast=reached + 1, slow=steps)
+        finding = _("With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
+                    "{fast} instead of step {slow}.").format(low=last, fast=reached + 1, slow=steps)
     print(finding)
     alt = _("Line chart of the learning rate of each of {steps} optimizer steps: stepped once per optimizer step, "
             "the schedule falls from {start:.3f} to {low:.3f}; stepped after every micro-batch, it starts at "
@@ -201,7 +201,7 @@ def same_as_accumlib(model: torch.nn.Module, reference: torch.nn.Module, logged:
     weight difference.
     """
     if len(logged) != len(history):
-        raise ValueError(_("logged has {losses} losses but history has {steps} steps: give one logged loss per "
+        raise ValueError(_("`logged` has {losses} losses but `history` has {steps} steps: give one logged loss per "
                            "optimizer step of the same run").format(losses=len(logged), steps=len(history)))
     gap = parameter_gap(model, reference)
     loss_gap = max(abs(mine - record.loss) for mine, record in zip(logged, history))
