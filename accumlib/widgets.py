@@ -296,8 +296,9 @@ class LossDashboard(Dashboard):
                 "full-batch curve? Read the largest gap in the title."),
              N_("Switch on “forget the division” and move accum_steps from 2 to 16. How far does the accumulated "
                 "curve leave the full batch, and which way? Set accum_steps to 1: why does the switch stop mattering?"),
-             N_("With the loop correct, switch on “BatchNorm model” and compare micro-batch size 2 with 64 at "
-                "accum_steps 4. Which stays closer to the full batch, and why?"))
+             N_("With the loop correct, switch on “BatchNorm model” (BatchNorm, a layer that normalises with the "
+                "statistics of its batch, is lesson 7's subject) and compare micro-batch size 2 with 64 at "
+                "accum_steps 4. Which stays closer to the full batch?"))
     SWITCHES = {"forget_division": N_("forget the division"),
                 "zero_every_micro_batch": N_("zero the gradients every micro-batch"),
                 "step_every_micro_batch": N_("step the optimizer every micro-batch"),
@@ -465,7 +466,7 @@ class MemoryDashboard(Dashboard):
 
     title = N_("Memory: one micro-batch at a time")
     tasks = (N_("Keep the effective batch at 64: try micro-batch size 64 with accum_steps 1, then 8 with 8, then 4 "
-                "with 16. Which part of the accumulated bar shrinks, and which parts stay the same?"),
+                "with 16. Which parts of the accumulated bar shrink, which stay the same, and which grow?"),
              N_("Set the card to 0.5 MiB and find the largest micro-batch size whose accumulated step fits under the "
                 "dashed line. Does accum_steps change the accumulated bar?"),
              N_("Set accum_steps to 1: what do the two bars measure? Then raise accum_steps: which bar grows?"))

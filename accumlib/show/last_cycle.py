@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import torch
 
 from .. import data
-from ..i18n import _, ngettext
+from ..i18n import N_, _, ngettext
 from ..loop import History, parameter_gap
 from ..pitfalls import LAST_CYCLE_CHOICES, ClassicStep, loss_weights
 from ._format import table
@@ -99,7 +99,7 @@ def token_weights(targets: torch.Tensor, micro_batch_size: int, accum_steps: int
     weights. Returns both weightings per micro-batch."""
     cycle = targets[:micro_batch_size * accum_steps]
     micro = cycle.split(micro_batch_size)
-    counts = [data.count_tokens(None, part) for part in micro]
+    counts = [int(data.count_tokens(None, part)) for part in micro]  # read to print
     if 0 in counts:
         raise ValueError(f"targets: a micro-batch of the first cycle has no token (tokens per micro-batch: {counts})")
     total = sum(counts)
@@ -117,7 +117,7 @@ def token_weights(targets: torch.Tensor, micro_batch_size: int, accum_steps: int
 
 
 # how a sequence run normalised its loss, as the token table names it
-TOKEN_RUNS = {"mean": "mean of micro-batch means", "count": "sum / tokens in the cycle"}
+TOKEN_RUNS = {"mean": N_("mean of micro-batch means"), "count": N_("sum / tokens in the cycle")}
 
 
 def tokens(runs: Mapping[str, torch.nn.Module], reference: torch.nn.Module) -> dict[str, float]:

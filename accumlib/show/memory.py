@@ -139,10 +139,12 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
         print(_("Not used in this step (0 bytes in every split): {categories}.").format(
             categories=", ".join(category_name(c) for c in unused)))
     peak_ratio = first.peak / last.peak
-    values = {**ends, "before": first.peak, "after": last.peak, "times": _ratio(first.peak, last.peak)}
+    values = {**ends, "before": first.peak, "after": last.peak, "times": _ratio(first.peak, last.peak),
+              "micro_times": _ratio(first.micro_batch_size, last.micro_batch_size)}
     if first.peak > last.peak and peak_ratio < first.micro_batch_size / last.micro_batch_size:
-        print(_("The peak falls from {before:,} to {after:,} bytes: {times} times smaller, less than the micro-batch, "
-                "because what stays and what grows does not shrink.").format(**values))
+        print(_("The peak falls from {before:,} to {after:,} bytes: {times} times smaller, while the micro-batch is "
+                "{micro_times} times smaller, because what stays the same and what grows do not shrink.").format(
+                    **values))
     elif first.peak > last.peak:
         print(_("The peak falls from {before:,} to {after:,} bytes: {times} times smaller.").format(**values))
     else:
