@@ -60,7 +60,8 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
     scale = rec.scaler.get_scale()
     if "scale" not in calls and "step" not in calls:
         return [Finding("scaler-unused", _(
-            "The GradScaler is never used. In float16, a gradient smaller than about {smallest:.1e} rounds to zero; "
+            "The GradScaler is never used. In float16, a gradient smaller than about half of {smallest:.1e} (the "
+            "smallest float16 number) rounds to zero; "
             "the scaler multiplies the loss by {scale:g} so that small gradients survive. Call "
             "scaler.scale(loss).backward() for every micro-batch, and once per step scaler.step(optimizer) and "
             "scaler.update() instead of optimizer.step().").format(smallest=smallest_float16(), scale=scale))]

@@ -71,7 +71,7 @@ def gradient_gaps(gaps: dict[str, float], micro_batch_size: int, accum_steps: in
     for label, gap in gaps.items():
         exact[label] = gap < ROUNDING
         if exact[label]:
-            print("  " + _("{label}: below {rounding:.0e}, float32 rounding: accumulation is exact.").format(
+            print("  " + _("{label}: below {rounding:.0e}: accumulation is exact up to float32 rounding.").format(
                 label=label, rounding=ROUNDING))
         else:
             print("  " + _("{label}: {gap:.4f}: accumulation is not exact.").format(label=label, gap=gap))
@@ -119,8 +119,8 @@ def causes(result: DivergenceCauses, moved: dict[int, list[RunningAverageMove]])
     values = dict(cause=links[largest][1], value=totals[largest], total=everything)
     if totals[largest] >= 0.9 * everything and all(v <= 0.1 * totals[largest] for n, v in totals.items()
                                                    if n != largest):
-        print(_("Of the three, {cause} alone accounts for almost all of it: {value:.3f}, against {total:.3f} for all "
-                "causes together.").format(**values))
+        print(_("Of the three, {cause} alone makes about as large a difference as all causes together: {value:.3f}, "
+                "against {total:.3f}; the other two barely matter.").format(**values))
     else:
         print(_("The largest cause is {cause}: {value:.3f}, against {total:.3f} for all causes together.").format(
             **values))

@@ -63,14 +63,15 @@ def passes(decomposition: TimeDecomposition) -> plots.Plot:
     values = dict(fixed=_ms(d.overhead_seconds), per_sample=_ms(d.seconds_per_sample))
     print(_("One forward and backward pass, by micro-batch size: measured, and the fitted fixed cost + arithmetic:"))
     print(_lines([str(p.micro_batch_size) for p in d.passes],
-                 [_("{measured} = {fixed} + {arithmetic}").format(
+                 [_("{measured}; line: {fixed} + {arithmetic} = {fitted}").format(
                      measured=_ms(p.seconds), fixed=_ms(d.overhead_seconds),
-                     arithmetic=_ms(d.seconds_per_sample * p.micro_batch_size)) for p in d.passes]))
+                     arithmetic=_ms(d.seconds_per_sample * p.micro_batch_size),
+                     fitted=_ms(d.pass_seconds(p.micro_batch_size))) for p in d.passes]))
     print(_("Fitted: a pass costs {fixed} whatever its size, plus {per_sample} for each sample; the line misses the "
             "measured passes by at most {miss}.").format(miss=_ms(max(abs(p.residual) for p in d.passes)), **values))
     print()
-    print(_("One effective batch, micro-batch × accum_steps: fixed costs + arithmetic + optimizer step = predicted "
-            "(measured):"))
+    print(_("One effective batch, micro-batch × accum_steps: fixed costs + arithmetic + optimizer step and zeroing = "
+            "predicted (measured):"))
     print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
                  [_("{fixed} + {arithmetic} + {optimizer} = {predicted} ({measured})").format(
                      fixed=_ms(s.overhead_seconds), arithmetic=_ms(s.compute_seconds),
@@ -127,14 +128,17 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
     sizes = [p.micro_batch_size for p in first.passes]
     (small_label, small), *others = decompositions.items()
     for label, d in others:
-        values = dict(label=label, other=small_label)
+        values = dict(label=label, other=small_label, size=sizes[0], share=d.overhead_share(sizes[0]),
+                      other_share=small.overhead_share(sizes[0]))
         if (all(d.overhead_share(m) < small.overhead_share(m) for m in sizes)
                 and ratios[label][-1] < ratios[small_label][-1]):
-            print(_("With more arithmetic per sample, the fixed cost is a smaller part of every pass of {label} than "
-                    "of {other}, and splitting its batch adds a smaller share of time.").format(**values))
+            print(_("With more arithmetic per sample, the fitted fixed cost is a smaller part of every pass of {label} "
+                    "than of {other} (at {size} samples {share:.0%} against {other_share:.0%}), and splitting its batch "
+                    "adds a smaller share of time.").format(**values))
         else:
-            print(_("Here the fixed cost is not a smaller part of every pass of {label} than of {other}, or splitting "
-                    "its batch does not add a smaller share of time.").format(**values))
+            print(_("Here the fitted fixed cost is not a smaller part of every pass of {label} than of {other} (at "
+                    "{size} samples {share:.0%} against {other_share:.0%}), or splitting its batch does not add a "
+                    "smaller share of time.").format(**values))
     title = _("Time per effective batch of {batch} against one batch: {last} costs {ratios}").format(
         batch=batch, last=labels[-1],
         ratios=", ".join(_("{ratio} for {label}").format(ratio=_times(r[-1]), label=label)
