@@ -322,6 +322,13 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
     assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == "Quiz (English), 1 question(s): when-to-step"
 
 
+def test_the_whole_quiz_is_called_the_whole_quiz_and_a_lesson_check_a_quick_check():
+    whole, lesson = quiz.QuizWidget(language="hi"), quiz.check(lesson=3, language="hi")
+    assert whole.heading.value == "<h3>पूरी प्रश्नोत्तरी</h3>" and lesson.heading.value == "<h3>त्वरित जाँच</h3>"
+    assert whole._repr_mimebundle_()["text/plain"].startswith(f"पूरी प्रश्नोत्तरी (हिन्दी), {len(whole.quiz.questions)} प्रश्न:")
+    assert quiz.check(language="en").heading.value == "<h3>The whole quiz</h3>"
+
+
 def test_the_widget_in_hindi_shows_no_english_sentence():
     widget = quiz.QuizWidget(language="hi")
     shown = []

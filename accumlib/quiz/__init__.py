@@ -46,6 +46,9 @@ UI = {
     "not_a_number": N_("Type a number, for example 12."),
     "run_after_answer": N_("Answer first: predict, then run it."),
     "summary": N_("Quiz ({language}), {count} question(s): {ids}"),
+    # the whole quiz (every question of the course) is not one lesson's quick check
+    "whole_title": N_("The whole quiz"),
+    "whole_summary": N_("The whole quiz ({language}), {count} questions: {ids}"),
 }
 
 
@@ -201,6 +204,7 @@ class QuizWidget:
 
     def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None):
         self.quiz = Quiz(ids, language, lesson=lesson)
+        self.whole = not ids and lesson is None  # every question of the course, not one lesson's quick check
         self.index = 0
         self.language = w.ToggleButtons(options=[(name, code) for code, name in LANGUAGES.items()],
                                         value=self.quiz.language, style={"description_width": "initial"})
@@ -242,7 +246,7 @@ class QuizWidget:
     def _render(self) -> None:
         q, quiz = self.current, self.quiz
         self.language.description = quiz.ui("language")
-        self.heading.value = f"<h3>{html.escape(quiz.ui('title'))}</h3>"
+        self.heading.value = f"<h3>{html.escape(quiz.ui('whole_title' if self.whole else 'title'))}</h3>"
         self.prompt.value = f"<p><b>{self.index + 1}.</b> {html.escape(quiz.text(q['prompt']))}</p>"
         numeric = q["kind"] == "number"
         self.choices.layout.display = "none" if numeric else None
@@ -307,7 +311,8 @@ class QuizWidget:
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
         ids = ", ".join(q["id"] for q in self.quiz.questions)
-        bundle["text/plain"] = self.quiz.ui("summary", language=LANGUAGES[self.quiz.language],
+        bundle["text/plain"] = self.quiz.ui("whole_summary" if self.whole else "summary",
+                                            language=LANGUAGES[self.quiz.language],
                                             count=len(self.quiz.questions), ids=ids)
         return bundle
 
