@@ -125,20 +125,22 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
             large=d.passes[-1].micro_batch_size, large_time=_ms(d.passes[-1].seconds),
             pass_ratio=_times(d.passes[-1].seconds / d.passes[0].seconds), last=labels[-1],
             ratio=_times(ratios[label][-1]), first=labels[0]) for label, d in decompositions.items()]))
-    sizes = [p.micro_batch_size for p in first.passes]
+    def growth(d: TimeDecomposition) -> float:  # how much a pass grows from the smallest to the largest micro-batch
+        return d.passes[-1].seconds / d.passes[0].seconds
+
     (small_label, small), *others = decompositions.items()
     for label, d in others:
-        values = dict(label=label, other=small_label, size=sizes[0], share=d.overhead_share(sizes[0]),
-                      other_share=small.overhead_share(sizes[0]))
-        if (all(d.overhead_share(m) < small.overhead_share(m) for m in sizes)
-                and ratios[label][-1] < ratios[small_label][-1]):
-            print(_("With more arithmetic per sample, the fitted fixed cost is a smaller part of every pass of {label} "
-                    "than of {other} (at {size} samples {share:.0%} against {other_share:.0%}), and splitting its batch "
-                    "adds a smaller share of time.").format(**values))
-        else:
-            print(_("Here the fitted fixed cost is not a smaller part of every pass of {label} than of {other} (at "
-                    "{size} samples {share:.0%} against {other_share:.0%}), or splitting its batch does not add a "
+        values = dict(label=label, other=small_label, smallest=d.passes[0].micro_batch_size,
+                      largest=d.passes[-1].micro_batch_size, growth=_times(growth(d)),
+                      other_growth=_times(growth(small)))
+        if growth(d) > growth(small) and ratios[label][-1] < ratios[small_label][-1]:
+            print(_("From {smallest} to {largest} samples a pass of {label} takes {growth} the time, one of {other} "
+                    "{other_growth}: more of its time is arithmetic per sample, and splitting its batch adds a "
                     "smaller share of time.").format(**values))
+        else:
+            print(_("From {smallest} to {largest} samples a pass of {label} takes {growth} the time, one of {other} "
+                    "{other_growth}: here either its time is not more arithmetic per sample, or splitting its "
+                    "batch does not add a smaller share of time.").format(**values))
     title = _("Time per effective batch of {batch} against one batch: {last} costs {ratios}").format(
         batch=batch, last=labels[-1],
         ratios=", ".join(_("{ratio} for {label}").format(ratio=_times(r[-1]), label=label)
