@@ -20,7 +20,8 @@ def test_weights_of_the_short_last_cycle(capsys):
     cycles = last_cycle.weights(sizes, accum_steps=3)
     out = capsys.readouterr().out
     assert cycles[-1] == [2] and len(cycles) == 5
-    assert "50 samples in micro-batches of at most 4: 13 micro-batches, 5 cycles of up to 3." in out
+    assert ("50 samples in micro-batches of at most 4: 13 micro-batches. They make 5 cycles of up to 3 "
+            "micro-batches.") in out
     assert "\n    5              1        2  1/3                          1\n" in out
     assert "its step gets 33% of the gradient one batch of those 2 samples gives; weighted by their samples, 100%." in out
     last_cycle.weights([4, 4, 4, 4, 2], accum_steps=3)  # a last cycle of 4 and 2 samples: 4/6 and 2/6 of it
@@ -28,6 +29,9 @@ def test_weights_of_the_short_last_cycle(capsys):
     assert "1/3, 1/3, 1/3" in out and "2/3, 1/3" in out and "its step gets 67% of the gradient" in out
     last_cycle.weights([4] * 9, accum_steps=3)
     assert "Every cycle is full" in capsys.readouterr().out
+    last_cycle.weights([3], accum_steps=3)  # one micro-batch: singular, not "1 micro-batches, 1 cycles"
+    assert ("3 samples in micro-batches of at most 3: 1 micro-batch. They make 1 cycle of up to 3 micro-batches."
+            in capsys.readouterr().out)
     with pytest.raises(ValueError, match="sizes must list the samples of each micro-batch"):
         last_cycle.weights([4, 0], accum_steps=3)
 

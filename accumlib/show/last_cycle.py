@@ -32,12 +32,12 @@ def weights(sizes: Sequence[int], accum_steps: int) -> list[list[int]]:
     cycles = [sizes[first:first + accum_steps] for first in range(0, len(sizes), accum_steps)]
     classic = loss_weights(sizes, accum_steps, "divide-by-steps", divide=True)
     weighted = loss_weights(sizes, accum_steps, "weighted", divide=True)
-    print(ngettext("{samples} samples in micro-batches of at most {largest}: {micro} micro-batch, {cycles} cycles of "
-                   "up to {accum_steps}.",
-                   "{samples} samples in micro-batches of at most {largest}: {micro} micro-batches, {cycles} cycles "
-                   "of up to {accum_steps}.", len(sizes)).format(
-                       samples=sum(sizes), largest=max(sizes), micro=len(sizes), cycles=len(cycles),
-                       accum_steps=accum_steps))
+    print(ngettext("{samples} samples in micro-batches of at most {largest}: {micro} micro-batch.",
+                   "{samples} samples in micro-batches of at most {largest}: {micro} micro-batches.",
+                   len(sizes)).format(samples=sum(sizes), largest=max(sizes), micro=len(sizes)),
+          ngettext("They make {cycles} cycle of up to {accum_steps} micro-batches.",
+                   "They make {cycles} cycles of up to {accum_steps} micro-batches.", len(cycles)).format(
+                       cycles=len(cycles), accum_steps=accum_steps))
     shown = [0, len(cycles) - 1] if len(cycles) > 1 else [0]
     rows = []
     for c in shown:
