@@ -6,44 +6,43 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import numbers
 
 import torch
 
-from .i18n import _
+from .i18n import N_, _
+
+
+def _integer_in(name: str, value, low: int, high: float, not_integer: str, out_of_range: str) -> int:
+    """Return `value` as an int if it is an integer (not a bool) with low <= value < high; otherwise raise
+    TypeError(not_integer) or ValueError(out_of_range), two catalogue messages (marked N_) with the fields name, value,
+    type, low and high (the largest valid value)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(_(not_integer).format(name=name, value=value, type=type(value).__name__))
+    if not low <= value < high:
+        raise ValueError(_(out_of_range).format(name=name, value=value, low=low, high=high - 1))
+    return int(value)
 
 
 def positive_int(name: str, value) -> int:
     """Return `value` if it is an integer >= 1; raise TypeError/ValueError naming `name` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_("{name} must be a positive integer (1, 2, 3, ...), got {value!r} of type {type}").format(
-            name=name, value=value, type=type(value).__name__))
-    if value < 1:
-        raise ValueError(_("{name} must be a positive integer (1, 2, 3, ...), got {value!r}").format(
-            name=name, value=value))
-    return int(value)
+    return _integer_in(name, value, 1, math.inf,
+                       N_("{name} must be a positive integer (1, 2, 3, ...), got {value!r} of type {type}"),
+                       N_("{name} must be a positive integer (1, 2, 3, ...), got {value!r}"))
 
 
 def integer(name: str, value, low: int, high: int) -> int:
     """Return `value` if it is an integer with low <= value < high."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_("{name} must be an integer, got {value!r} of type {type}").format(
-            name=name, value=value, type=type(value).__name__))
-    if not low <= value < high:
-        raise ValueError(_("{name} must be an integer from {low} to {high}, got {value!r}").format(
-            name=name, value=value, low=low, high=high - 1))
-    return int(value)
+    return _integer_in(name, value, low, high, N_("{name} must be an integer, got {value!r} of type {type}"),
+                       N_("{name} must be an integer from {low} to {high}, got {value!r}"))
 
 
 def non_negative_int(name: str, value) -> int:
     """Return `value` if it is an integer >= 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_("{name} must be an integer >= 0 (0, 1, 2, ...), got {value!r} of type {type}").format(
-            name=name, value=value, type=type(value).__name__))
-    if value < 0:
-        raise ValueError(_("{name} must be an integer >= 0 (0, 1, 2, ...), got {value!r}").format(
-            name=name, value=value))
-    return int(value)
+    return _integer_in(name, value, 0, math.inf,
+                       N_("{name} must be an integer >= 0 (0, 1, 2, ...), got {value!r} of type {type}"),
+                       N_("{name} must be an integer >= 0 (0, 1, 2, ...), got {value!r}"))
 
 
 def positive_number(name: str, value) -> float:

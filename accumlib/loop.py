@@ -215,7 +215,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
 
     Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
     the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
-    return, so the optimizer step runs with no more memory than the hand-written loop's.
+    return: the optimizer step then holds what memory.training_step, the step memory.measure_step measures, holds.
     """
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping

@@ -21,7 +21,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path

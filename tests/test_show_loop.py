@@ -45,6 +45,19 @@ def test_same_weights_says_equal_only_when_they_are(library, capsys):
     assert gap > 1e-3 and f"different weights: they differ by up to {gap:.2e}" in capsys.readouterr().out
 
 
+def test_one_cycle_says_the_same_weights_only_when_they_are(capsys):
+    (cycle_model, cycle_opt), (full_model, full_opt) = fresh(), fresh()
+    accumlib.accumulate_and_step(cycle_model, cycle_opt, list(zip(X[:12].split(4), Y[:12].split(4))), [1 / 3] * 3)
+    accumlib.accumulate_and_step(full_model, full_opt, [(X[:12], Y[:12])], [1.0])
+    gap = loop.one_cycle(cycle_model, full_model)
+    assert gap <= loop.ROUNDING and ("exactly the same weights" if gap == 0 else
+                                     f"differ by at most {gap:.1e}") in capsys.readouterr().out
+    undivided, opt = fresh()  # the classic slip: no weights, so the gradient is 3 times the full batch's
+    accumlib.accumulate_and_step(undivided, opt, list(zip(X[:12].split(4), Y[:12].split(4))), [1.0] * 3)
+    gap = loop.one_cycle(undivided, full_model)
+    assert gap > 1e-3 and f"end with different weights: they differ by up to {gap:.2e}." in capsys.readouterr().out
+
+
 def test_misplaced_names_what_each_mistake_did(library, capsys):
     runs = {"": classic(), "zero_every_micro_batch": classic(zero_every_micro_batch=True),
             "step_every_micro_batch": classic(step_every_micro_batch=True), "divide": classic(divide=False)}

@@ -21,20 +21,36 @@ MISTAKES = {"": N_("the six-line loop"), "zero_every_micro_batch": N_("zero_grad
             "step_every_micro_batch": N_("step() after every micro-batch"), "divide": N_("no division")}
 
 
+def _say_gap(gap: float, exact: str, rounding: str, different: str) -> None:
+    """Print which of three catalogue messages (marked N_) a weight difference calls for: none at all, float64
+    rounding (at most ROUNDING) or a different computation; the last two get the difference as {gap}."""
+    print(_(exact) if gap == 0 else _(rounding if gap <= ROUNDING else different).format(gap=gap))
+
+
+def one_cycle(cycle_model: torch.nn.Module, full_model: torch.nn.Module) -> float:
+    """A model after one `accumulate_and_step` cycle of micro-batches against the same model after one step on the
+    whole batch at once: prints whether they end with the same weights; returns the largest difference."""
+    gap = parameter_gap(cycle_model, full_model)
+    _say_gap(gap, N_("One cycle of micro-batches and one step on the whole batch end with exactly the same weights, "
+                     "bit for bit."),
+             N_("One cycle of micro-batches and one step on the whole batch end with the same weights: they differ "
+                "by at most {gap:.1e} (float64 rounding)."),
+             N_("One cycle of micro-batches and one step on the whole batch end with different weights: they "
+                "differ by up to {gap:.2e}."))
+    return gap
+
+
 def same_weights(hand_written: torch.nn.Module, library: torch.nn.Module, history: History) -> float:
     """A hand-written loop's model against the same run with `accumlib.train` (its model and History): the largest
     weight difference, and what the history recorded. Returns that difference."""
     if not len(history):
         raise ValueError("history holds no optimizer step")
     gap = parameter_gap(hand_written, library)
-    if gap == 0:
-        print(_("The hand-written loop and accumlib.train end with exactly the same weights, bit for bit."))
-    elif gap <= ROUNDING:
-        print(_("The hand-written loop and accumlib.train end with the same weights: they differ by at most {gap:.1e} "
-                "(float64 rounding).").format(gap=gap))
-    else:
-        print(_("The hand-written loop and accumlib.train end with different weights: they differ by up to "
-                "{gap:.2e}.").format(gap=gap))
+    _say_gap(gap, N_("The hand-written loop and accumlib.train end with exactly the same weights, bit for bit."),
+             N_("The hand-written loop and accumlib.train end with the same weights: they differ by at most {gap:.1e} "
+                "(float64 rounding)."),
+             N_("The hand-written loop and accumlib.train end with different weights: they differ by up to "
+                "{gap:.2e}."))
     layouts = sorted({(record.micro_batches, record.samples) for record in history})
     if len(layouts) == 1:
         print(ngettext("accumlib.train recorded {steps} optimizer step of {micro_batches} micro-batches and {samples} "
