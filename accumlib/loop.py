@@ -29,6 +29,9 @@ from ._validate import boolean, checked_by, function, integer, one_of, positive_
 from .i18n import _
 
 
+_NOTHING = contextlib.nullcontext()  # a context that does nothing (reusable)
+
+
 class StopTraining(Exception):
     """Raise from an `on_step` callback to end training; `train` returns the history so far."""
 
@@ -157,14 +160,13 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = isinstance(model, DistributedDataParallel)
-    nothing = contextlib.nullcontext()  # a context that does nothing, reused
-    autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else nothing
+    autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
     optimizer.zero_grad(set_to_none=True)  # once per cycle: from here on, every backward() adds into .grad
     with _BuffersKept(model) as buffers:  # BatchNorm's running statistics, put back if the cycle fails or is skipped
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
-            sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else nothing
+            sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else _NOTHING
             with sync, autocast:
                 loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
@@ -220,22 +222,17 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
     else:
-        norms = _grad_norms(params, total.device)  # each gradient's L2 norm
-    values = torch.stack([total, *norms])  # the loss, then the norms
+        grads = [p.grad for p in params if p.grad is not None]  # none: the loss does not depend on these parameters
+        norms = torch._foreach_norm(grads) if grads else ()  # each gradient's L2 norm, in one call
+    try:
+        values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
+    except RuntimeError:  # parameters on several devices (a model split over GPUs): the norms go to the loss's device
+        values = torch.stack([total, *(norm.to(total.device) for norm in norms)])
     if ddp:
         dist.all_reduce(values[:1])
         values[:1] /= dist.get_world_size()
     loss, *norms = values.tolist()
     return loss, math.hypot(*norms)
-
-
-def _grad_norms(params: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Each gradient's L2 norm, as 0-d tensors on `device` (one fused kernel when they share a device)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:  # the loss does not depend on any of the optimizer's parameters: nothing to measure
-        return []
-    norms = torch._foreach_norm(grads)
-    return [n.to(device) for n in norms] if any(n.device != device for n in norms) else norms
 
 
 class _BuffersKept:
@@ -245,8 +242,10 @@ class _BuffersKept:
         modules, buffers = [model], []
         for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
             if module is not None:
-                buffers += module._buffers.values()
-                modules += module._modules.values()
+                if module._buffers:  # most modules have none
+                    buffers += module._buffers.values()
+                if module._modules:  # a leaf has none
+                    modules += module._modules.values()
         self.buffers = [b for b in buffers if b is not None]
         self.saved = [b.clone() for b in self.buffers]
 

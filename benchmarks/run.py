@@ -240,7 +240,8 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
 
     pieces = {
         "nothing": lambda loss, norms: None,
-        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: loop._grad_norms(params, device),
+        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: torch._foreach_norm(
+            [p.grad for p in params]),
         "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
         "loss check, detach, contexts (per micro-batch)": lambda loss, norms: (
@@ -255,7 +256,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(X), y)
             loss.backward()
-            norms = loop._grad_norms(params, device) if piece is read_once else None  # the read needs them
+            norms = torch._foreach_norm([p.grad for p in params]) if piece is read_once else None  # read needs them
             started = clock(device)
             piece(loss, norms)
             times[name].append(clock(device) - started)

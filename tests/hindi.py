@@ -19,7 +19,7 @@ LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
 NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab", "voila", "binder", "sgd", "adam",
          "adamw", "nan", "inf", "fp16", "bf16", "float16", "bfloat16", "float32", "float64", "amp", "gradscaler",
          "kaggle", "nanogpt", "gloo", "nccl", "torchrun", "true", "false", "none", "ms", "s", "us", "kb", "mb",
-         "gb", "kib", "gib", "x", "e", "id", "mlp", "cnn", "relu", "linear", "conv2d", "digits", "cuda", "h100",
+         "gb", "kib", "gib", "x", "e", "id", "mlp", "cnn", "relu", "linear", "conv2d", "cuda", "h100",
          "h200", "a100", "numpy", "matplotlib", "ipywidgets", "okabe", "ito", "hindi", "english", "ok"}
 
 
