@@ -297,6 +297,31 @@ def test_the_cycle_function_takes_exactly_one_full_batch_step():
                                      list(zip(x.split(16), y.split(16))), [1 / 3] * 3)
 
 
+def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(monkeypatch):
+    """A model split over devices: stacking the loss with the norms fails; they are moved to the loss's device and the
+    loss, norm and step are those of a one-device run. (A CPU has one device: the first stack raises as it would.)"""
+    x, y = X64[:32], Y64[:32]
+    results, stacks = {}, []
+    real_stack = torch.stack
+
+    def stack_on_one_device_only(tensors, *args, **kwargs):
+        stacks.append(len(tensors))
+        if len(stacks) == 1:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices")
+        return real_stack(tensors, *args, **kwargs)
+
+    for split in (False, True):
+        if split:
+            monkeypatch.setattr(torch, "stack", stack_on_one_device_only)
+        model = models.mlp(dtype=torch.float64)
+        result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
+                                              list(zip(x.split(8), y.split(8))), [0.25] * 4)
+        results[split] = (result, [p.detach().clone() for p in model.parameters()])
+    assert len(stacks) == 2 and stacks[0] == stacks[1] > 1  # the loss and the norms, tried, then moved and stacked
+    assert results[True][0] == results[False][0] and not results[True][0].skipped
+    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
+
+
 def test_steps_normalisation_records_the_loss_it_differentiates():
     """On a short last cycle the classic loss / accum_steps is too small: the record shows the same loss."""
     _, by_samples = run(4, 3, 50, epochs=1, lr=0.0)  # lr 0: both runs see the same weights
