@@ -222,7 +222,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
     else:
-        grads = [p.grad for p in params if p.grad is not None]  # none: the loss does not depend on these parameters
+        grads = [p.grad for p in params if p.grad is not None]  # no .grad: the loss does not depend on it
         norms = torch._foreach_norm(grads) if grads else ()  # each gradient's L2 norm, in one call
     try:
         values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
