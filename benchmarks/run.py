@@ -234,14 +234,16 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
     params = list(model.parameters())
     samples = loop._Samples((X, y))
 
+    def gradient_norms():  # what the cycle's one read takes its norms from
+        return torch._foreach_norm([p.grad for p in params])
+
     def read_once(loss, norms):
         values = torch.stack([loss.detach(), *norms]).tolist()
         return math.fsum(values[:1]), math.hypot(*values[1:])
 
     pieces = {
         "nothing": lambda loss, norms: None,
-        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: torch._foreach_norm(
-            [p.grad for p in params]),
+        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: gradient_norms(),
         "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
         "loss check, detach, contexts (per micro-batch)": lambda loss, norms: (
@@ -256,7 +258,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(X), y)
             loss.backward()
-            norms = torch._foreach_norm([p.grad for p in params]) if piece is read_once else None  # read needs them
+            norms = gradient_norms() if piece is read_once else None  # the read needs them
             started = clock(device)
             piece(loss, norms)
             times[name].append(clock(device) - started)
