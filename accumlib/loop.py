@@ -54,7 +54,9 @@ class StepRecord:
     # per sample on a full cycle of equal micro-batches and is too small on a short last cycle, as its gradient is
     loss: float
     lr: float  # learning rate of the first parameter group when the step was taken
-    grad_norm: float  # L2 norm of the accumulated gradient of the optimizer's parameters, before clipping
+    # L2 norm of the accumulated gradient of the optimizer's parameters, before clipping; None when it was not read
+    # (check_gradients=False, without clipping or a GradScaler)
+    grad_norm: float | None
     seconds: float  # wall time of the cycle, seconds
     peak_memory_bytes: int | None  # peak bytes during the cycle (CUDA allocator / CPU live tensors)
     skipped: bool = False  # True when a NaN/inf loss or gradient made this step leave the model untouched
@@ -99,13 +101,13 @@ class CycleResult(NamedTuple):
     """What one `accumulate_and_step` did, read from the device in one transfer."""
 
     loss: float  # sum over micro-batches of loss_weights[i] * loss_i (under DDP: its mean over the processes)
-    grad_norm: float  # L2 norm of the accumulated gradient of the optimizer's parameters, before clipping
+    grad_norm: float | None  # L2 norm of the accumulated gradient, before clipping (None: check_gradients=False)
     lr: float  # learning rate of the optimizer's first parameter group when the step was taken
-    skipped: bool  # True when the loss or the gradient was NaN/inf: no step, the model left as it was
+    skipped: bool  # True when the loss or the gradient norm was NaN/inf: no step, the model left as it was
 
 
 def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_grad_norm, scaler, autocast_dtype,
-                 scheduler, ddp_no_sync, on_nonfinite) -> None:
+                 scheduler, ddp_no_sync, on_nonfinite, check_gradients) -> None:
     """accumulate_and_step's arguments, checked before anything changes (nothing is read from the device)."""
     _check_model(model)
     _check_optimizer_type(optimizer)
@@ -133,6 +135,7 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_gr
     _check_scheduler(scheduler, optimizer, 0)
     boolean("ddp_no_sync", ddp_no_sync)
     one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
+    boolean("check_gradients", check_gradients)
 
 
 @checked_by(_check_cycle)  # every argument, before anything changes
@@ -140,7 +143,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                         micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_weights: Sequence[float], *,
                         loss_fn: Callable = torch.nn.functional.cross_entropy, clip_grad_norm: float | None = None,
                         scaler: torch.amp.GradScaler | None = None, autocast_dtype: torch.dtype | None = None,
-                        scheduler=None, ddp_no_sync: bool = True, on_nonfinite: str = "skip") -> CycleResult:
+                        scheduler=None, ddp_no_sync: bool = True, on_nonfinite: str = "skip",
+                        check_gradients: bool = True) -> CycleResult:
     """One optimizer step from a cycle of micro-batches: zero once, weight each loss, backward each, step once.
 
     micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on iteration).
@@ -153,10 +157,13 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip": no step, buffers such as BatchNorm's
     running statistics put back as they were) or raises NonFiniteError ("raise"); with a scaler, only a non-finite
     loss raises, as a gradient overflow is the scaler's routine (it skips that step and lowers its scale).
+    check_gradients: read the gradient's L2 norm every cycle, so that a NaN/inf gradient under a finite loss (a
+    sqrt or log at 0 in backward) skips or raises too; False leaves the norm out unless clipping or a scaler needs
+    it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
     The norm and clipping cover exactly the optimizer's parameters. If a micro-batch raises, nothing is stepped and
-    the buffers are put back. The host reads the device once: loss and norm together. Every argument is checked
-    first (types, one finite weight >= 0 per micro-batch); `train`, which checks them itself before its first step,
-    calls the unchecked function, `accumulate_and_step.__wrapped__`.
+    the buffers are put back. The host reads the device once: the loss and the norm together. Every argument is
+    checked first (types, one finite weight >= 0 per micro-batch); `train`, which checks them itself before its
+    first step, calls the unchecked function, `accumulate_and_step.__wrapped__`.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = isinstance(model, DistributedDataParallel)
@@ -174,8 +181,12 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
-        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, ddp)  # the one host read of the cycle
-    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # the finite check, alike on every process
+        # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
+        # anyway, or with a scaler (a step it skips for an overflow must be recorded as skipped)
+        with_norm = check_gradients or clip_grad_norm is not None or scaler is not None
+        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, ddp)  # the one host read
+    # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
+    skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
     lr = float(optimizer.param_groups[0]["lr"])
     if skipped:
         buffers.restore()  # no step, the buffers put back: the model exactly as it was before the cycle
@@ -211,9 +222,9 @@ def _scalar_loss(loss) -> torch.Tensor:
 
 
 def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
-                        ddp: bool) -> tuple[float, float]:
-    """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm, read from the device
-    at once.
+                        with_norm: bool, ddp: bool) -> tuple[float, float | None]:
+    """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm (None unless
+    with_norm), read from the device at once.
 
     Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
     the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
@@ -221,9 +232,11 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
     """
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
-    else:
+    elif with_norm:
         grads = [p.grad for p in params if p.grad is not None]  # no .grad: the loss does not depend on it
         norms = torch._foreach_norm(grads) if grads else ()  # each gradient's L2 norm, in one call
+    else:
+        norms = ()  # the loss alone
     try:
         values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
     except RuntimeError:  # parameters on several devices (a model split over GPUs): the norms go to the loss's device
@@ -232,7 +245,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
         dist.all_reduce(values[:1])
         values[:1] /= dist.get_world_size()
     loss, *norms = values.tolist()
-    return loss, math.hypot(*norms)
+    return loss, math.hypot(*norms) if with_norm else None
 
 
 class _BuffersKept:
@@ -267,7 +280,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
           count: Callable | None = None, scheduler=None, clip_grad_norm: float | None = None, amp=False,
           scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
           on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
-          measure_memory: bool = False, memory_budget: int | None = None, ddp_no_sync: bool = True) -> History:
+          measure_memory: bool = False, memory_budget: int | None = None, ddp_no_sync: bool = True,
+          check_gradients: bool = True) -> History:
     """Train with gradient accumulation; return one record per optimizer step.
 
     data: a tuple (X, y) of tensors, or a Dataset whose samples are (x, y) pairs (dict samples are refused).
@@ -286,6 +300,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
     amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16".
     seed fixes the sample order. on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as
     it was, BatchNorm buffers included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss).
+    check_gradients (on by default) reads the gradient norm every step, so a NaN/inf gradient under a finite loss is
+    caught too; False leaves that norm out unless clipping or a scaler needs it (grad_norm is then None, and such a
+    gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
     measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
     those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step.
@@ -312,7 +329,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)
-    for name, value in (("shuffle", shuffle), ("measure_memory", measure_memory), ("ddp_no_sync", ddp_no_sync)):
+    for name, value in (("shuffle", shuffle), ("measure_memory", measure_memory), ("ddp_no_sync", ddp_no_sync),
+                        ("check_gradients", check_gradients)):
         boolean(name, value)
     on_step = function("on_step", on_step, optional=True)
     one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
@@ -346,7 +364,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
                     result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
                         model, optimizer, _MicroBatches(samples, indices, device), weights, loss_fn=loss_fn,
                         clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
-                        ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite)
+                        ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
                 if measure:
                     peaks[layout] = peak.bytes
                 seen += cycle_samples

@@ -37,6 +37,7 @@ import nbval_suites  # noqa: E402  (benchmarks/nbval_suites.py: the notebook sui
 ROOT = Path(__file__).resolve().parents[1]
 ACCUM_STEPS = (1, 2, 4, 8, 16)
 EFFECTIVE_BATCH = 64
+UNCHECKED = "check_gradients=False"  # section 1's column of accumlib.train(..., check_gradients=False)
 
 
 def hand_written_step(model, optimizer, X, y, idx, m, k):
@@ -115,9 +116,11 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool) -> dict[str, list[float]]:
-    """Per optimizer step of accumlib.train (after the first), its time over that of a hand-written step taken right
-    after it; likewise a second hand-written step (the machine's noise: an A/A comparison) and an Accelerate step.
+def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool,
+                   **train_options) -> dict[str, list[float]]:
+    """Per optimizer step of accumlib.train (after the first; with train_options), its time over that of a
+    hand-written step taken right after it; likewise a second hand-written step (the machine's noise: an A/A
+    comparison) and an Accelerate step.
 
     train's on_step runs the other loops' steps on twin models (the same CNN, the same micro-batch sizes), in an
     order that alternates from step to step, so each pair of steps sees the machine alike. accumlib's step is the
@@ -156,7 +159,7 @@ def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool) 
 
     model = models.cnn(seed=0).to(device)
     accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m, accum_steps=k,
-                   epochs=epochs, on_step=on_step, device=device)
+                   epochs=epochs, on_step=on_step, device=device, **train_options)
     base = times.pop("hand-written")
     return {name: [a / b for a, b in zip(t, base)] for name, t in times.items()} | {"hand-written seconds": base}
 
@@ -357,13 +360,17 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool) -> dict
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its column is skipped\n")
-    pairs = {k: adjacent_steps(device, k, epochs, accelerate="accelerate" in loops)
-             for k in ACCUM_STEPS}
+    pairs = {}
+    for k in ACCUM_STEPS:
+        pairs[k] = adjacent_steps(device, k, epochs, accelerate="accelerate" in loops)
+        # the same, without the gradient norm of the finite check: what that check costs, measured in place
+        pairs[k][UNCHECKED] = adjacent_steps(device, k, epochs, accelerate=False, check_gradients=False)["accumlib"]
     compared = [name for name in pairs[1] if name != "hand-written seconds"]
     count = len(pairs[1]["accumlib"])
     print("1. time of an optimizer step over the hand-written step taken right after it, CNN on 1,792 digits,")
     print(f"   effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent steps.")
-    print("   'hand-written again' is a second hand-written step: how far this machine's noise alone moves a ratio")
+    print("   'hand-written again' is a second hand-written step: how far this machine's noise alone moves a ratio;")
+    print(f"   '{UNCHECKED}' is accumlib without the gradient norm of its finite check (the loss alone checked)")
     print(f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13}" + "".join(f" {n:>22}" for n in compared))
     table = {}
     for k, row in pairs.items():

@@ -49,6 +49,8 @@ def reads_of_a_run(normalize, extras):
         options["scheduler"] = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0)
     if "clipping" in extras:
         options["clip_grad_norm"] = 0.5
+    if "unchecked" in extras:
+        options["check_gradients"] = False
     if "bf16" in extras or "fp16" in extras:
         options["amp"] = "bf16" if "bf16" in extras else "fp16"
     loss_fn = options.pop("loss_fn", torch.nn.functional.cross_entropy)
@@ -67,7 +69,8 @@ def reads_of_a_run(normalize, extras):
     return history, at_micro_batch, at_step
 
 
-@pytest.mark.parametrize("extras", [(), ("clipping", "scheduler"), ("bf16", "clipping", "plateau"), ("fp16",)])
+@pytest.mark.parametrize("extras", [(), ("clipping", "scheduler"), ("bf16", "clipping", "plateau"), ("fp16",),
+                                    ("unchecked",)])
 @pytest.mark.parametrize("normalize", ["samples", "steps", "count"])
 def test_one_read_per_optimizer_step_and_none_per_micro_batch(normalize, extras):
     history, at_micro_batch, at_step = reads_of_a_run(normalize, extras)
@@ -79,6 +82,7 @@ def test_one_read_per_optimizer_step_and_none_per_micro_batch(normalize, extras)
     for reads_after, micro_batches_so_far, skipped in at_step:
         cycle = at_micro_batch[first:micro_batches_so_far]
         assert cycle == [cycle[0]] * len(cycle)  # no read between the micro-batches of a cycle
-        # one read per step: loss and gradient norm together; a GradScaler's step reads its own inf check
+        # one read per step: loss and gradient norm together (the loss alone unchecked); a GradScaler's step reads
+        # its own inf check
         assert reads_after - reads_before == (2 if "fp16" in extras and not skipped else 1)
         first, reads_before = micro_batches_so_far, reads_after

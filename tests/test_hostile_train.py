@@ -133,7 +133,8 @@ CASES = [
     ("seed-too-large", dict(seed=2 ** 70), ValueError, ["seed", str(2 ** 70)]),
     *[(f"{name}-{value!r}", {name: value}, TypeError, [name, repr(value), "True or False"])
       for name, value in [("shuffle", "False"), ("shuffle", "no"), ("shuffle", 0), ("shuffle", None),
-                          ("measure_memory", "no"), ("measure_memory", 1), ("ddp_no_sync", 1)]],
+                          ("measure_memory", "no"), ("measure_memory", 1), ("ddp_no_sync", 1),
+                          ("check_gradients", "no"), ("check_gradients", None)]],
     ("on-nonfinite-unknown", dict(on_nonfinite="ignore"), ValueError, ["on_nonfinite", "'ignore'"]),
     ("on-nonfinite-bool", dict(on_nonfinite=True), ValueError, ["on_nonfinite", "True"]),
     # callbacks and the scheduler
@@ -251,6 +252,7 @@ CYCLE_CASES = [
     ("autocast-string", dict(autocast_dtype="bf16"), TypeError, ["autocast_dtype", "'bf16'"]),
     ("scheduler-is-the-optimizer", dict(scheduler=Built(lambda m, o: o)), TypeError, ["scheduler", "Adam"]),
     ("ddp-no-sync-int", dict(ddp_no_sync=1), TypeError, ["ddp_no_sync", "1"]),
+    ("check-gradients-int", dict(check_gradients=0), TypeError, ["check_gradients", "0"]),
 ]
 
 

@@ -190,6 +190,42 @@ def test_nan_can_raise_instead():
     assert all(p.grad is None for p in model.parameters())
 
 
+def nan_gradient_on_label_99(out, target):
+    """cross-entropy, plus for a micro-batch holding the planted label 99 a term whose value is 0 and whose gradient
+    is NaN: the square root of a zero length (its derivative at 0 is infinite, times 0 from the square: NaN)."""
+    value = torch.nn.functional.cross_entropy(out, target.clamp(max=9))
+    if (target == 99).any():
+        value = value + torch.sqrt((out - out.detach()).pow(2).sum())
+    return value
+
+
+def nan_gradient_run(**options):
+    X, y = X64[:24].clone(), Y64[:24].clone()
+    y[13] = 99  # in the second cycle (micro-batch 4, accum_steps 3, in order)
+    model = models.mlp(dtype=torch.float64)
+    weights = []
+    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
+                             accum_steps=3, shuffle=False, loss_fn=nan_gradient_on_label_99,
+                             on_step=lambda r: weights.append(model[0].weight.detach().clone()), **options)
+    return history, weights
+
+
+def test_a_nan_gradient_under_a_finite_loss_is_skipped_by_default_and_reaches_the_weights_unchecked():
+    history, weights = nan_gradient_run()
+    assert math.isfinite(history[1].loss) and math.isnan(history[1].grad_norm)
+    assert [r.skipped for r in history] == [False, True]
+    assert torch.equal(weights[1], weights[0])  # the bad step left the weights as they were
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        nan_gradient_run(on_nonfinite="raise")
+    unchecked, weights = nan_gradient_run(check_gradients=False)  # the loss alone is checked: the NaN gets through
+    assert [(r.skipped, r.grad_norm) for r in unchecked] == [(False, None), (False, None)]
+    assert torch.isnan(weights[1]).any() and torch.isfinite(weights[0]).all()
+    assert [r.loss for r in unchecked] == [r.loss for r in history]  # same losses, one read per step still
+    clipped, weights = nan_gradient_run(check_gradients=False, clip_grad_norm=1.0)  # clipping computes the norm
+    assert [r.skipped for r in clipped] == [False, True] and math.isnan(clipped[1].grad_norm)
+    assert torch.equal(weights[1], weights[0])
+
+
 def test_stop_training_from_on_step_returns_history_so_far():
     def stop_at_three(record):
         if record.step == 3:
