@@ -234,22 +234,26 @@ FINAL = {"loss": dict(micro_batch_size=4, accum_steps=5), "memory": dict(micro_b
 
 @pytest.mark.parametrize("name", DASHBOARDS)
 def test_twenty_rapid_changes_end_with_the_final_settings_within_twice_one_run(name):
+    # CPU seconds of this process, its background runs included: what the dashboard's own work costs, unmoved by
+    # whatever else the machine runs meanwhile (a pytest worker next to it, say: wall time swung 2.6x with one)
     def one_run() -> float:
-        """Seconds of one change to the final settings on a fresh dashboard (nothing cached)."""
+        """CPU seconds of one change to the final settings on a fresh dashboard (nothing cached)."""
         calibration = DASHBOARDS[name]()
         calibration.show()
-        return settle(calibration, **FINAL[name]).seconds
+        started = time.process_time()
+        settle(calibration, **FINAL[name])
+        return time.process_time() - started
 
     before = one_run()
     dashboard = DASHBOARDS[name]()
     dashboard.show()
-    started = time.perf_counter()
+    started = time.process_time()
     for value in [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 15, 14, 13, 12]:
         dashboard.accum_steps.value = value
     for key, value in FINAL[name].items():
         control(dashboard, key).value = value
     dashboard.wait()
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     changes = dashboard.runs[1:]
     assert [r.settings["accum_steps"] for r in changes[:19]] == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
                                                                   15, 14, 13, 12]  # in the order started
@@ -257,7 +261,7 @@ def test_twenty_rapid_changes_end_with_the_final_settings_within_twice_one_run(n
     assert (changes[-1].settings, changes[-1].outcome) == (dashboard.current_settings(), "done")
     assert dashboard.shown == dashboard.current_settings()
     single = max(before, one_run())  # measured before and after: the machine's load drifts
-    assert elapsed <= 2 * single, f"{elapsed:.2f} s after 21 changes; one run takes {single:.2f} s"
+    assert elapsed <= 2 * single, f"{elapsed:.2f} CPU s after 21 changes; one run takes {single:.2f} CPU s"
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
