@@ -1,13 +1,15 @@
 """accumlib: gradient accumulation in PyTorch, done right and measured.
 
-The loop (`accumulate_and_step`, one optimizer step from a cycle of micro-batches; `train`, its driver;
-`gradient_gap`, `parameter_gap`) and the measurements (`memory`, `timing`, `batchnorm`) know nothing of plots or
-widgets; `plots`, `widgets` and `quiz` sit on top of them (they need the `lessons` extra: matplotlib, ipywidgets and
-jsonschema; `import accumlib` imports none of them). `set_language` picks the language of everything a learner reads.
+What an engineer imports is here: the cycle (`cycle.accumulate_and_step`, one optimizer step from a cycle of
+micro-batches), its driver (`loop.train`, with `gradient_gap` and `parameter_gap`) and the measurements (`memory`,
+`timing`, `batchnorm`, `distributed`). They know nothing of plots or widgets. What serves the lessons sits on top of
+them in `accumlib.lessons` (data, models, pitfalls, show, plots, widgets, quiz, exercises; they need the `lessons`
+extra: matplotlib, ipywidgets and jsonschema); `import accumlib` imports none of it. `set_language` picks the
+language of everything a learner reads.
 """
 from .i18n import language, set_language
-from .loop import (CycleResult, History, NonFiniteError, StepRecord, StopTraining, accumulate_and_step, gradient_gap,
-                   parameter_gap, train)
+from .cycle import CycleResult, NonFiniteError, accumulate_and_step
+from .loop import History, StepRecord, StopTraining, gradient_gap, parameter_gap, train
 from .memory import FitPlan, MemoryReport, OutOfMemory, fit_batch, measure_step
 from .timing import TimingReport, time_config
 

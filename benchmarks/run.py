@@ -29,7 +29,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import accumlib
-from accumlib import data, distributed, loop, memory, models, widgets
+from accumlib import distributed, loop, memory
+from accumlib.lessons import data, models, widgets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbval_suites  # noqa: E402  (benchmarks/nbval_suites.py: the notebook suite before and after the Hindi edition)

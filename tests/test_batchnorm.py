@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import batchnorm, data, models
+from accumlib import batchnorm
+from accumlib.lessons import data, models
 
 X, Y = data.digits(512)
 

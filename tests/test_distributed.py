@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, distributed, models
+from accumlib import distributed
+from accumlib.lessons import data, models
 
 X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 4 cycles of 4 x 3 x 2 = 24, then 4 samples
 TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last cycle shards 5 + 4 samples

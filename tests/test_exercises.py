@@ -12,8 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 import accumlib
-from accumlib import data, exercises, i18n, models, pitfalls
-from accumlib.exercises import planning
+from accumlib import i18n
+from accumlib.lessons import data, exercises, models, pitfalls
+from accumlib.lessons.exercises import planning
 
 NAMESPACE = dict(torch=torch, nn=nn, exercises=exercises)
 
@@ -295,7 +296,7 @@ def test_no_sync_names_where_ddp_all_reduces_and_cleans_up_its_process_group(loo
 def test_no_sync_runs_inside_a_jupyter_kernel_twice_and_leaves_no_process_group():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    cells = ["import torch\nfrom torch import nn\nfrom accumlib import exercises",
+    cells = ["import torch\nfrom torch import nn\nfrom accumlib.lessons import exercises",
              exercises.no_sync.stub, exercises.no_sync.solution_code, exercises.no_sync.solution_code,
              "import torch.distributed as dist\nprint(dist.is_initialized())"]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])

@@ -8,7 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import accumlib
-from accumlib import data, models
+from accumlib.lessons import data, models
 
 READS = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__"}
 

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 import accumlib
-from accumlib import batchnorm, data, memory, models, timing
+from accumlib import batchnorm, memory, timing
+from accumlib.lessons import data, models
 
 X, Y = data.digits(64)
 EXAMPLE = (X[:1], Y[:1])

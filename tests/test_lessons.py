@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from accumlib import exercises
+from accumlib.lessons import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks" / "en").glob("[0-9][0-9]_*.ipynb"))

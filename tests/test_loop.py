@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, models
+from accumlib.lessons import data, models
 
 X64, Y64 = data.digits(flat=True, dtype=torch.float64)
 

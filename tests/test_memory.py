@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, memory, models
+from accumlib import memory
+from accumlib.lessons import data, models
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)

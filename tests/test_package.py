@@ -38,7 +38,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "accumlib").rglob("*")
                if path.is_file() and "__pycache__" not in path.parts}
-    assert {"accumlib/quiz/__init__.py", "accumlib/quiz/questions.json", "accumlib/digits.bin.gz",
+    assert {"accumlib/lessons/quiz/__init__.py", "accumlib/lessons/quiz/questions.json", "accumlib/lessons/digits.bin.gz",
             "accumlib/locale/hi/LC_MESSAGES/accumlib.mo"} <= sources
     assert sources - shipped == set()
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
@@ -56,13 +56,13 @@ def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
     dependencies = str(Path(torch.__file__).parents[1])  # torch and the lesson stack, never the source tree
     code = "\n".join([
         f"import sys; sys.path[:0] = [{str(target)!r}, {dependencies!r}]",
-        "import json, accumlib, accumlib.quiz, accumlib.distributed",
+        "import json, accumlib, accumlib.lessons.quiz, accumlib.distributed",
         "from importlib import resources",
-        "from accumlib import data, i18n",
+        "from accumlib import i18n; from accumlib.lessons import data",
         f"assert accumlib.__file__.startswith({str(target)!r}), accumlib.__file__",
         "assert len(data.digits()[0]) == 1797",
         "assert i18n.catalogue('hi') is not None",
-        "assert json.loads((resources.files('accumlib.quiz') / 'questions.json').read_text(encoding='utf-8'))",
+        "assert json.loads((resources.files('accumlib.lessons.quiz') / 'questions.json').read_text(encoding='utf-8'))",
         "print('ok')"])
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.strip() == "ok", done.stderr

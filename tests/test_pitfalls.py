@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, models, pitfalls
+from accumlib.lessons import data, models, pitfalls
 
 X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 8 cycles of 12 + 4 left over
 

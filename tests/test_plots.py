@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from matplotlib import font_manager
 
-from accumlib import i18n, plots
+from accumlib import i18n
+from accumlib.lessons import plots
 
 CURVE = {"samples_seen": [32, 64, 96, 128], "loss": [2.3, 1.7, 1.2, 0.9]}
 HINDI_TITLE = "संचित gradient पूरे batch के gradient के बराबर: क्षति घटती है"

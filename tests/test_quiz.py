@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 import accumlib
-from accumlib import quiz
-from accumlib.quiz import experiments
+from accumlib.lessons import quiz
+from accumlib.lessons.quiz import experiments
 
 sys.path.insert(0, str(Path(__file__).parent))
 import hindi  # noqa: E402
@@ -40,7 +40,7 @@ def course_language():
 
 
 def schema() -> dict:
-    return json.loads((resources.files("accumlib.quiz") / "schema.json").read_text(encoding="utf-8"))
+    return json.loads((resources.files("accumlib.lessons.quiz") / "schema.json").read_text(encoding="utf-8"))
 
 
 def first_of_kind(bank, kind):
@@ -78,7 +78,7 @@ def test_bank_is_valid_against_the_schema_and_broken_banks_are_not():
 
 
 def test_accumlib_quiz_does_not_import_jsonschema():
-    code = "import sys, accumlib.quiz; print('jsonschema' in sys.modules)"
+    code = "import sys, accumlib.lessons.quiz; print('jsonschema' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -372,7 +372,7 @@ def test_the_widget_in_hindi_shows_no_english_sentence():
 def test_every_quiz_string_has_a_good_hindi_translation():
     catalogs = _catalogs()
     texts = {message for message, _, _ in catalogs.quiz_messages()}
-    quiz_strings = {m.id for m in catalogs.template() if m.id and any(f.startswith("accumlib/quiz/") for f, _ in m.locations)}
+    quiz_strings = {m.id for m in catalogs.template() if m.id and any(f.startswith("accumlib/lessons/quiz/") for f, _ in m.locations)}
     assert texts <= quiz_strings and set(quiz.UI.values()) <= quiz_strings
     assert all(run_message in quiz_strings for _, run_message in experiments.RUNS.values())
     po = catalogs.read(catalogs.LOCALE / "hi" / "LC_MESSAGES" / "accumlib.po", "hi")
@@ -395,7 +395,7 @@ def test_every_quiz_string_has_a_good_hindi_translation():
                 not hindi.devanagari_share(hindi_text):
             problems.append(("no Devanagari", english))
     assert not problems, problems
-    assert not [line for line in catalogs.problems("hi", catalogs.template()) if "accumlib/quiz/" in line]
+    assert not [line for line in catalogs.problems("hi", catalogs.template()) if "accumlib/lessons/quiz/" in line]
 
 
 def test_the_known_weak_hindi_is_gone():

@@ -1,8 +1,8 @@
-"""accumlib.show: the shared text tables line up in Hindi as in English; topics load on first use."""
+"""accumlib.lessons.show: the shared text tables line up in Hindi as in English; topics load on first use."""
 import pytest
 
-from accumlib import show
-from accumlib.show import _format
+from accumlib.lessons import show
+from accumlib.lessons.show import _format
 
 
 def test_table_columns_line_up_by_display_width_in_devanagari():

@@ -1,4 +1,4 @@
-"""accumlib.show.batchnorm (lesson 7): every finding's wording follows the measurement it is given; measured on small
+"""accumlib.lessons.show.batchnorm (lesson 7): every finding's wording follows the measurement it is given; measured on small
 runs of the lesson's BatchNorm CNN, and on hand-made results where a branch needs data the CNN does not give."""
 import dataclasses
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import batchnorm, data, models
+from accumlib import batchnorm
+from accumlib.lessons import data, models
 from accumlib.batchnorm import LayerDeviation
-from accumlib.show import batchnorm as show
+from accumlib.lessons.show import batchnorm as show
 
 X, Y = data.digits(256)
 HELD_OUT = tuple(t[256:384] for t in data.digits(384))

@@ -1,11 +1,11 @@
-"""accumlib.show.ddp (lesson 9): the effective batch and the all-reduce findings follow the numbers they are given,
+"""accumlib.lessons.show.ddp (lesson 9): the effective batch and the all-reduce findings follow the numbers they are given,
 and the progress bar follows the job's reports. (The DDP job itself is tested in tests/test_distributed.py.)"""
 import pytest
 import torch
 
-from accumlib import models
+from accumlib.lessons import models
 from accumlib.distributed import DDPResult
-from accumlib.show import ddp
+from accumlib.lessons.show import ddp
 
 
 def result(no_sync: bool, allreduces, micro_batches, state=None) -> DDPResult:

@@ -1,12 +1,12 @@
-"""accumlib.show.gradients (lesson 2): what an accumulated gradient is called follows what it measures: equal to the
+"""accumlib.lessons.show.gradients (lesson 2): what an accumulated gradient is called follows what it measures: equal to the
 full-batch gradient, a multiple of it, or neither; gradient_gap's table; SGD against Adam without the division."""
 import pytest
 import torch
 
 import accumlib
-from accumlib import data, models
-from accumlib.quiz import experiments
-from accumlib.show import gradients
+from accumlib.lessons import data, models
+from accumlib.lessons.quiz import experiments
+from accumlib.lessons.show import gradients
 
 LOSS = torch.nn.functional.cross_entropy
 X, Y = data.digits(32, flat=True, dtype=torch.float64)

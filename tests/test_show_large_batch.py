@@ -1,4 +1,4 @@
-"""accumlib.show.large_batch (lesson 1): the findings follow the measurements: which run wins per step and per sample,
+"""accumlib.lessons.show.large_batch (lesson 1): the findings follow the measurements: which run wins per step and per sample,
 from which batch size on a step does not fit, what each step of an accumulating run really held."""
 import dataclasses
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, memory, models
-from accumlib.show import large_batch
+from accumlib import memory
+from accumlib.lessons import data, models
+from accumlib.lessons.show import large_batch
 
 X, Y = data.digits(64, flat=True)
 

@@ -1,11 +1,11 @@
-"""accumlib.show.last_cycle (lesson 4): the weights of a short last cycle, which treatments of it match one batch per
+"""accumlib.lessons.show.last_cycle (lesson 4): the weights of a short last cycle, which treatments of it match one batch per
 cycle, and the weight of a token in a mean of means against a count over the cycle, all as measured."""
 import pytest
 import torch
 
 import accumlib
-from accumlib import data, models, pitfalls
-from accumlib.show import last_cycle
+from accumlib.lessons import data, models, pitfalls
+from accumlib.lessons.show import last_cycle
 
 X, Y = data.digits(50, flat=True, dtype=torch.float64)  # micro-batches of 4, cycles of 3: 4 full cycles, then 2 samples
 

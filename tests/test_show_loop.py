@@ -1,4 +1,4 @@
-"""accumlib.show.loop (lesson 3): the findings follow the runs: the same weights or not, what a misplaced line did,
+"""accumlib.lessons.show.loop (lesson 3): the findings follow the runs: the same weights or not, what a misplaced line did,
 which micro-batches a step condition steps after, and a function's code shown without its docstring."""
 import functools
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, models, pitfalls
-from accumlib.show import loop
+from accumlib.lessons import data, models, pitfalls
+from accumlib.lessons.show import loop
 
 X, Y = data.digits(48, flat=True, dtype=torch.float64)  # 12 micro-batches of 4: 4 cycles of 3
 

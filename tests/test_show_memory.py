@@ -1,11 +1,12 @@
-"""accumlib.show.memory (lesson 5): what it says depends on the measured bytes; measured here with the lesson's models
+"""accumlib.lessons.show.memory (lesson 5): what it says depends on the measured bytes; measured here with the lesson's models
 under FakeTensorMode (the same bytes as the CPU tracker, nothing computed)."""
 import pytest
 import torch
 
 import accumlib
-from accumlib import data, memory, models
-from accumlib.show import memory as show
+from accumlib import memory
+from accumlib.lessons import data, models
+from accumlib.lessons.show import memory as show
 
 X, Y = data.digits(64)
 XF, YF = data.digits(64, flat=True)

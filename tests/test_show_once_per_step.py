@@ -1,4 +1,4 @@
-"""accumlib.show.once_per_step (lesson 8): its findings follow the measured runs, and the gradients it reports are
+"""accumlib.lessons.show.once_per_step (lesson 8): its findings follow the measured runs, and the gradients it reports are
 the ones the optimizer steps really used."""
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, models, pitfalls
-from accumlib.show import once_per_step
+from accumlib.lessons import data, models, pitfalls
+from accumlib.lessons.show import once_per_step
 
 X, Y = data.digits(48, flat=True)
 

@@ -1,4 +1,4 @@
-"""accumlib.show.time (lesson 6): measured times differ from run to run, so everything printed must read the same
+"""accumlib.lessons.show.time (lesson 6): measured times differ from run to run, so everything printed must read the same
 after notebooks/sanitize.cfg masks the times (what nbval compares); the one sentence whose wording depends on the
 times is checked on both of its branches."""
 import dataclasses
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from nbval.plugin import get_sanitize_patterns
 
-from accumlib import data, models, timing
-from accumlib.show import time as show
+from accumlib import timing
+from accumlib.lessons import data, models
+from accumlib.lessons.show import time as show
 
 X, Y = data.digits(64)
 SANITIZE = Path(__file__).resolve().parents[1] / "notebooks" / "sanitize.cfg"

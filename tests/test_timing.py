@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import data, models, timing
+from accumlib import timing
+from accumlib.lessons import data, models
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)

@@ -11,7 +11,8 @@ import torch
 from babel.messages.extract import extract_from_file
 from matplotlib.text import Text
 
-from accumlib import i18n, pitfalls, plots, widgets
+from accumlib import i18n
+from accumlib.lessons import pitfalls, plots, widgets
 from hindi import allowed_latin, untranslated
 
 SIZES = widgets.MICRO_BATCH_SIZES
@@ -340,7 +341,7 @@ def test_every_control_has_a_label_and_bad_arguments_are_refused():
 
 
 def test_models_built_in_parallel_threads_get_their_seeded_weights():
-    from accumlib import models
+    from accumlib.lessons import models
 
     reference = models.mlp(seed=0)
     built = []

@@ -4,7 +4,7 @@
     python tools/catalogs.py --check   # change nothing; exit 1 naming each string that is untranslated, fuzzy or stale
 
 Sources of strings: `_()`, `ngettext()`, `pgettext()` and `N_()` in accumlib's Python files (Babel's extractor),
-and the English texts of the quiz bank (`accumlib/quiz/questions.json`, see `quiz_messages`). A translator edits only the PO files;
+and the English texts of the quiz bank (`accumlib/lessons/quiz/questions.json`, see `quiz_messages`). A translator edits only the PO files;
 `make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a fuzzy or empty
 translation is shown in English until a translator confirms it.
 """
@@ -43,14 +43,14 @@ QUIZ_NOT_TEXT = {"id", "lesson", "topic", "kind", "answer", "run"}
 def quiz_messages():
     """(message, context, location) for every English text of the quiz bank: each string under a key that is not in
     QUIZ_NOT_TEXT. The location names the question and the field, e.g. questions.json:loop-order/options/b/feedback."""
-    bank = json.loads((PACKAGE / "quiz" / "questions.json").read_text(encoding="utf-8"))
+    bank = json.loads((PACKAGE / "lessons" / "quiz" / "questions.json").read_text(encoding="utf-8"))
 
     def walk(node, path):
         if isinstance(node, dict):
             for key, value in node.items():
                 if isinstance(value, str):
                     if key not in QUIZ_NOT_TEXT:
-                        yield value, None, f"accumlib/quiz/questions.json:{path}{key}"
+                        yield value, None, f"accumlib/lessons/quiz/questions.json:{path}{key}"
                 else:
                     yield from walk(value, f"{path}{key}/")
         elif isinstance(node, list):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .. import data, memory, models
-from ..i18n import N_
-from ..loop import gradient_gap, parameter_gap, train
+from ... import memory
+from .. import data, models
+from ...i18n import N_
+from ...loop import gradient_gap, parameter_gap, train
 
 
 def _snapshots(model, dataset, optimizer, **kwargs) -> list[dict]:

@@ -11,8 +11,9 @@ import numbers
 
 import torch
 
-from .. import data, memory, models
-from ..i18n import N_, _, ngettext
+from ... import memory
+from .. import data, models
+from ...i18n import N_, _, ngettext
 from .core import Exercise, Finding, Verdict, right, wrong
 from .fingerprint import call_with, error_finding
 from .loops import not_a_function

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .. import plots
-from ..i18n import _, ngettext
-from ..loop import History
-from ..memory import MemoryReport
+from ...i18n import _, ngettext
+from ...loop import History
+from ...memory import MemoryReport
 from ._format import figure, table
 
 

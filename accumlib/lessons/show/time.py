@@ -8,8 +8,8 @@ chosen only where the margin is wide (the fixed cost's share of a small model's 
 from __future__ import annotations
 
 from .. import plots
-from ..i18n import _
-from ..timing import TimeDecomposition
+from ...i18n import _
+from ...timing import TimeDecomposition
 from ._format import figure, width
 from .memory import split
 

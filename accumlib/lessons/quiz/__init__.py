@@ -23,7 +23,7 @@ from importlib import resources
 
 import ipywidgets as w
 
-from ..i18n import LANGUAGES, N_, catalogue, language as course_language
+from ...i18n import LANGUAGES, N_, catalogue, language as course_language
 from .experiments import RUNS
 
 LESSONS = range(1, 11)  # the course's lessons, numbered as in notebooks/en (10: the recap)

@@ -12,7 +12,7 @@ from importlib import resources
 
 import torch
 
-from ._validate import positive_int
+from .._validate import positive_int
 
 PAD = -100  # target value of padding positions; cross_entropy(ignore_index=PAD) skips them
 

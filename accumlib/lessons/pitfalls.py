@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from ._validate import one_of, positive_int, positive_number
+from .._validate import one_of, positive_int, positive_number
 
 LAST_CYCLE = ("drop", "leak", "divide-by-steps")  # what classic scripts do with the last, incomplete cycle: all wrong
 LAST_CYCLE_CHOICES = (*LAST_CYCLE, "weighted")  # "weighted": exact, as accumlib.train does it

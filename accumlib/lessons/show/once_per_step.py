@@ -17,8 +17,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import plots
-from ..i18n import _
-from ..loop import parameter_gap
+from ...i18n import _
+from ...loop import parameter_gap
 from ._format import figure, table
 
 # The GradScaler calls of the optimizer step that lesson 8 moves into the micro-batch loop, one or both at a time

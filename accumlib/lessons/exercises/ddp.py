@@ -14,7 +14,7 @@ import gc
 
 import torch.distributed as dist
 
-from ..i18n import N_, _
+from ...i18n import N_, _
 from .core import Finding, Verdict
 from .fingerprint import Fingerprint, Problem, loop_findings
 from .loops import LoopExercise, error_or

@@ -8,8 +8,8 @@ from __future__ import annotations
 import ipywidgets as w
 from IPython.display import display
 
-from ..i18n import _, ngettext
-from ..loop import parameter_gap
+from ...i18n import _, ngettext
+from ...loop import parameter_gap
 from ._format import table
 
 

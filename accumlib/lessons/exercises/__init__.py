@@ -3,7 +3,7 @@
 Each exercise has `check(answer)` (prints the verdict), `hint()`, `solution()` (prints one solution's code),
 `verdict(answer)` (the verdict as data: `.correct`, `.findings` with stable `.name`s, `.text`), and `stub`: the
 exercise cell exactly as a lesson stores it. A stub runs as stored and gets a true, deterministic verdict. It
-expects the notebook to have run `import torch`, `from torch import nn` and `from accumlib import exercises`.
+expects the notebook to have run `import torch`, `from torch import nn` and `from accumlib.lessons import exercises`.
 
 Loop exercises do not compare code, they run it: on a tiny float64 model at learning rate 0, the gradient at each
 optimizer step is read off as a combination of the micro-batches' gradients, which names the bug, where it shows

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..i18n import _
+from ...i18n import _
 from ._format import table
 
 ROUNDING = 1e-12  # relative to the largest gradient entry: a difference this small is float rounding, not a bug

@@ -8,8 +8,8 @@ from typing import Mapping, Sequence
 import torch
 
 from .. import data
-from ..i18n import N_, _, ngettext
-from ..loop import History, parameter_gap
+from ...i18n import N_, _, ngettext
+from ...loop import History, parameter_gap
 from ..pitfalls import LAST_CYCLE_CHOICES, ClassicStep, loss_weights
 from ._format import table
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from ..i18n import N_, _
+from ...i18n import N_, _
 from .core import Exercise, Finding, Verdict, right, wrong
 from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, loop_findings, loss_fn,
                           trained_gap)

@@ -9,8 +9,8 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..i18n import N_, _, ngettext
-from ..loop import History, parameter_gap
+from ...i18n import N_, _, ngettext
+from ...loop import History, parameter_gap
 from ..pitfalls import ClassicStep
 from ._format import table
 

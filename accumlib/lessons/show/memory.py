@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import plots
-from ..i18n import _, ngettext
-from ..loop import History
-from ..memory import CATEGORIES, FitPlan, MemoryReport
+from ...i18n import _, ngettext
+from ...loop import History
+from ...memory import CATEGORIES, FitPlan, MemoryReport
 from ._format import figure, table
 
 # Categories whose bytes the model fixes (its weights, their gradients, the optimizer's memory), whatever the

@@ -4,13 +4,13 @@ clipping after `unscale_`.
 The checks run the learner's code with a float64 model under float16 autocast: autocast leaves float64 tensors
 alone, so every gradient stays exact, while the GradScaler scales, unscales, checks and updates exactly as it does
 in float16 training. Which scaler mistakes PyTorch catches and which run silently is measured in
-`accumlib.pitfalls` (module docstring); the checks name each.
+`accumlib.lessons.pitfalls` (module docstring); the checks name each.
 """
 from __future__ import annotations
 
 import torch
 
-from ..i18n import N_, _, ngettext
+from ...i18n import N_, _, ngettext
 from .core import Finding
 from .fingerprint import Fingerprint, Recording, Problem, call_with, error_finding, loop_findings, loss_fn
 from .loops import LoopExercise

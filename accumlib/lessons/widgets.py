@@ -26,10 +26,11 @@ import ipywidgets as w
 import torch
 from IPython.display import display
 
-from . import batchnorm, data, memory, models, pitfalls, plots
-from ._validate import boolean, non_negative_int, positive_int, positive_number
-from .i18n import N_, _, ngettext
-from .loop import StopTraining, train
+from .. import batchnorm, memory
+from . import data, models, pitfalls, plots
+from .._validate import boolean, non_negative_int, positive_int, positive_number
+from ..i18n import N_, _, ngettext
+from ..loop import StopTraining, train
 
 MICRO_BATCH_SIZES = (2, 4, 8, 16, 32, 64)
 MAX_ACCUM_STEPS = 16
@@ -284,7 +285,7 @@ def _digits(n: int | None = None, flat: bool = False):
 
 class LossDashboard(Dashboard):
     """Loss curves of (micro-batch, accum_steps) against one batch of the effective size on the same samples, drawn
-    live; switches put the classic bugs into the loop (accumlib.pitfalls.classic_train) or BatchNorm into the model.
+    live; switches put the classic bugs into the loop (accumlib.lessons.pitfalls.classic_train) or BatchNorm into the model.
 
     The full batch is one batch of micro_batch_size x accum_steps samples (of all `samples` when the effective
     batch is larger), trained with accumlib.train. The accumulated run uses accumlib.train while every bug is off.

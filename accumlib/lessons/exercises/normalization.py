@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .. import data
-from ..i18n import N_, _
-from ..loop import gradient_gap
+from ...i18n import N_, _
+from ...loop import gradient_gap
 from .core import Exercise, Finding, Verdict, right, wrong
 from .fingerprint import EXACT, call_with, error_finding
 from .loops import not_a_function

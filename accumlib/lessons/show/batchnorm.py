@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import plots
-from ..batchnorm import DivergenceCauses, LayerDeviation, Outcome, Remedies, RunningAverageMove, total
-from ..i18n import _, ngettext
+from ...batchnorm import DivergenceCauses, LayerDeviation, Outcome, Remedies, RunningAverageMove, total
+from ...i18n import _, ngettext
 from ._format import figure, table
 from .memory import split
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..i18n import _, ngettext
+from ...i18n import _, ngettext
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Exercise:
     """One exercise of one lesson. Subclasses set the class attributes and implement `verdict`."""
 
     lesson: int  # the lesson (1-10) whose exercise cell this is
-    name: str  # its attribute name in accumlib.exercises
+    name: str  # its attribute name in accumlib.lessons.exercises
     answer: tuple[str, ...]  # the names the cell defines and passes to check(), in order
     stub: str  # the exercise cell as the lesson stores it (needs `torch`, `nn` and `exercises` imported)
     solution_code: str  # one right answer, as a whole cell

@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import data, models
-from ..i18n import N_, _
-from ..loop import train
+from ...i18n import N_, _
+from ...loop import train
 from .core import Prediction
 
 

@@ -27,8 +27,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import data, models
-from ..i18n import _, ngettext
-from ..loop import parameter_gap, train
+from ...i18n import _, ngettext
+from ...loop import parameter_gap, train
 from ..pitfalls import loss_weights
 from .core import Finding
 

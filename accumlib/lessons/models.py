@@ -7,7 +7,7 @@ import threading
 import torch
 from torch import nn
 
-from . import _validate
+from .. import _validate
 from .data import PAD
 
 
