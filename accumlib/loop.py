@@ -1,31 +1,36 @@
 """The gradient-accumulation loop: `train`, the driver around `accumlib.cycle.accumulate_and_step` (one optimizer
-step from a cycle of micro-batches): sample order, loss weights, records; and the checks `gradient_gap` and
-`parameter_gap`.
+step from a cycle of micro-batches): the data pipeline, sample order, loss weights, records; and the checks
+`gradient_gap` and `parameter_gap`.
 
 One optimizer step per cycle of `accum_steps` micro-batches. Each micro-batch loss is weighted by its share of the
 cycle (its samples, or its loss terms, over the cycle's total), so a cycle's gradient equals the gradient of one
 batch of the whole cycle -- the last, incomplete cycle included. The scheduler, clipping, the AMP scaler and zeroing
 run once per optimizer step. Under DistributedDataParallel the gradients are all-reduced once per step (`no_sync()`
 on the other micro-batches). Nothing reads a tensor's value on the host inside a cycle but once, after its last
-backward(): on a GPU every such read makes the host wait until the device has caught up.
+backward() (and, with normalize="count", once before its first forward: the cycle's counts): on a GPU every such
+read makes the host wait until the device has caught up.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import math
 import time
+from collections.abc import Iterator as _Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Dataset, default_collate
+from torch.optim.lr_scheduler import OneCycleLR
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import memory
-from .cycle import (_BuffersKept, _check_model, _check_optimizer, _check_scaler_type, _check_scheduler, _scalar_loss,
-                    accumulate_and_step)
-from ._validate import boolean, function, integer, one_of, positive_int, positive_number
+from .cycle import (NonFiniteError, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type, _check_scheduler,
+                    _scalar_loss, accumulate_and_step)
+from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int, positive_number
 from .i18n import _
 
 
@@ -37,7 +42,7 @@ class StopTraining(Exception):
 class StepRecord:
     """What one optimizer step did. Losses are unscaled means over the cycle (independent of accum_steps)."""
 
-    step: int  # optimizer steps so far, 1-based
+    step: int  # optimizer steps so far, 1-based (a resumed run goes on from the stopped run's count)
     epoch: int  # 0-based
     samples_seen: int  # samples processed so far, all processes together
     micro_batches: int  # micro-batches in this cycle (fewer in a last, incomplete cycle)
@@ -62,7 +67,7 @@ class StepRecord:
 
 @dataclass
 class History:
-    """One `StepRecord` per optimizer step, plus why training ended early (if it did).
+    """One `StepRecord` per optimizer step, plus why training ended early (if it did) and what train noticed.
 
     When training fails (an exception from your loss, callback or scheduler, NonFiniteError, OutOfMemory), the
     exception carries the history so far as its `history` attribute.
@@ -70,6 +75,8 @@ class History:
 
     records: list[StepRecord] = field(default_factory=list)
     stopped: str | None = None  # "StopTraining" or "KeyboardInterrupt" when training ended early
+    # what the run did that you may not have meant, in words (an effective batch larger than the data, say)
+    notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -90,57 +97,105 @@ class History:
         return [{k: v for k, v in asdict(r).items() if k != "seconds"} for r in self.records]
 
 
-def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, micro_batch_size: int,
-          accum_steps: int, epochs: int = 1, loss_fn: Callable | None = None, normalize: str = "samples",
+def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, accum_steps: int,
+          micro_batch_size: int | None = None, epochs: int | None = None, max_steps: int | None = None,
+          loss_fn: Callable | None = None, normalize: str = "samples", loss_reduction: str | None = None,
           count: Callable | None = None, scheduler=None, clip_grad_norm: float | None = None, amp=False,
           scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
           on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
-          measure_memory: bool = False, memory_budget: int | None = None, ddp_no_sync: bool = True,
-          check_gradients: bool = True) -> History:
+          max_skipped_steps: int = 50, resume_from_step: int = 0, measure_memory: bool = False,
+          memory_budget: int | None = None, ddp_no_sync: bool = True, check_gradients: bool = True) -> History:
     """Train with gradient accumulation; return one record per optimizer step.
 
-    data: a tuple (X, y) of tensors, or a Dataset whose samples are (x, y) pairs (dict samples are refused).
-    micro_batch_size: samples per forward/backward pass (per process). accum_steps: micro-batches per optimizer
-    step. Effective batch = micro_batch_size * accum_steps * processes. Each cycle is one `accumulate_and_step`.
-    normalize: "samples" weights each micro-batch loss by its samples over the cycle's samples (exact, also for
-    the last incomplete cycle); "steps" is the classic loss / accum_steps; "count" divides a sum-reduced loss by
-    the cycle's total of `count(x, y)` loss terms (tokens, say): every cycle's terms are counted before the first
-    step (count gets each micro-batch as fetched; one host read, one all-reduce under DDP), so a cycle without loss
-    terms is refused before any weight changes, and no step waits for a count.
+    data, one of:
+    - (X, y) tensors, or a map-style Dataset (with len()) whose samples are (x, y) pairs or dicts, split into
+      micro-batches of `micro_batch_size` samples (per process) in an order drawn from `seed` (`shuffle`);
+    - a DataLoader or any other iterable of batches, with or without len() (an IterableDataset's items are taken as
+      batches): each batch is one micro-batch, so micro_batch_size is omitted; the order is the loader's. A cycle's
+      batches are fetched before its first forward and held where the loader put them (the host, usually) until
+      the step, each moved to the device only when its turn comes: host memory for `accum_steps` batches, and in
+      return the last, short cycle is exact without len() (its weights need its sizes, or counts, before its first
+      backward). Under DDP each process's loader is its own (a DistributedSampler, say; train calls its
+      set_epoch(epoch) every epoch), and each cycle costs one small all-reduce of the processes' batch counts.
+    A batch is (x, y) -> model(x), loss_fn(output, y); (inputs, y) with a tuple of inputs -> model(*inputs), with a
+    dict -> model(**inputs); or a dict -> model(**batch), loss_fn(output, batch). Tensors inside, nested, are moved
+    to `device`. Without loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a
+    Hugging Face model given labels returns) is the micro-batch's loss, else cross_entropy(output, y).
+    accum_steps: micro-batches per optimizer step. Effective batch = samples per micro-batch * accum_steps *
+    processes. One that is larger than the data (X, y or a Dataset), or than an epoch of a loader, gives one short
+    step per epoch: accepted, and said in `history.notes`. Each cycle is one `accumulate_and_step`.
+    epochs: passes over the data (default 1, or as many as max_steps needs); max_steps: stop after this many
+    optimizer steps in all (a resumed run's included); an iterator (a generator, say) can be read only once.
+    normalize: "samples" weights each micro-batch by its samples over the cycle's (exact, also for the last
+    incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(x, y)` (or
+    `count(batch)` for a dict batch) per micro-batch over the cycle's total. loss_reduction says what the loss is
+    over its micro-batch, never guessed from values: "mean" (weight: its samples or terms over the cycle's) or "sum"
+    (weight: 1 over the cycle's samples or terms). Default: "sum" with normalize="count" and your own loss_fn, as
+    before this parameter existed; "mean" otherwise (the model's own loss is a mean: a Hugging Face model's is, over
+    its non-ignored tokens). Counts are computed a cycle at a time, as the cycle comes: a run starts at once, and each
+    cycle costs one host read of its counts (and one all-reduce under DDP) before its first forward; a cycle without
+    loss terms, or a count that is negative or not finite, is refused before that cycle changes anything.
     scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
-    loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run.
+    loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run
+    (a loader without len() needs max_steps for that).
     clip_grad_norm: clip the accumulated gradient to this L2 norm. The norm (recorded as grad_norm) and clipping
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
     amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16".
-    seed fixes the sample order. on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as
-    it was, BatchNorm buffers included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss).
+    on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
+    included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
+    skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
+    and the scale: such a run is no longer training.
+    resume_from_step: go on from a stopped run that took this many steps (its history[-1].step), with the same data,
+    micro_batch_size, accum_steps, seed, shuffle and processes: the cycles it took are passed over (for (X, y) or a
+    Dataset without fetching a sample; a loader's batches are fetched and dropped), so the run goes on with the
+    samples the uninterrupted run would have seen. Keep and restore yourself the model, the optimizer, the
+    scheduler and the scaler (their state_dict()); for your own DataLoader also its order: build it again the same
+    way (a seeded generator= or sampler), as train can only read it again.
+    train puts the model in training mode (model.train()) when it finds it in eval mode, at the start and before
+    each step (an on_step that evaluates may leave it in eval mode); a model already in training mode is left as
+    it is, so a submodule you put in eval mode (frozen BatchNorm) stays so. Every module's mode found is put back
+    at the end.
     check_gradients (on by default) reads the gradient norm every step, so a NaN/inf gradient under a finite loss is
     caught too; False leaves that norm out unless clipping or a scaler needs it (grad_norm is then None, and such a
     gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
     measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
     those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step.
-    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes.
+    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes (for
+    (X, y) tensors, or a Dataset of tensor pairs).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes; any other exception carries the records so far as `history`.
     """
     _check_model(model)
-    samples = _Samples(data)
-    micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
     accum_steps = positive_int("accum_steps", accum_steps)
-    epochs = positive_int("epochs", epochs)
-    if micro_batch_size > samples.n:
-        raise ValueError(_("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to "
-                           "{n}").format(value=micro_batch_size, n=samples.n))
+    if micro_batch_size is not None:
+        micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+    if epochs is not None:
+        epochs = positive_int("epochs", epochs)
+    if max_steps is not None:
+        max_steps = positive_int("max_steps", max_steps)
+    max_skipped_steps = positive_int("max_skipped_steps", max_skipped_steps)
+    resume_from_step = non_negative_int("resume_from_step", resume_from_step)
+    ddp = isinstance(model, DistributedDataParallel)
+    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
+    device = _device(device)
+    history = History()
+    source = _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, history.notes)
     params = _check_optimizer(model, optimizer)
-    loss_fn = function("loss_fn", loss_fn, optional=True) or torch.nn.functional.cross_entropy
+    loss_fn = function("loss_fn", loss_fn, optional=True)
     one_of("normalize", normalize, ("samples", "steps", "count"))
     count = function("count", count, optional=True)
     if (normalize == "count") != (count is not None):
         raise ValueError(_("count= (a function giving a micro-batch's number of loss terms) goes with "
                            "normalize='count', and only with it; got normalize={normalize!r}, count={count!r}").format(
                                normalize=normalize, count=count))
+    if loss_reduction is not None:
+        one_of("loss_reduction", loss_reduction, ("mean", "sum"))
+        if normalize == "steps":
+            raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
+                               "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
+    reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)
@@ -151,44 +206,53 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
     one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
     if memory_budget is not None:
         memory_budget = positive_int("memory_budget", memory_budget)
-    device = _device(device)
     amp_dtype, scaler = _amp(amp, scaler, device)
-    ddp = isinstance(model, DistributedDataParallel)
-    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
-    steps_per_epoch = math.ceil(samples.n / (micro_batch_size * accum_steps * world))
-    _check_scheduler(scheduler, optimizer, epochs * steps_per_epoch)
-    plan = _Plan(samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, epochs)
-    terms = _loss_terms(plan, count, device, ddp) if normalize == "count" else None
+    epochs = epochs if epochs is not None or max_steps is not None else 1  # None: as many as max_steps takes
+    source.check_epochs(epochs)
+    steps = source.steps(epochs)  # the run's optimizer steps, when they are known before it starts
+    steps = max_steps if steps is None else steps if max_steps is None else min(steps, max_steps)
+    if steps is not None and resume_from_step >= steps:
+        raise ValueError(_("resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
+                           "valid: 0 to {last}").format(value=resume_from_step, steps=steps, last=steps - 1))
+    _check_run_scheduler(scheduler, optimizer, None if steps is None else steps - resume_from_step)
     if memory_budget is not None:
-        x, y = samples.fetch(list(range(micro_batch_size)))
-        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn, accum_steps=accum_steps,
-                          budget_bytes=memory_budget)
+        x, y = source.example()
+        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn or torch.nn.functional.cross_entropy,
+                          accum_steps=accum_steps, budget_bytes=memory_budget)
     model.to(device)
-    history = History()
-    seen = 0
+    seen = skips = 0  # samples so far; skipped steps in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
+    step = -1
     try:
-        with memory.cuda_budget(device, memory_budget):
-            for step, (epoch, cycle_samples, indices, sizes) in enumerate(plan):
-                weights = _loss_weights(normalize, sizes, cycle_samples, accum_steps, world,
-                                        terms[step] if terms else None)
-                layout = tuple(sizes)
-                measure = measure_memory and (device.type == "cuda" or layout not in peaks)
+        with memory.cuda_budget(device, memory_budget), _modes_kept(model), _inputs_expanded(model, source.calls):
+            for step, cycle in enumerate(itertools.islice(source.cycles(epochs), max_steps)):  # none past max_steps
+                seen += cycle.samples
+                if step < resume_from_step:
+                    continue  # a step the stopped run took: its samples are counted, nothing is trained
+                if not model.training:
+                    model.train()  # dropout on, BatchNorm's statistics updated: the mode training needs
+                terms, total = _cycle_terms(cycle, count, device, ddp, step) if count else (None, None)
+                weights = _loss_weights(normalize, reduction, cycle.sizes, cycle.samples, accum_steps, world,
+                                        terms, total)
+                measure = measure_memory and (device.type == "cuda" or cycle.layout not in peaks)
                 started = time.perf_counter()
                 with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
                     result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
-                        model, optimizer, _MicroBatches(samples, indices, device), weights, loss_fn=loss_fn,
+                        model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn or _own_loss,
                         clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
                         ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
                 if measure:
-                    peaks[layout] = peak.bytes
-                seen += cycle_samples
-                record = StepRecord(step + 1, epoch, seen, len(sizes) - sizes.count(0), cycle_samples,
-                                    result.loss, result.lr, result.grad_norm, time.perf_counter() - started,
-                                    peaks.get(layout) if measure_memory else None, result.skipped)
+                    peaks[cycle.layout] = peak.bytes
+                record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
+                                    cycle.samples, result.loss, result.lr, result.grad_norm,
+                                    time.perf_counter() - started, peaks.get(cycle.layout) if measure_memory else None,
+                                    result.skipped)
                 history.records.append(record)
                 if on_step is not None:
                     on_step(record)
+                skips = skips + 1 if result.skipped else 0
+                if skips == max_skipped_steps:  # a run whose every step is skipped is no longer training
+                    raise NonFiniteError(_skipped_message(skips, scaler))
     except StopTraining:
         history.stopped = "StopTraining"
     except KeyboardInterrupt:
@@ -198,25 +262,136 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
         raise
     finally:
         optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
+    if history.stopped is None and step < resume_from_step:  # the data ended before the stopped run's steps
+        raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
+                           "steps").format(value=resume_from_step, steps=step + 1))
     return history
 
 
-def _loss_weights(normalize: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,
-                  cycle_terms: float | None) -> list[float]:
+def _skipped_message(skips: int, scaler) -> str:
+    """NonFiniteError's words for `skips` skipped steps in a row (one host read of the scale, at the error only)."""
+    if scaler is None:
+        return _("{count} optimizer steps in a row were skipped for a NaN or infinite loss or gradient "
+                 "(max_skipped_steps={count}): the model has not changed since; check the data, the loss and the "
+                 "learning rate").format(count=skips)
+    return _("{count} optimizer steps in a row were skipped for a NaN or infinite loss or gradient "
+             "(max_skipped_steps={count}); the GradScaler's scale is now {scale:g}: no scale makes these gradients "
+             "finite in fp16; check the loss and the learning rate, or train in bf16 or float32").format(
+                 count=skips, scale=scaler.get_scale())
+
+
+def _check_run_scheduler(scheduler, optimizer: torch.optim.Optimizer, steps: int | None) -> None:
+    """The scheduler steps `optimizer`; a OneCycleLR lasts the run's `steps` (None: not known before it starts)."""
+    _check_scheduler(scheduler, optimizer, steps or 0)
+    if steps is None and isinstance(scheduler, OneCycleLR):
+        raise ValueError(_("scheduler: a OneCycleLR must last for every optimizer step of the run, and this run's "
+                           "steps are not known before it starts (data has no len()); give max_steps (and build "
+                           "the OneCycleLR with total_steps=max_steps)"))
+
+
+@contextlib.contextmanager
+def _modes_kept(model: torch.nn.Module):
+    """Put back every module's training/eval mode as found, whatever happens in the block."""
+    modes = [(module, module.training) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+class _Call(NamedTuple):
+    """A micro-batch's inputs that are not one tensor: the model is called as model(*args, **kwargs)."""
+
+    args: tuple
+    kwargs: dict
+
+
+def _expand(_module, args, kwargs):
+    """Forward pre-hook: model(_Call(args, kwargs)) runs as model(*args, **kwargs); any other call as it is."""
+    if len(args) == 1 and isinstance(args[0], _Call) and not kwargs:
+        return args[0].args, dict(args[0].kwargs)
+    return None
+
+
+@contextlib.contextmanager
+def _inputs_expanded(model: torch.nn.Module, needed: bool):
+    """For the block, model(_Call(...)) unpacks its inputs. accumulate_and_step calls model(x); a hook on the model
+    (the DDP wrapper itself, which then sees the real inputs) lets x be a tuple or a dict of inputs. Not `needed`
+    ((X, y) tensors): no hook, so the forward pass keeps PyTorch's fast path."""
+    if not needed:
+        yield
+        return
+    handle = model.register_forward_pre_hook(_expand, prepend=True, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _own_loss(output, target):
+    """The loss without loss_fn: cross_entropy(output, target) for a tensor output (logits), else the model's own
+    (a `.loss` attribute or a "loss" key)."""
+    if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
+        return torch.nn.functional.cross_entropy(output, target)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    raise TypeError(_("the model returned {type} without a loss (no .loss attribute or 'loss' key) and no loss_fn "
+                      "was given: put the labels in the batch so that the model computes its loss, or give "
+                      "loss_fn(output, target)").format(type=type(output).__name__))
+
+
+def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,
+                  terms: list[float] | None = None, total_terms: float | None = None) -> list[float]:
     """What each micro-batch's loss is multiplied by before backward(); 0 for a padding micro-batch (size 0)."""
-    if normalize == "samples":  # a mean-reduced loss: the micro-batch's share of the cycle's samples
-        shares = [size / cycle_samples for size in sizes]
-    elif normalize == "steps":  # the classic loss / accum_steps: every micro-batch alike, even in a short last cycle
+    if normalize == "steps":  # the classic loss / accum_steps: every micro-batch alike, even in a short last cycle
         shares = [1 / (accum_steps * world) if size else 0.0 for size in sizes]
-    else:  # "count", a sum-reduced loss: one share per loss term of the cycle
-        shares = [1 / cycle_terms if size else 0.0 for size in sizes]
+    elif normalize == "samples":  # a mean: the micro-batch's share of the cycle's samples; a sum: 1 per sample
+        shares = [(size if reduction == "mean" else 1.0 if size else 0.0) / cycle_samples for size in sizes]
+    else:  # "count": a mean over its terms, the micro-batch's share of the cycle's terms; a sum: 1 per term
+        shares = [(n if reduction == "mean" else 1.0 if size else 0.0) / total_terms for size, n in zip(sizes, terms)]
     # DDP averages the gradients of its `world` processes; times `world`, that mean becomes the sum of every
     # process's shares, which add up to the whole cycle (on one process world is 1)
     return [world * share for share in shares]
 
 
+class _Cycle(NamedTuple):
+    """One optimizer step's data, as the loop gets it from a source."""
+
+    epoch: int
+    micro_batches: object  # what accumulate_and_step iterates: (inputs, target) pairs on the device, with len()
+    sizes: list[int]  # this process's samples per micro-batch (0: a padding micro-batch, weight 0)
+    samples: int  # the cycle's samples, all processes together
+    layout: tuple  # the micro-batches' shapes: cycles of one layout have the same peak bytes
+    raw: Callable  # raw() gives the cycle's real micro-batches as the data gives them (what count is called on)
+
+
+def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
+    """Where the cycles come from: (X, y) tensors or a Dataset split by micro_batch_size, or a loader's batches."""
+    indexed = isinstance(data, tuple) or isinstance(data, list) and any(
+        not isinstance(item, (tuple, list, Mapping)) for item in data)  # a list of tensors is (X, y), not batches
+    indexed = indexed or isinstance(data, Dataset) and not isinstance(data, IterableDataset)
+    if indexed:
+        samples = _Samples(data)
+        if micro_batch_size is None:
+            raise TypeError(_("micro_batch_size is missing: data given as (X, y) tensors or a Dataset is split into "
+                              "micro-batches of micro_batch_size samples; give it, or pass a DataLoader whose "
+                              "batches are the micro-batches"))
+        return _Indexed(samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes)
+    if isinstance(data, (Mapping, str, bytes, torch.Tensor)) or not hasattr(data, "__iter__"):
+        _refuse_dict(data, "data")
+        raise TypeError(_("data must be (X, y) tensors, a Dataset, or a DataLoader (any iterable of batches), got "
+                          "{type}").format(type=type(data).__name__))
+    if micro_batch_size is not None:
+        raise ValueError(_("micro_batch_size={value} was given with data of type {type}, whose batches are the "
+                           "micro-batches: omit micro_batch_size (the loader's batch size is the micro-batch's), or "
+                           "give (X, y) tensors or a Dataset").format(value=micro_batch_size, type=type(data).__name__))
+    return _Loader(data, accum_steps, world, rank, device, notes)
+
+
 class _Samples:
-    """Indexable view of `data`: a tuple (X, y) of tensors or a Dataset of (x, y) pairs."""
+    """Indexable view of `data`: a tuple (X, y) of tensors or a Dataset of (x, y) pairs or dicts."""
 
     def __init__(self, data):
         if isinstance(data, (tuple, list)):
@@ -232,16 +407,16 @@ class _Samples:
             if len(X) != len(y):
                 raise ValueError(_("data: X has {x} samples but y has {y}; they must have the same length").format(
                     x=len(X), y=len(y)))
+            _refuse_meta(data)
             self.n, self.dataset = len(X), None
             self.device = X.device if X.device == y.device else None
             self.fetch = lambda idx: (X[idx], y[idx])
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
             if self.n:
-                _check_sample(data[0])
+                _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
-            _refuse_dict(data, "data")
             raise TypeError(_("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got "
                               "{type}").format(type=type(data).__name__))
         if self.n == 0:
@@ -255,19 +430,109 @@ class _Samples:
 
 
 def _refuse_dict(value, name: str) -> None:
-    if isinstance(value, dict):
-        raise TypeError(_("{name} is a dict (keys {keys}): train passes (x, y) pairs to model(x) and "
-                          "loss_fn(output, y), and dict batches such as {{'input_ids': ..., 'labels': ...}} are not "
-                          "supported; give (inputs, targets) instead, e.g. (batch['input_ids'], "
-                          "batch['labels'])").format(name=name, keys=", ".join(repr(k) for k in list(value)[:5])))
+    if isinstance(value, Mapping):
+        raise TypeError(_("{name} is a dict (keys {keys}): a dict of whole tensors as data is not supported; give "
+                          "a DataLoader (or any iterable) of dict batches, or a Dataset of dict samples with "
+                          "micro_batch_size").format(name=name, keys=", ".join(repr(k) for k in list(value)[:5])))
 
 
-def _check_sample(sample) -> None:
-    """A Dataset's sample must be an (x, y) pair with no dict in it."""
-    _refuse_dict(sample, "data[0] (a sample)")
-    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise TypeError(_("data's samples must be (x, y) pairs, got {value!r}").format(value=sample))
-    _refuse_dict(sample[0], "data[0][0] (the input x of a sample)")
+def _tensors(value):
+    """The tensors inside a batch, nested in tuples, lists and dicts, in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _refuse_meta(batch) -> None:
+    if any(t.device.type == "meta" for t in _tensors(batch)):
+        raise ValueError(_("data holds tensors on the meta device (shapes without values): there is nothing to train "
+                           "on; load the data on 'cpu' or 'cuda'"))
+
+
+def _check_batch(batch, name: str, sample: bool = False) -> int | None:
+    """A micro-batch's (or, `sample`, a Dataset sample's) form, refused naming `name` unless it is (x, y) or a dict;
+    returns a micro-batch's samples (the first dimension of y, or of its first tensor that has one)."""
+    pair = isinstance(batch, (tuple, list)) and len(batch) == 2
+    if not (pair or isinstance(batch, Mapping)):
+        raise TypeError(_("{name} must be (x, y), (inputs, y) with a tuple or dict of inputs, or a dict of model "
+                          "inputs, got {value!r} of type {type}").format(name=name, value=batch,
+                                                                        type=type(batch).__name__))
+    _refuse_meta(batch)
+    if sample:
+        return None
+    first = batch[1] if pair and isinstance(batch[1], torch.Tensor) and batch[1].dim() else next(
+        (t for t in _tensors(batch) if t.dim()), None)
+    if first is None:
+        raise TypeError(_("{name} holds no tensor with a batch dimension: its samples cannot be counted").format(
+            name=name))
+    return len(first)
+
+
+def _to(value, device: torch.device):
+    """`value` with every tensor inside (nested in tuples, lists and dicts) moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, Mapping):
+        return {key: _to(item, device) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        items = [_to(item, device) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # a namedtuple too
+    return value
+
+
+def _as_pair(batch):
+    """A micro-batch as accumulate_and_step takes it, (model input, loss_fn target): tensor x as it is, other inputs
+    wrapped in a _Call that the model's hook unpacks; a dict batch is both the inputs and the target."""
+    if isinstance(batch, Mapping):
+        return _Call((), batch), batch
+    x, y = batch
+    if isinstance(x, Mapping):
+        return _Call((), x), y
+    if isinstance(x, (tuple, list)):
+        return _Call(tuple(x), {}), y
+    return x, y
+
+
+class _Indexed:
+    """Cycles of (X, y) tensors or a Dataset: micro-batches of micro_batch_size samples in an order from `seed`."""
+
+    def __init__(self, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
+        if micro_batch_size > samples.n:
+            raise ValueError(_("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to "
+                               "{n}").format(value=micro_batch_size, n=samples.n))
+        self.samples, self.micro, self.device = samples, micro_batch_size, device
+        self.calls = samples.dataset is not None  # a Dataset's x may be a tuple or a dict: model(*x), model(**x)
+        self.plan = functools.partial(_Plan, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle)
+        self.effective = micro_batch_size * accum_steps * world
+        if self.effective > samples.n:
+            notes.append(_("the effective batch (micro_batch_size {micro} x accum_steps {k} x {world} processes = "
+                           "{effective} samples) is larger than the data ({n} samples): every epoch is one step of "
+                           "{n} samples").format(micro=micro_batch_size, k=accum_steps, world=world,
+                                                  effective=self.effective, n=samples.n))
+
+    def check_epochs(self, epochs) -> None:
+        pass  # (X, y) and a Dataset can be read again and again
+
+    def steps(self, epochs: int | None) -> int | None:
+        return None if epochs is None else epochs * math.ceil(self.samples.n / self.effective)
+
+    def example(self):
+        x, y = self.samples.fetch(list(range(self.micro)))
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            raise ValueError(_("memory_budget measures a step of (x, y) tensors; this data's samples are not two "
+                               "tensors: train without memory_budget, or measure one micro-batch yourself"))
+        return x, y
+
+    def cycles(self, epochs: int | None):
+        for epoch, cycle_samples, indices, sizes in self.plan(epochs):
+            raw = functools.partial(map, self.samples.fetch, [idx for idx, size in zip(indices, sizes) if size])
+            yield _Cycle(epoch, _MicroBatches(self.samples, indices, self.device), sizes, cycle_samples, tuple(sizes),
+                         raw)
 
 
 class _Plan:
@@ -277,18 +542,19 @@ class _Plan:
     Each cycle takes the next micro_batch_size * accum_steps * world samples of the epoch's order (fewer at the
     end); each process takes a contiguous shard (as torch.tensor_split shares them out) and splits it into
     micro-batches. A process with fewer micro-batches than another gets padding micro-batches (one real sample,
-    size 0, so loss weight 0): DDP needs every process to run the same number of backward passes.
+    size 0, so loss weight 0): DDP needs every process to run the same number of backward passes. epochs=None:
+    without end.
     """
 
     def __init__(self, samples: _Samples, micro_batch_size: int, accum_steps: int, world: int, rank: int, seed: int,
-                 shuffle: bool, epochs: int):
+                 shuffle: bool, epochs: int | None):
         self.samples, self.micro, self.accum_steps, self.epochs = samples, micro_batch_size, accum_steps, epochs
         self.world, self.rank, self.seed, self.shuffle = world, rank, seed, shuffle
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed)
         n, m = self.samples.n, self.micro
-        for epoch in range(self.epochs):
+        for epoch in range(self.epochs) if self.epochs is not None else itertools.count():
             order = self.samples.indices(torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n))
             if self.world == 1:  # one process: the epoch split into micro-batches once, a cycle is a slice of them
                 micro = [order[i:i + m] for i in range(0, n, m)]
@@ -322,51 +588,131 @@ class _MicroBatches:
 
     def __iter__(self):
         for idx in self.indices:
-            x, y = self.samples.fetch(idx)
-            yield (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) if self.move else (x, y)
+            batch = self.samples.fetch(idx)
+            yield _as_pair(_to(batch, self.device) if self.move else batch)
 
 
-def _loss_terms(plan: _Plan, count: Callable, device: torch.device, ddp: bool) -> list[float]:
-    """Every cycle's loss terms over all processes, counted before the first step, with one host read of the counts
-    (and, under DDP, one all-reduce of the cycles' totals). Refuses a count that is not a non-negative number, and
-    a cycle without loss terms (its loss could not be normalised), naming its step and epoch."""
-    chunks, pending, owner, epochs = [], [], [], []
-    for step, (epoch, _samples, indices, sizes) in enumerate(plan):
-        epochs.append(epoch)
-        for idx, size in zip(indices, sizes):
-            if size:  # a padding micro-batch has no loss terms
-                pending.append(_count_value(count(*plan.samples.fetch(idx)), device))
-                owner.append(step)
-        if len(pending) >= 4096:  # a long run's counts, stacked as they come: memory stays small
-            chunks.append(torch.stack(pending))
-            pending = []
-    chunks += [torch.stack(pending)] if pending else []
-    counts = torch.cat(chunks).tolist() if chunks else []  # the one host read of the counts
-    totals = [0.0] * len(epochs)
-    for step, value in zip(owner, counts):
+class _Loader:
+    """Cycles of a loader's batches, `accum_steps` at a time, held until their step (see `train`)."""
+
+    def __init__(self, data, accum_steps, world, rank, device, notes):
+        self.data, self.accum_steps, self.world, self.rank, self.device, self.notes = (
+            data, accum_steps, world, rank, device, notes)
+        self.once = isinstance(data, _Iterator)  # a generator, say: read once
+        self.calls = True  # a batch's inputs may be a tuple or a dict
+        try:
+            self.length = len(data)
+        except TypeError:  # no len(): a stream, or a DataLoader over an IterableDataset
+            self.length = None
+
+    def check_epochs(self, epochs) -> None:
+        if self.once and epochs is not None and epochs > 1:
+            raise ValueError(_("epochs={value}: data is an iterator of type {type}, which can be read only once; give "
+                               "epochs=1, or data that can be read again (a DataLoader, a list)").format(
+                                   value=epochs, type=type(self.data).__name__))
+
+    def steps(self, epochs: int | None) -> int | None:
+        if self.length is None or epochs is None:
+            return None
+        return epochs * math.ceil(self.length / self.accum_steps)
+
+    def example(self):
+        raise ValueError(_("memory_budget measures a step of (X, y) tensors split by micro_batch_size; with data of "
+                           "type {type} it is not supported: train without memory_budget, or measure one batch with "
+                           "accumlib.measure_step").format(type=type(self.data).__name__))
+
+    def _busiest(self, batches: int, samples: int) -> tuple[int, int]:
+        """(the most batches any process holds in this cycle, the cycle's samples over all processes), from one
+        all-reduce (one host read) of every process's counts."""
+        counts = torch.zeros(self.world + 1, dtype=torch.float64, device=self.device)
+        counts[0], counts[1 + self.rank] = samples, batches
+        dist.all_reduce(counts)
+        total, *per_process = counts.tolist()
+        return int(max(per_process)), int(total)
+
+    def cycles(self, epochs: int | None):
+        pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
+        for epoch in range(epochs) if epochs is not None else itertools.count():
+            if self.once and epoch:
+                return
+            sampler = getattr(self.data, "sampler", None)
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)  # a DistributedSampler's new order for this epoch
+            batches, cycle = iter(self.data), 0
+            while True:
+                held = list(itertools.islice(batches, self.accum_steps))  # this cycle's batches, until its step
+                sizes = [_check_batch(b, _("data's batch {i} of epoch {epoch}").format(
+                    i=cycle * self.accum_steps + i, epoch=epoch)) for i, b in enumerate(held)]
+                busiest, samples = self._busiest(len(held), sum(sizes)) if self.world > 1 else (len(held), sum(sizes))
+                if busiest == 0:  # the epoch has ended on every process
+                    if cycle == 0:
+                        raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=epoch))
+                    break
+                pad = held[-1] if held else pad
+                if pad is None:
+                    raise ValueError(_("data gave this process no batch while another process has some: give every "
+                                       "process a share of the data (a DistributedSampler)"))
+                padding = busiest - len(held)
+                if epoch == 0 and cycle == 0 and busiest < self.accum_steps:
+                    self.notes.append(_("accum_steps={k} is more than the {n} batches of an epoch of data: every "
+                                        "epoch is one step of {n} micro-batches").format(k=self.accum_steps, n=busiest))
+                moved = _Moved(held + [pad] * padding, self.device)
+                layout = tuple(tuple(tuple(t.shape) for t in _tensors(b)) for b in held)
+                yield _Cycle(epoch, moved, sizes + [0] * padding, samples, layout, functools.partial(iter, held))
+                if busiest < self.accum_steps:  # the loader has ended, on every process
+                    break
+                cycle += 1
+
+
+class _Moved:
+    """A held cycle's batches, each moved to the device as the loop reaches it."""
+
+    def __init__(self, batches: list, device: torch.device):
+        self.batches, self.device = batches, device
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for batch in self.batches:
+            yield _as_pair(_to(batch, self.device))
+
+
+def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool, step: int):
+    """(each micro-batch's loss terms, 0 for padding; the cycle's total over all processes), with one host read
+    (and under DDP one all-reduce). Refuses a count that is not a non-negative number, and a cycle without loss
+    terms (its loss could not be normalised), naming its step and epoch, before the cycle changes anything."""
+    counts = [_count_value(count(*batch) if isinstance(batch, (tuple, list)) else count(batch))
+              for batch in cycle.raw()]
+    where = counts[0].device if counts else device
+    local = torch.stack([c.to(where) for c in counts]) if counts else torch.zeros(0, dtype=torch.float64)
+    summary = torch.stack([local.sum(), (~(local >= 0) | local.isinf()).sum().double()])  # terms, bad counts
+    if ddp:
+        summary = summary.to(device)
+        dist.all_reduce(summary)  # the cycle's terms (and bad counts) over all processes: one all-reduce
+    *values, total, bad = torch.cat([local.to(summary.device), summary]).tolist()  # the one host read
+    for value in values:
         if not 0 <= value < math.inf:
             raise ValueError(_("count must give a finite, non-negative number of loss terms; it gave {value} for a "
                                "micro-batch of step {step} (epoch {epoch})").format(
-                                   value=value, step=step + 1, epoch=epochs[step]))
-        totals[step] += value
-    if ddp:  # the cycles' totals over all processes
-        summed = torch.tensor(totals, dtype=torch.float64, device=device)
-        dist.all_reduce(summed)
-        totals = summed.tolist()
-    for step, total in enumerate(totals):
-        if total == 0:
-            raise ValueError(_("count gives 0 loss terms for the whole of step {step} (epoch {epoch}): a sum-reduced "
-                               "loss cannot be normalised by 0; check count, or drop the samples without loss "
-                               "terms").format(step=step + 1, epoch=epochs[step]))
-    return totals
+                                   value=value, step=step + 1, epoch=cycle.epoch))
+    if bad:
+        raise ValueError(_("count gave a negative or non-finite number of loss terms on another process, for step "
+                           "{step} (epoch {epoch})").format(step=step + 1, epoch=cycle.epoch))
+    if total == 0:
+        raise ValueError(_("count gives 0 loss terms for the whole of step {step} (epoch {epoch}): a loss cannot be "
+                           "normalised by 0; check count, or drop the samples without loss terms").format(
+                               step=step + 1, epoch=cycle.epoch))
+    values = iter(values)
+    return [next(values) if size else 0.0 for size in cycle.sizes], total
 
 
-def _count_value(value, device: torch.device) -> torch.Tensor:
-    """count(x, y) as a 0-d float64 tensor on `device` (an int, a float or a 0-d tensor), without reading it."""
+def _count_value(value) -> torch.Tensor:
+    """count(...) as a 0-d float64 tensor where it was computed (an int, a float or a 0-d tensor), unread."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not (value.is_complex() or value.dtype == torch.bool):
-        return value.to(device, torch.float64)
+        return value.to(torch.float64)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(float(value), dtype=torch.float64, device=device)
+        return torch.tensor(float(value), dtype=torch.float64)
     raise TypeError(_("count must return the number of loss terms of a micro-batch (a number or a 0-d tensor), got "
                       "{value!r} of type {type}").format(value=value, type=type(value).__name__))
 

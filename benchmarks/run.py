@@ -253,7 +253,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "loss check, detach, contexts (per micro-batch)": lambda loss, norms: (
             contextlib.nullcontext().__enter__(), loop._scalar_loss(loss).detach()),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
-            loop._loss_weights("samples", [64], 64, 1, 1, None), loop._MicroBatches(samples, [X], device),
+            loop._loss_weights("samples", "mean", [64], 64, 1, 1), loop._MicroBatches(samples, [X], device),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None)),
     }
     times = {name: [] for name in pieces}

@@ -75,14 +75,17 @@ def reads_of_a_run(normalize, extras):
 def test_one_read_per_optimizer_step_and_none_per_micro_batch(normalize, extras):
     history, at_micro_batch, at_step = reads_of_a_run(normalize, extras)
     assert len(history) == 8  # 72 samples / (4 x 5), 2 epochs: 3 full cycles and one of 12 samples each
-    # before the first micro-batch: nothing, or the one read of every cycle's loss terms (normalize="count")
-    assert at_micro_batch[0] == (normalize == "count")
+    # before the first micro-batch: nothing, or the one read of the cycle's loss terms (normalize="count": the
+    # counts are read a cycle at a time, before its first forward, so a long run starts at once)
+    counted = normalize == "count"
+    assert at_micro_batch[0] == counted
     first = 0
-    reads_before = at_micro_batch[0]
+    reads_before = 0
     for reads_after, micro_batches_so_far, skipped in at_step:
         cycle = at_micro_batch[first:micro_batches_so_far]
         assert cycle == [cycle[0]] * len(cycle)  # no read between the micro-batches of a cycle
         # one read per step: loss and gradient norm together (the loss alone unchecked); a GradScaler's step reads
-        # its own inf check
-        assert reads_after - reads_before == (2 if "fp16" in extras and not skipped else 1)
+        # its own inf check; with normalize="count" one more, of the cycle's counts, before its first micro-batch
+        assert cycle[0] - reads_before == counted
+        assert reads_after - reads_before == (2 if "fp16" in extras and not skipped else 1) + counted
         first, reads_before = micro_batches_so_far, reads_after
