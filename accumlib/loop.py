@@ -604,6 +604,8 @@ class _Loader:
             self.length = len(data)
         except TypeError:  # no len(): a stream, or a DataLoader over an IterableDataset
             self.length = None
+        if self.length == 0:
+            raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=0))
 
     def check_epochs(self, epochs) -> None:
         if self.once and epochs is not None and epochs > 1:

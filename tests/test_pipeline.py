@@ -1,0 +1,342 @@
+"""train with the input pipeline engineers have: DataLoaders and other iterables of batches (with or without len()),
+dict batches (model(**batch)), tuple inputs (model(*inputs)), and models that return their own loss.
+
+Each run is compared, in float64, with a plain loop that takes one optimizer step on all of a cycle's samples at once
+(the whole cycle padded as one batch): accumulation is exact when the two agree to rounding, last short cycle
+included. Tolerance: float64 rounds at 1.1e-16 relative; the sums and means here run over at most a few hundred
+terms of size ~1 and the weights stay ~1, so 10 SGD steps stay far below 1e-13 (a lost or mis-weighted micro-batch
+moves a weight by ~1e-3).
+"""
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import accumlib
+
+VOCAB, PAD, IGNORE = 11, 0, -100
+TOLERANCE = 1e-13  # see the module docstring
+
+
+@dataclasses.dataclass
+class CausalLMOutput:
+    """What a Hugging Face causal LM returns: .loss (given labels) and .logits."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+class TinyCausalLM(nn.Module):
+    """A causal LM small enough for the CPU: each position sees the mean of the embeddings up to it (causal, so
+    right-padding changes nothing before it). forward(input_ids, attention_mask=None, labels=None) returns .loss,
+    the mean over the non-ignored shifted tokens, as Hugging Face models do."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(VOCAB, 8, dtype=torch.float64)
+        self.mix = nn.Linear(8, 8, dtype=torch.float64)
+        self.head = nn.Linear(8, VOCAB, dtype=torch.float64)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        h = self.embed(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        positions = torch.arange(1, input_ids.shape[1] + 1, dtype=h.dtype)[None, :, None]
+        logits = self.head(torch.tanh(self.mix(h.cumsum(1) / positions)))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
+                                               ignore_index=IGNORE)
+        return CausalLMOutput(loss, logits)
+
+
+def sequences(n: int = 29, seed: int = 1) -> list[torch.Tensor]:
+    """n token sequences of 2 to 9 tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 10, (n,), generator=generator).tolist()
+    return [torch.randint(1, VOCAB, (length,), generator=generator) for length in lengths]
+
+
+def pad(batch: list[torch.Tensor]) -> dict:
+    """A Hugging Face-style batch: right-padded input_ids, attention_mask, and labels with -100 on the padding."""
+    width = max(len(s) for s in batch)
+    ids = torch.full((len(batch), width), PAD)
+    mask = torch.zeros(len(batch), width, dtype=torch.float64)
+    for row, s in enumerate(batch):
+        ids[row, :len(s)], mask[row, :len(s)] = s, 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, IGNORE)}
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """The sequences as a stream: no len()."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def tokens(batch) -> torch.Tensor:
+    """The loss terms of a causal LM batch: its non-ignored shifted labels."""
+    return (batch["labels"][:, 1:] != IGNORE).sum()
+
+
+def full_batch_reference(model, cycles, lr=0.5):
+    """One SGD step per cycle on all of its sequences padded as one batch: the model's mean over all its tokens."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for cycle in cycles:
+        optimizer.zero_grad()
+        model(**pad(cycle)).loss.backward()
+        optimizer.step()
+    return model
+
+
+def cycles_of(items, batch_size, accum_steps, epochs):
+    """The sequences of each optimizer step: accum_steps batches of batch_size (the loader's order, unshuffled)."""
+    per_step = batch_size * accum_steps
+    return [items[i:i + per_step] for _ in range(epochs) for i in range(0, len(items), per_step)]
+
+
+ITEMS = sequences()  # 29 sequences, batches of 3: 10 batches, the last of 2; accum_steps 4: cycles of 4, 4 and 2
+
+
+@pytest.mark.parametrize("loader", ["DataLoader", "IterableDataset without len()", "list of batches", "generator"])
+def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
+    epochs = 1 if loader == "generator" else 2
+    make = {"DataLoader": lambda: torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad),
+            "IterableDataset without len()": lambda: torch.utils.data.DataLoader(Stream(ITEMS), batch_size=3,
+                                                                                collate_fn=pad),
+            "list of batches": lambda: [pad(ITEMS[i:i + 3]) for i in range(0, len(ITEMS), 3)],
+            "generator": lambda: (pad(ITEMS[i:i + 3]) for i in range(0, len(ITEMS), 3))}[loader]
+    data = make()
+    if loader == "IterableDataset without len()":
+        with pytest.raises(TypeError):
+            len(data)
+    model = TinyCausalLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    # the call of issue 19, as written there (epochs aside)
+    history = accumlib.train(model, data, optimizer, accum_steps=4, normalize="count",
+                             count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), epochs=epochs)
+    reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, epochs))
+    assert [r.micro_batches for r in history] == [4, 4, 2] * epochs  # the last cycle is short
+    assert [r.samples for r in history] == [12, 12, 5] * epochs
+    assert history[-1].samples_seen == 29 * epochs
+    assert accumlib.parameter_gap(model, reference) < TOLERANCE
+    # the recorded loss is the cycle's mean over its tokens, as the full batch computes it (before its step)
+    before = TinyCausalLM()
+    first_cycle = pad(ITEMS[:12])
+    assert history[0].loss == pytest.approx(before(**first_cycle).loss.item(), abs=TOLERANCE)
+
+
+def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
+    """The same model's loss, reduced by sum (loss_fn, the default reduction "sum" with normalize="count") or by mean
+    (loss_reduction="mean" said explicitly): the same steps, both equal to the full batch."""
+    def token_sum(output, batch):
+        logits, labels = output.logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1)
+        return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+
+    def token_mean(output, batch):
+        return output.loss
+
+    loader = torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad)
+    reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 1))
+    for options in (dict(loss_fn=token_sum), dict(loss_fn=token_mean, loss_reduction="mean")):
+        model = TinyCausalLM()
+        accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
+                       normalize="count", count=tokens, **options)
+        assert accumlib.parameter_gap(model, reference) < TOLERANCE, options
+    # the sum-reduced loss said to be a mean is weighted by its tokens twice: far from the full batch
+    model = TinyCausalLM()
+    accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, normalize="count",
+                   count=tokens, loss_fn=token_sum, loss_reduction="mean")
+    assert accumlib.parameter_gap(model, reference) > 1e-3
+
+
+class TupleInputLM(TinyCausalLM):
+    """forward(input_ids, attention_mask) -> logits: called as model(*inputs)."""
+
+    def forward(self, input_ids, attention_mask):
+        return super().forward(input_ids, attention_mask).logits
+
+
+def token_sum_of_logits(logits, labels):
+    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
+                                       ignore_index=IGNORE, reduction="sum")
+
+
+def as_tuple(batch: dict) -> tuple:
+    return (batch["input_ids"], batch["attention_mask"]), batch["labels"]
+
+
+@pytest.mark.parametrize("with_len", [True, False])
+def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
+    source = ITEMS if with_len else Stream(ITEMS)
+    loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=lambda b: as_tuple(pad(b)))
+    model = TupleInputLM()
+    history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
+                             loss_fn=token_sum_of_logits, normalize="count",
+                             count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+    reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
+    assert len(history) == 6
+    assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
+
+
+class PairDataset(torch.utils.data.Dataset):
+    """A map-style Dataset of ((input_ids, attention_mask), labels) samples of one length: default_collate makes
+    the inputs a list of two tensors (the 'list' object has no attribute 'to' crash of issue 19)."""
+
+    def __init__(self, dict_samples=False):
+        self.batch = pad([s for s in ITEMS if len(s) >= 6])
+        self.batch = {k: v[:, :6] for k, v in self.batch.items()}
+        self.dict_samples = dict_samples
+
+    def __len__(self):
+        return len(self.batch["input_ids"])
+
+    def __getitem__(self, i):
+        sample = {k: v[i] for k, v in self.batch.items()}
+        return sample if self.dict_samples else ((sample["input_ids"], sample["attention_mask"]), sample["labels"])
+
+
+def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
+    dataset = PairDataset()
+    n = len(dataset)
+    tuple_model = TupleInputLM()
+    accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
+                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count",
+                   count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+    dict_model = TinyCausalLM()
+    accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
+                   micro_batch_size=2, accum_steps=3, shuffle=False, normalize="count", count=tokens)
+    reference = TinyCausalLM()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for start in range(0, n, 6):
+        optimizer.zero_grad()
+        reference(**{k: v[start:start + 6] for k, v in dataset.batch.items()}).loss.backward()
+        optimizer.step()
+    assert n % 6  # a short last cycle
+    assert accumlib.parameter_gap(dict_model, reference) < TOLERANCE
+    assert accumlib.parameter_gap(tuple_model.state_dict(), reference.state_dict()) < TOLERANCE
+
+
+def test_a_loader_of_tensor_pairs_is_exactly_x_y_with_micro_batch_size():
+    """The same micro-batches from a DataLoader and from (X, y): the same computation, bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    X, y = torch.randn(50, 6, generator=generator, dtype=torch.float64), torch.randint(0, 3, (50,), generator=generator)
+
+    def model():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(6, 5, dtype=torch.float64), nn.Tanh(), nn.Linear(5, 3, dtype=torch.float64))
+
+    a, b = model(), model()
+    by_tensors = accumlib.train(a, (X, y), torch.optim.SGD(a.parameters(), lr=0.5), micro_batch_size=4,
+                                accum_steps=3, shuffle=False, epochs=2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=4)
+    by_loader = accumlib.train(b, loader, torch.optim.SGD(b.parameters(), lr=0.5), accum_steps=3, epochs=2)
+    assert accumlib.parameter_gap(a, b) == 0.0
+    assert [r.loss for r in by_tensors] == [r.loss for r in by_loader]
+    assert [r.samples for r in by_loader] == [12, 12, 12, 12, 2] * 2
+
+
+def test_batches_of_any_sizes_are_weighted_by_their_samples():
+    """normalize="samples" with batches of 5, 2, 4, 1, 3 and 6 samples: each cycle's gradient is that of its mean."""
+    generator = torch.Generator().manual_seed(4)
+    sizes = [5, 2, 4, 1, 3, 6]
+    X, y = torch.randn(sum(sizes), 6, generator=generator, dtype=torch.float64), torch.randint(0, 3, (21,),
+                                                                                               generator=generator)
+    batches = list(zip(torch.split(X, sizes), torch.split(y, sizes)))
+
+    def model():
+        torch.manual_seed(5)
+        return nn.Linear(6, 3, dtype=torch.float64)
+
+    trained, reference = model(), model()
+    history = accumlib.train(trained, batches, torch.optim.SGD(trained.parameters(), lr=0.5), accum_steps=4)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for first in (0, 4):
+        xs, ys = zip(*batches[first:first + 4])
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
+        optimizer.step()
+    assert [r.samples for r in history] == [12, 9]
+    assert accumlib.parameter_gap(trained, reference) < TOLERANCE
+
+
+def test_the_model_s_own_loss_with_normalize_samples_weights_each_batch_by_its_sequences():
+    loader = torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad)
+    model = TinyCausalLM()
+    accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4)
+    reference = TinyCausalLM()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for cycle in cycles_of(ITEMS, 3, 4, 1):  # the mean over sequences of each batch's mean over its tokens
+        optimizer.zero_grad()
+        batches = [pad(cycle[i:i + 3]) for i in range(0, len(cycle), 3)]
+        sum(reference(**b).loss * len(b["input_ids"]) / len(cycle) for b in batches).backward()
+        optimizer.step()
+    assert accumlib.parameter_gap(model, reference) < TOLERANCE
+
+
+@pytest.mark.parametrize("case,call,error,names", [
+    ("micro-batch-size-with-a-loader", dict(data=[({"a": 1}, 2)], micro_batch_size=4), ValueError,
+     ["micro_batch_size=4", "list", "omit micro_batch_size"]),
+    ("micro-batch-size-missing", dict(data=(torch.zeros(4, 2), torch.zeros(4))), TypeError,
+     ["micro_batch_size is missing", "(X, y)"]),
+    ("batch-of-one-tensor", dict(data=[[torch.zeros(2, 6)], [torch.zeros(2, 6)]]), TypeError,
+     ["data's batch 0 of epoch 0", "(x, y)"]),
+    ("batch-without-tensors", dict(data=[{"input_ids": [1, 2]}]), TypeError, ["data's batch 0", "no tensor"]),
+    ("empty-loader", dict(data=[]), ValueError, ["data gave no batch", "empty"]),
+    ("a-string", dict(data="tokens.txt"), TypeError, ["data", "str"]),
+    ("a-generator-twice", dict(data=(b for b in []), epochs=2), ValueError, ["epochs=2", "generator", "once"]),
+    ("memory-budget-with-a-loader", dict(data=[(torch.zeros(2, 6), torch.zeros(2, dtype=torch.long))],
+                                         memory_budget=2 ** 20), ValueError, ["memory_budget", "list"]),
+    ("loss-reduction-unknown", dict(loss_reduction="avg"), ValueError, ["loss_reduction", "'avg'"]),
+    ("loss-reduction-with-steps", dict(loss_reduction="sum", normalize="steps"), ValueError,
+     ["loss_reduction='sum'", "normalize='steps'"]),
+])
+def test_bad_pipelines_are_refused_before_anything_changes(case, call, error, names):
+    model = nn.Linear(6, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    arguments = dict(data=[(torch.zeros(2, 6), torch.zeros(2, dtype=torch.long))], accum_steps=2) | call
+    with pytest.raises(error) as info:
+        accumlib.train(model, arguments.pop("data"), optimizer, **arguments)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert accumlib.parameter_gap(model, before) == 0.0
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_model_without_loss_and_no_loss_fn_is_told_what_to_do():
+    loader = [{"input_ids": pad(ITEMS[:3])["input_ids"]}]  # no labels: the model returns loss=None
+    model = TinyCausalLM()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TypeError, match="CausalLMOutput without a loss.*put the labels in the batch"):
+        accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=1)
+    assert accumlib.parameter_gap(model, before) == 0.0
+
+
+def test_a_distributed_sampler_gets_its_epoch():
+    """train calls set_epoch(epoch) on a loader's sampler that has it (a DistributedSampler's new order)."""
+    epochs = []
+
+    class Sampler(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = None
+
+        def set_epoch(self, epoch):
+            epochs.append(epoch)
+
+        def __iter__(self):
+            return iter(range(6))
+
+        def __len__(self):
+            return 6
+
+    X, y = torch.randn(6, 6), torch.zeros(6, dtype=torch.long)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=2, sampler=Sampler())
+    model = nn.Linear(6, 3)
+    accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, epochs=3)
+    assert epochs == [0, 1, 2]
+
