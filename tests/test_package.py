@@ -44,7 +44,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
     requirements = [line.split(":", 1)[1].strip() for line in info.decode().splitlines()
                     if line.startswith("Requires-Dist:")]
-    assert [r for r in requirements if "extra ==" not in r] == ["torch>=2.6"]
+    assert [r for r in requirements if "extra ==" not in r] == ["torch>=2.13"]
     lessons = " ".join(r for r in requirements if 'extra == "lessons"' in r)
     assert all(name in lessons for name in ("matplotlib", "ipywidgets", "jsonschema"))
 

@@ -340,3 +340,93 @@ def test_a_distributed_sampler_gets_its_epoch():
     accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, epochs=3)
     assert epochs == [0, 1, 2]
 
+
+
+WORKER = '''
+import gc, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib, test_pipeline as t
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, sizes, results = dist.get_rank(), [], {}
+all_reduce = dist.all_reduce
+
+
+def counting(tensor, *args, **kwargs):  # every Python-level all-reduce, by its tensor's size
+    sizes.append(tensor.numel())
+    return all_reduce(tensor, *args, **kwargs)
+
+
+dist.all_reduce = counting
+shard = t.ITEMS[:16] if rank == 0 else t.ITEMS[16:]  # 16 and 13 sequences: 6 and 5 batches of at most 3
+try:
+    for name in ("DataLoader", "IterableDataset", "tuple inputs"):
+        del sizes[:]
+        source = t.Stream(shard) if name == "IterableDataset" else shard
+        collate = (lambda b: t.as_tuple(t.pad(b))) if name == "tuple inputs" else t.pad
+        loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=collate)
+        model = DistributedDataParallel(t.TupleInputLM() if name == "tuple inputs" else t.TinyCausalLM())
+        options = (dict(loss_fn=t.token_sum_of_logits, count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
+                   if name == "tuple inputs" else dict(count=lambda batch: (batch["labels"][:, 1:] != -100).sum()))
+        history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
+                                 normalize="count", epochs=2, device="cpu", **options)
+        results[name] = dict(state=model.module.state_dict(), sizes=list(sizes),
+                             micro_batches=[r.micro_batches for r in history], samples=[r.samples for r in history])
+    if rank == 0:
+        torch.save(results, sys.argv[2])
+    dist.barrier()
+finally:
+    gc.collect()  # DDP's reducer sits in reference cycles: freed before the process group (no abort at exit)
+    dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """The HF-style call, its IterableDataset form and a tuple-input model on 2 gloo processes, each with its own
+    loader (its own shard of the sequences, as a DistributedSampler gives)."""
+    import os
+    import pathlib
+    import socket
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("ddp")
+    (folder / "worker.py").write_text(WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    processes = [subprocess.Popen([sys.executable, str(folder / "worker.py"), str(pathlib.Path(__file__).parent),
+                                   str(folder / "result.pt")], env={**env, "RANK": str(rank)},
+                                  stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        errors = [p.communicate(timeout=240)[1] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in processes] == [0, 0], "\n".join(errors)
+    return torch.load(folder / "result.pt")
+
+
+@pytest.mark.parametrize("name", ["DataLoader", "IterableDataset", "tuple inputs"])
+def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
+    """Step 1: sequences 0-11 on process 0 and 16-27 on process 1; step 2 (the short one): 12-15 (batches of 3 and 1)
+    and 28 (one batch, and a padding micro-batch of weight 0, so that both run two backward passes)."""
+    result = two_processes[name]
+    cycles = [ITEMS[:12] + ITEMS[16:28], ITEMS[12:16] + ITEMS[28:]] * 2
+    reference = full_batch_reference(TinyCausalLM(), cycles)
+    assert result["samples"] == [24, 5] * 2
+    assert result["micro_batches"] == [4, 2] * 2  # process 0's; process 1 has one real and one padding in step 2
+    assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
+    # per step, Python-level all-reduces: the cycle's batch counts (3 values: samples and each process's batches),
+    # its loss terms (2: terms and bad counts) once, and the loss (1); a short cycle (fewer than accum_steps batches
+    # on every process) ends the epoch without another
+    assert result["sizes"] == [3, 2, 1] * 4
