@@ -430,3 +430,37 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     # its loss terms (2: terms and bad counts) once, and the loss (1); a short cycle (fewer than accum_steps batches
     # on every process) ends the epoch without another
     assert result["sizes"] == [3, 2, 1] * 4
+
+
+def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
+    """No GPU here: fake CUDA tensors (FakeTensorMode) moved to the CPU, the way a loader's batch is moved to the
+    device, through dicts, lists, tuples and a namedtuple; what is not a tensor stays as it is."""
+    import collections
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accumlib import loop
+
+    Pair = collections.namedtuple("Pair", "a b")
+    with FakeTensorMode():
+        def cuda(*shape):
+            return torch.ones(*shape, device="cuda")
+        batch = {"input_ids": cuda(2, 3), "nested": [cuda(2), (cuda(2, 1), "text")], "pair": Pair(cuda(2), 3)}
+        moved = loop._to(batch, torch.device("cpu"))
+    assert moved.keys() == batch.keys() and isinstance(moved["nested"], list) and isinstance(moved["pair"], Pair)
+    assert moved["nested"][1][1] == "text" and moved["pair"].b == 3
+    tensors = list(loop._tensors(moved))
+    assert len(tensors) == 4 and all(t.device.type == "cpu" for t in tensors)
+    assert [t.shape for t in tensors] == [t.shape for t in loop._tensors(batch)]
+
+
+def test_memory_is_measured_once_per_layout_of_a_loader_s_batches():
+    """measure_memory=True with padded batches: the CPU traces one cycle per layout (the shapes of its batches);
+    cycles of the same layout get the same bytes."""
+    batches = [pad(ITEMS[:3]), pad(ITEMS[3:6])] * 3  # 3 cycles of 2 batches, all of one layout
+    assert batches[0]["input_ids"].shape == batches[2]["input_ids"].shape
+    model = TinyCausalLM()
+    history = accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=2,
+                             measure_memory=True, device="cpu")
+    peaks = [r.peak_memory_bytes for r in history]
+    assert len(peaks) == 3 and peaks[0] > 0 and peaks == [peaks[0]] * 3
