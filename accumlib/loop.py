@@ -196,6 +196,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
     reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
+    loss_fn = loss_fn or _own_loss  # checked: the user's, or the model's own loss (cross_entropy for logits)
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)
@@ -217,7 +218,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     _check_run_scheduler(scheduler, optimizer, None if steps is None else steps - resume_from_step)
     if memory_budget is not None:
         x, y = source.example()
-        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn or torch.nn.functional.cross_entropy,
+        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn,
                           accum_steps=accum_steps, budget_bytes=memory_budget)
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
@@ -238,7 +239,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
                 started = time.perf_counter()
                 with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
                     result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
-                        model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn or _own_loss,
+                        model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn,
                         clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
                         ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
                 if measure:

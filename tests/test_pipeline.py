@@ -8,6 +8,7 @@ terms of size ~1 and the weights stay ~1, so 10 SGD steps stay far below 1e-13 (
 moves a weight by ~1e-3).
 """
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -263,6 +264,10 @@ def test_batches_of_any_sizes_are_weighted_by_their_samples():
         optimizer.step()
     assert [r.samples for r in history] == [12, 9]
     assert accumlib.parameter_gap(trained, reference) < TOLERANCE
+    summed = model()  # a sum-reduced loss, said so: weighted 1 over the cycle's samples, the same steps
+    accumlib.train(summed, batches, torch.optim.SGD(summed.parameters(), lr=0.5), accum_steps=4,
+                   loss_fn=functools.partial(nn.functional.cross_entropy, reduction="sum"), loss_reduction="sum")
+    assert accumlib.parameter_gap(summed, reference) < TOLERANCE
 
 
 def test_the_model_s_own_loss_with_normalize_samples_weights_each_batch_by_its_sequences():
