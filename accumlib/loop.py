@@ -386,8 +386,9 @@ def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, dev
                           "{type}").format(type=type(data).__name__))
     if micro_batch_size is not None:
         raise ValueError(_("micro_batch_size={value} was given with data of type {type}, whose batches are the "
-                           "micro-batches: omit micro_batch_size (the loader's batch size is the micro-batch's), or "
-                           "give (X, y) tensors or a Dataset").format(value=micro_batch_size, type=type(data).__name__))
+                           "micro-batches: omit micro_batch_size (the loader's batch size is the micro-batch's; for "
+                           "a stream of samples, pass DataLoader(data, batch_size={value})), or give (X, y) tensors "
+                           "or a map-style Dataset").format(value=micro_batch_size, type=type(data).__name__))
     return _Loader(data, accum_steps, world, rank, device, notes)
 
 

@@ -469,3 +469,43 @@ def test_memory_is_measured_once_per_layout_of_a_loader_s_batches():
                              measure_memory=True, device="cpu")
     peaks = [r.peak_memory_bytes for r in history]
     assert len(peaks) == 3 and peaks[0] > 0 and peaks == [peaks[0]] * 3
+
+
+def test_an_iterable_dataset_of_samples_with_micro_batch_size_is_told_to_use_a_dataloader():
+    model = nn.Linear(6, 3)
+    with pytest.raises(ValueError, match=r"micro_batch_size=4 was given with data of type Stream.*"
+                                         r"DataLoader\(data, batch_size=4\)"):
+        accumlib.train(model, Stream([(torch.zeros(6), 0)]), torch.optim.SGD(model.parameters(), lr=0.1),
+                       micro_batch_size=4, accum_steps=2)
+
+
+class Named(nn.Module):
+    """forward(pixels) -> logits: called as model(**inputs) with inputs {"pixels": ...}."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.layer = nn.Linear(6, 3, dtype=torch.float64)
+
+    def forward(self, pixels):
+        return self.layer(pixels)
+
+
+def test_a_dataset_of_dict_inputs_trains_as_x_y_does():
+    """Samples ({"pixels": x}, y) (refused before: now model(**inputs)): bit for bit the run on (X, y)."""
+    generator = torch.Generator().manual_seed(7)
+    X, y = torch.randn(30, 6, generator=generator, dtype=torch.float64), torch.randint(0, 3, (30,), generator=generator)
+
+    class DictInputs(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(X)
+
+        def __getitem__(self, i):
+            return {"pixels": X[i]}, y[i]
+
+    by_dict, by_tensors = Named(), Named()
+    accumlib.train(by_dict, DictInputs(), torch.optim.SGD(by_dict.parameters(), lr=0.5), micro_batch_size=4,
+                   accum_steps=2, epochs=2)
+    accumlib.train(by_tensors, (X, y), torch.optim.SGD(by_tensors.parameters(), lr=0.5), micro_batch_size=4,
+                   accum_steps=2, epochs=2)
+    assert accumlib.parameter_gap(by_dict, by_tensors) == 0.0
