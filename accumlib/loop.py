@@ -165,7 +165,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes (for
     (X, y) tensors, or a Dataset of tensor pairs).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
-    Every argument is checked before anything changes; any other exception carries the records so far as `history`.
+    Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
+    as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
+    `history`.
     """
     _check_model(model)
     accum_steps = positive_int("accum_steps", accum_steps)
