@@ -380,6 +380,23 @@ try:
                                  normalize="count", epochs=2, device="cpu", **options)
         results[name] = dict(state=model.module.state_dict(), sizes=list(sizes),
                              micro_batches=[r.micro_batches for r in history], samples=[r.samples for r in history])
+    def stop_at_1(record):
+        if record.step == 1:
+            raise accumlib.StopTraining
+
+    def loader():
+        return torch.utils.data.DataLoader(shard, batch_size=3, collate_fn=t.pad)
+
+    count = lambda batch: (batch["labels"][:, 1:] != -100).sum()
+    model = DistributedDataParallel(t.TinyCausalLM())  # stopped after step 1, then resumed from its weights
+    accumlib.train(model, loader(), torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, normalize="count",
+                   count=count, epochs=2, device="cpu", on_step=stop_at_1)
+    resumed = DistributedDataParallel(t.TinyCausalLM())
+    resumed.module.load_state_dict(model.module.state_dict())
+    history = accumlib.train(resumed, loader(), torch.optim.SGD(resumed.parameters(), lr=0.5), accum_steps=4,
+                             normalize="count", count=count, epochs=2, device="cpu", resume_from_step=1)
+    results["resumed"] = dict(state=resumed.module.state_dict(), steps=[r.step for r in history],
+                              samples_seen=[r.samples_seen for r in history])
     if rank == 0:
         torch.save(results, sys.argv[2])
     dist.barrier()
@@ -509,3 +526,11 @@ def test_a_dataset_of_dict_inputs_trains_as_x_y_does():
     accumlib.train(by_tensors, (X, y), torch.optim.SGD(by_tensors.parameters(), lr=0.5), micro_batch_size=4,
                    accum_steps=2, epochs=2)
     assert accumlib.parameter_gap(by_dict, by_tensors) == 0.0
+
+
+def test_two_processes_resumed_equal_the_uninterrupted_run(two_processes):
+    """Stopped after step 1 and resumed from its weights (SGD keeps no state), each process skipping its own
+    loader's batches of that step: the same weights as the uninterrupted DataLoader run, bit for bit."""
+    resumed = two_processes["resumed"]
+    assert resumed["steps"] == [2, 3, 4] and resumed["samples_seen"] == [29, 53, 58]
+    assert accumlib.parameter_gap(resumed["state"], two_processes["DataLoader"]["state"]) == 0.0
