@@ -30,7 +30,7 @@ from .. import data, models
 from ...i18n import _, ngettext
 from ...loop import parameter_gap, train
 from ..pitfalls import loss_weights
-from .core import Finding
+from .core import Finding, explained, first_line, learner_code
 
 ZERO = 1e-9  # a coefficient this small is no contribution (the reference's smallest is about 0.05)
 CLOSE = 1e-6  # relative tolerance for "the same coefficient" and for a gradient that is a combination at all
@@ -232,7 +232,8 @@ def call_with(function, arguments: dict) -> object:
         inspect.signature(function).bind(*arguments.values())
     except TypeError as error:
         raise SignatureMismatch(function, list(arguments)) from error
-    return function(*arguments.values())
+    with learner_code():  # counted against the check's time limit
+        return function(*arguments.values())
 
 
 class SignatureMismatch(TypeError):
@@ -254,7 +255,13 @@ def error_finding(error: Exception, micro_batch: int = 0) -> Finding:
         return Finding("signature", _("{name} must take the parameters ({expected}), in this order, as in the stub; "
                                       "yours takes ({found}).").format(name=error.name, expected=error.expected,
                                                                        found=error.found))
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    plain = explained(error)
+    if plain is not None:
+        if not micro_batch:
+            return plain
+        return Finding(plain.name, _("PyTorch stopped your code at micro-batch {number}: {explanation}").format(
+            number=micro_batch, explanation=plain.message))
+    message = first_line(error)
     if not micro_batch:
         return Finding("error", _("Your code raised {error}: {message}").format(error=type(error).__name__,
                                                                                 message=message))

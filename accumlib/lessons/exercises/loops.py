@@ -41,7 +41,7 @@ exercises.scale_loss.check(scale_loss)
     hint_text = N_("The full-batch loss is the mean over all its samples: with accum_steps equal micro-batches, it is "
                    "the mean of their accum_steps mean losses, so each micro-batch's loss counts 1/accum_steps.")
 
-    def verdict(self, scale_loss) -> Verdict:
+    def judge(self, scale_loss) -> Verdict:
         """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum."""
         if not callable(scale_loss):
             return not_a_function("scale_loss")
@@ -112,7 +112,7 @@ class LoopExercise(Exercise):
     def findings(self, fp: Fingerprint) -> list[Finding]:
         return error_or(fp, lambda: loop_findings(fp))
 
-    def verdict(self, function) -> Verdict:
+    def judge(self, function) -> Verdict:
         if not callable(function):
             return not_a_function(self.answer[0])
 

@@ -91,7 +91,7 @@ exercises.largest_batch.check(largest_batch)
             low, high = (middle, high) if self.fits(middle) else (low, middle)
         return low
 
-    def verdict(self, largest_batch) -> Verdict:
+    def judge(self, largest_batch) -> Verdict:
         if not callable(largest_batch):
             return not_a_function("largest_batch")
         tried = []
@@ -162,7 +162,7 @@ exercises.memory_plan.check(micro_batch_size, accum_steps)
         divisors = [d for d in range(self.effective_batch, 0, -1) if self.effective_batch % d == 0]
         return next(d for d in divisors if self.peak(d, self.effective_batch // d) <= self.card_bytes)
 
-    def verdict(self, micro_batch_size, accum_steps) -> Verdict:
+    def judge(self, micro_batch_size, accum_steps) -> Verdict:
         plan = {"micro_batch_size": micro_batch_size, "accum_steps": accum_steps}
         for name, value in plan.items():
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
