@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ...i18n import N_, _
-from .core import Exercise, Finding, Verdict, right, wrong
+from .core import Exercise, Finding, Verdict, explained, right, wrong
 from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, loop_findings, loss_fn,
                           trained_gap)
 
@@ -41,36 +41,82 @@ exercises.scale_loss.check(scale_loss)
     hint_text = N_("The full-batch loss is the mean over all its samples: with accum_steps equal micro-batches, it is "
                    "the mean of their accum_steps mean losses, so each micro-batch's loss counts 1/accum_steps.")
 
-    def judge(self, scale_loss) -> Verdict:
-        """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum."""
-        if not callable(scale_loss):
-            return not_a_function("scale_loss")
-        problem, k = self.problem, self.problem.accum_steps
+    # the same function must be right for every accum_steps, not just the lesson's 4
+    other_problems = (Problem(samples=12, micro_batch_size=4, accum_steps=3),
+                      Problem(samples=12, micro_batch_size=2, accum_steps=6))
+    hang_text = N_("scale_loss only scales one loss: it needs no loop. Look for a while loop that never ends.")
+
+    def accumulate(self, scale_loss, problem: Problem) -> tuple[torch.Tensor, torch.Tensor] | Finding:
+        """Backward each scale_loss(micro-batch loss, k) of problem: (accumulated gradient, full-batch gradient),
+        or the finding that says why that could not be done."""
+        k = problem.accum_steps
         X, y = problem.data()
         model = problem.model()
         params = list(model.parameters())
         full = torch.cat([g.flatten() for g in torch.autograd.grad(loss_fn(model(X), y), params)])
+
+        def gradient() -> torch.Tensor:
+            return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+
         for xs, ys in zip(X.split(problem.micro_batch_size), y.split(problem.micro_batch_size)):
+            before = gradient()
             try:
                 scaled = call_with(scale_loss, {"loss": loss_fn(model(xs), ys), "accum_steps": k})
             except Exception as error:  # the learner's code
-                return wrong([error_finding(error)])
+                return error_finding(error)
+            if not torch.equal(gradient(), before):
+                return Finding("backward-inside", _(
+                    "scale_loss calls backward() itself: it must only return the scaled loss. The loop calls "
+                    "backward() on what scale_loss returns, so with it inside, each micro-batch's gradient is added "
+                    "twice. Remove loss.backward() from scale_loss."))
             if not isinstance(scaled, torch.Tensor):
-                return wrong([Finding("not-a-tensor", _(
+                return Finding("not-a-tensor", _(
                     "scale_loss returned {kind}, not a tensor: backward() needs the loss tensor itself "
-                    "(loss / accum_steps, not loss.item() / accum_steps).").format(kind=type(scaled).__name__))])
-            if scaled.dim() != 0 or not scaled.requires_grad:
-                return wrong([Finding("detached", _(
+                    "(loss / accum_steps, not loss.item() / accum_steps).").format(kind=type(scaled).__name__))
+            if scaled.dim() != 0 or not scaled.requires_grad or scaled.grad_fn is None:
+                return Finding("detached", _(
                     "scale_loss must return one number still connected to the model (a tensor of shape (), with a "
                     "gradient flowing through it); keep the loss as it is, without .detach(), .item() or "
-                    "indexing."))])
-            scaled.backward()
-        accumulated = torch.cat([p.grad.flatten() for p in params])
+                    "indexing."))
+            try:
+                scaled.backward()
+            except RuntimeError as error:  # a graph the learner's code already used up, or cut
+                return explained(error) or error_finding(error)
+        return gradient(), full
+
+    def judge(self, scale_loss) -> Verdict:
+        """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum; then
+        the same with accum_steps 3 and 6."""
+        if not callable(scale_loss):
+            return not_a_function("scale_loss")
+        problem, k = self.problem, self.problem.accum_steps
+        result = self.accumulate(scale_loss, problem)
+        if isinstance(result, Finding):
+            return wrong([result])
+        accumulated, full = result
         gap = (accumulated - full).abs().max().item()
         if gap <= EXACT:
+            for other in self.other_problems:
+                result = self.accumulate(scale_loss, other)
+                if isinstance(result, Finding):
+                    return wrong([result])
+                there, there_full = result
+                if (there - there_full).abs().max().item() > EXACT:
+                    ratio = (there @ there_full / (there_full @ there_full)).item()
+                    return wrong([Finding("not-general", _(
+                        "Right for accum_steps = {accum_steps}, but with accum_steps = {other} the micro-batch "
+                        "gradients add up to {ratio:.3g} times the full-batch gradient: divide by the parameter "
+                        "accum_steps, not by the number {accum_steps}.").format(
+                            accum_steps=k, other=other.accum_steps, ratio=ratio))])
             return right(_("The {accum_steps} scaled micro-batch gradients add up to the full-batch gradient of the "
-                           "{samples} samples (largest difference {gap:.1e}).").format(
-                               accum_steps=k, samples=problem.samples, gap=gap))
+                           "{samples} samples (largest difference {gap:.1e}), and so they do with accum_steps = {one} and "
+                           "{two}.").format(accum_steps=k, samples=problem.samples, gap=gap,
+                                            one=self.other_problems[0].accum_steps,
+                                            two=self.other_problems[1].accum_steps))
+        if accumulated.abs().max().item() == 0:
+            return wrong([Finding("no-gradient", _(
+                "After backward() on what scale_loss returned, every gradient is zero: the loss it returns does not "
+                "depend on the model's weights. Return loss / accum_steps."))])
         ratio = (accumulated @ full / (full @ full)).item()
         residual = ((accumulated - ratio * full).norm() / accumulated.norm()).item()
         if residual > 1e-6:
@@ -84,7 +130,8 @@ exercises.scale_loss.check(scale_loss)
                 "high.").format(accum_steps=k, ratio=ratio))])
         return wrong([Finding("wrong-scale", _(
             "The {accum_steps} micro-batch gradients add up to {ratio:.3g} times the full-batch gradient; they must "
-            "add up to exactly 1 times it.").format(accum_steps=k, ratio=ratio))])
+            "add up to exactly 1 times it. Each of the {accum_steps} equal micro-batches is 1/{accum_steps} of the "
+            "batch: return loss / accum_steps.").format(accum_steps=k, ratio=ratio))])
 
 
 class LoopExercise(Exercise):
