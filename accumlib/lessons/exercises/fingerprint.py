@@ -187,6 +187,7 @@ class Recording:
         self.initial = copy.deepcopy(self.module)
         self.loader = problem.loader()
         self.forwards: list[int] = []  # per model call: index into loader.handed_out (-1: not a micro-batch of it)
+        self.autocast: list[torch.dtype | None] = []  # per model call: the CPU autocast dtype in force (None: off)
         self.steps: list[StepSeen] = []
         self.zeros: list[tuple[int, int]] = []  # (model calls, optimizer steps) before each zero_grad()
         self.scaler_calls: list[tuple[str, int]] = []  # (method, model calls before it)
@@ -199,6 +200,7 @@ class Recording:
         self.scaler = RecordingScaler(self) if amp else None
 
     def _on_forward(self, module, args) -> None:
+        self.autocast.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
         x = args[0] if args else None
         handed = self.loader.handed_out
         found = next((j for j in range(len(handed) - 1, -1, -1) if handed[j][1] is x), None)
@@ -247,6 +249,16 @@ class SignatureMismatch(TypeError):
         except (TypeError, ValueError):
             self.found = "?"
         super().__init__(f"{self.name} must take ({self.expected})")
+
+
+def frozen_finding(model: torch.nn.Module) -> Finding | None:
+    """The finding when the learner's code froze every weight of the model (requires_grad=False), else None."""
+    if any(p.requires_grad for p in model.parameters()):
+        return None
+    return Finding("model-frozen", _(
+        "Your code froze every weight of the model (requires_grad=False on all of them), so backward() has nothing "
+        "to compute and nothing can train. Leave requires_grad as it is: accumulation needs every weight's "
+        "gradient."))
 
 
 def error_finding(error: Exception, micro_batch: int = 0) -> Finding:
@@ -579,9 +591,12 @@ def _tail_dropped(fp: Fingerprint, cycle: list[int], findings: _Findings) -> Non
     ref = fp.reference
     findings.add("tail-dropped", ngettext(
         "The last, incomplete cycle of epoch {epoch} is dropped: its micro-batch ({samples} samples) never reaches "
-        "an optimizer step. Step once more at the end of each epoch, with what that cycle holds.",
+        "an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but this "
+        "task asks to train on every sample: step once more at the end of each epoch, with what that cycle holds.",
         "The last, incomplete cycle of epoch {epoch} is dropped: its {count} micro-batches ({samples} samples) never "
-        "reach an optimizer step. Step once more at the end of each epoch, with what that cycle holds.",
+        "reach an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but "
+        "this task asks to train on every sample: step once more at the end of each epoch, with what that cycle "
+        "holds.",
         len(cycle)).format(
             epoch=ref.epoch_of[cycle[0]] + 1, count=len(cycle), samples=sum(ref.sizes[j] for j in cycle)))
 

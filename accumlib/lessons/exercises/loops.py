@@ -4,14 +4,15 @@ reads the bug off the gradients (see fingerprint.py).
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
 
 from ...i18n import N_, _
 from .core import Exercise, Finding, Verdict, explained, right, wrong
-from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, loop_findings, loss_fn,
-                          trained_gap)
+from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, frozen_finding,
+                          loop_findings, loss_fn, trained_gap)
 
 
 def not_a_function(name: str) -> Verdict:
@@ -156,17 +157,53 @@ class LoopExercise(Exercise):
         """Keyword arguments that make accumlib.train do what a right answer does."""
         return {}
 
+    def weight_tolerance(self) -> float:
+        """Largest weight difference from accumlib.train's that a right answer may leave: float64 rounding."""
+        return EXACT
+
     def findings(self, fp: Fingerprint) -> list[Finding]:
         return error_or(fp, lambda: loop_findings(fp))
+
+    # a second problem the same function must get right: another accum_steps (and sizes), so that a loop with the
+    # first problem's numbers written in does not pass
+    other_problem = Problem(samples=32, micro_batch_size=4, accum_steps=4)
+
+    def variant(self) -> LoopExercise:
+        """This exercise on its other problem."""
+        other = copy.copy(self)
+        other.problem = self.other_problem
+        return other
+
+    def setting(self) -> str:
+        """The problem's numbers, as the learner's function gets them."""
+        return _("accum_steps = {accum_steps}, {samples} samples in micro-batches of {micro}").format(
+            accum_steps=self.problem.accum_steps, samples=self.problem.samples, micro=self.problem.micro_batch_size)
 
     def judge(self, function) -> Verdict:
         if not callable(function):
             return not_a_function(self.answer[0])
+        verdict = self.judge_on(function)
+        if not verdict.correct:
+            return verdict
+        other = self.variant()
+        again = other.judge_on(function)
+        if not again.correct:
+            return wrong([Finding("not-general", _(
+                "Right on the first problem ({setting}), but not on a second one ({other}): {problem} Use the "
+                "parameters your function gets, not numbers copied from the first problem.").format(
+                    setting=self.setting(), other=other.setting(), problem=again.findings[0].message))])
+        return verdict
+
+    def judge_on(self, function) -> Verdict:
+        """The verdict on this exercise's problem alone."""
 
         def call(recording):
             return self.run(function, recording)
 
         recording = Recording(self.problem, amp=self.amp, ddp=self.ddp).run(call)
+        frozen = frozen_finding(recording.module)  # said as it is, not as the error backward() then raises
+        if frozen is not None:
+            return wrong([frozen])
         fp = Fingerprint(recording)
         findings = self.findings(fp)
         if findings:
@@ -174,7 +211,7 @@ class LoopExercise(Exercise):
         weight_gap, error = trained_gap(self.problem, call, self.reference(), amp=self.amp, ddp=self.ddp)
         if error is not None:
             return wrong([error_finding(error)])
-        if weight_gap > EXACT:
+        if weight_gap > self.weight_tolerance():
             return wrong([Finding("training-differs", _(
                 "At learning rate 0 every step's gradient is right, but trained for real at learning rate {lr:g} "
                 "your weights differ from accumlib.train's by up to {gap:.2e}: the loop must do the same whatever "
@@ -232,6 +269,7 @@ class LastCycle(LoopExercise):
     # 22 samples in micro-batches of 3: 7 of 3 and one of 1 per epoch; cycles of 3 micro-batches leave a last cycle
     # of two micro-batches (3 and 1 samples), so dividing by accum_steps, or by the micro-batches, is visibly wrong.
     problem = Problem(samples=22, micro_batch_size=3, accum_steps=3, epochs=2)
+    other_problem = Problem(samples=26, micro_batch_size=3, accum_steps=4, epochs=2)  # a last cycle of 1 (2 samples)
     parameters = ("model", "optimizer", "loader", "loss_fn", "accum_steps", "epochs")
     stub = '''\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
