@@ -6,6 +6,7 @@ import io
 import re
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -334,8 +335,8 @@ def test_largest_batch_is_the_largest_that_fits_and_one_more_does_not():
     exercise = exercises.largest_batch
     best = exercise.largest()
     assert planning.step_peak(best) <= exercise.card_bytes < planning.step_peak(best + 1)
-    assert exercise.verdict(lambda fits: best + 1).names == ["too-large"]
-    low = exercise.verdict(lambda fits: best - 3)
+    assert exercise.verdict(lambda fits: fits(1) and best + 1).names == ["too-large"]
+    low = exercise.verdict(lambda fits: fits(1) and best - 3)
     assert low.names == ["not-largest"] and "powers of two" not in low.text
     assert exercise.verdict(lambda fits: fits(0)).names == ["error"]
     assert exercise.verdict(lambda fits: "70").names == ["not-a-batch"]
@@ -357,7 +358,7 @@ def test_the_peak_of_an_accumulating_step_is_the_same_from_two_micro_batches_on(
         assert len(peaks) == 1 and planning._measured_peak(micro, 1) < peaks.pop()
 
 
-@pytest.mark.parametrize("plan, name", [((4, 64), "slower-than-needed"), ((8, 16), "wrong-effective-batch"),
+@pytest.mark.parametrize("plan, name", [((8, 16), "wrong-effective-batch"), ((8.5, 30), "not-a-count"),
                                         (("8", 32), "not-a-count"), ((8, 0), "not-a-count")])
 def test_memory_plan_names_each_mistake(plan, name):
     assert exercises.memory_plan.verdict(*plan).names == [name]
@@ -386,3 +387,195 @@ def test_the_prediction_is_compared_with_the_measurement():
 def test_groupnorm_names_each_mistake(body, name):
     function = defined(f"def build_model():\n    return {body}\n", "build_model")
     assert exercises.groupnorm.verdict(function).names == [name]
+
+
+# ---------------------------------------------------------------- issue 21: answers that try to fool or crash a check
+# For every exercise: a hard-coded (or copied) answer, a crashing one, one that never terminates and an unusual valid
+# one, each with the verdict it must get. test_the_verdict_table prints the whole table (pytest -s shows it).
+
+class Endless(float):
+    """A number whose value never comes: float() of it loops forever (a non-terminating answer to a number task)."""
+
+    def __float__(self):
+        while True:
+            pass
+
+
+class Broken(float):
+    """A number whose value raises."""
+
+    def __float__(self):
+        raise RuntimeError("my number is broken")
+
+
+def cell(code: str, name: str):
+    return defined(textwrap.dedent(code), name)
+
+
+FOREVER = "    while True:\n        pass\n"
+LOOP_ARGS = "model, optimizer, loader, loss_fn, accum_steps"
+HARD_CODED_LOOP = LOOP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3")
+SEED_PATTERN = LOOP.replace("        loss = loss_fn", "        if step % accum_steps == 0:\n            optimizer.zero_grad()"
+                                                   "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn"
+                            ).replace("            optimizer.zero_grad()  # once per cycle, after the step\n", "")
+LAST = solution_without_check(exercises.last_cycle)
+AMP_BF16 = AMP.replace("torch.float16", "torch.bfloat16")
+
+# exercise -> case -> (the answer: a tuple of the values check() gets, the finding names it must get; [] is right)
+CASES = {
+    "largest_batch": {
+        "hard-coded": ((lambda fits: 70,), ["hard-coded"]),  # the right size for the lesson's card, no search
+        "crashing": ((lambda fits: fits(0),), ["error"]),
+        "non-terminating": ((cell("def largest_batch(fits):\n    batch = 1\n    while fits(batch * 2):\n"
+                                  "        batch * 2  # typo: never kept\n    return batch\n", "largest_batch"),),
+                            ["endless-search"]),
+        "non-terminating, no fits()": ((cell("def largest_batch(fits):\n" + FOREVER, "largest_batch"),),
+                                       ["time-limit"]),
+        "unusual valid": ((cell("def largest_batch(fits):\n    batch = 1.0\n    while fits(batch + 1):\n"
+                                "        batch += 1.0  # a linear search in floats\n    return batch\n",
+                                "largest_batch"),), []),
+    },
+    "scale_loss": {
+        "hard-coded": ((lambda loss, accum_steps: loss / 4,), ["not-general"]),
+        "crashing": ((lambda loss, accum_steps: (loss.backward(), loss / accum_steps)[1],), ["backward-inside"]),
+        "crashing, None .grad": ((lambda loss, accum_steps: torch.ones((), requires_grad=True) * loss.item(),),
+                                 ["no-gradient"]),
+        "non-terminating": ((cell("def scale_loss(loss, accum_steps):\n" + FOREVER, "scale_loss"),), ["time-limit"]),
+        "unusual valid": ((lambda loss, accum_steps: loss.div(float(accum_steps)),), []),
+    },
+    "the_loop": {
+        "hard-coded": ((cell(HARD_CODED_LOOP, "accumulate"),), ["not-general"]),
+        "crashing": ((cell(LOOP.replace("loss.backward()", "loss.backward()\n        loss.backward()"),
+                           "accumulate"),), ["backward-twice"]),
+        "frozen model": ((cell(LOOP.replace("    for step", "    model.requires_grad_(False)\n    for step"),
+                               "accumulate"),), ["model-frozen"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(SEED_PATTERN, "accumulate"),), []),
+    },
+    "last_cycle": {
+        "hard-coded": ((cell(LAST.replace("accum_steps)", "3)").replace("first + accum_steps", "first + 3"),
+                             "accumulate"),), ["not-general"]),
+        "crashing": ((cell(LAST.replace("samples = sum", "samples = sum(y for x, y in cycle) + sum"),
+                           "accumulate"),), ["error"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}, epochs):\n" + FOREVER, "accumulate"),),
+                            ["time-limit"]),
+        "unusual valid": ((cell(LAST.replace("* len(y) / samples", "/ samples * y.numel()"), "accumulate"),), []),
+    },
+    "memory_plan": {
+        "hard-coded": ((8, 32), []),  # copied from the solution: a plan is a pair of numbers, so it passes
+        "crashing": ((Broken(8.0), 32), ["check-failed"]),
+        "non-terminating": ((Endless(8.0), 32), ["time-limit"]),
+        "unusual valid": ((4, 256 / 4), []),  # fits, not the fastest; 64.0 is a float
+    },
+    "time_cost": {
+        "hard-coded": ((1,), []),  # a prediction is a number: the right one passes
+        "crashing": ((Broken(1.0),), ["check-failed"]),
+        "non-terminating": ((Endless(1.0),), ["time-limit"]),
+        "unusual valid": ((np.float32(1.0),), []),
+    },
+    "amp_loop": {
+        "hard-coded": ((cell(AMP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3"), "accumulate"),),
+                       ["not-general"]),
+        "no autocast": ((cell(AMP.replace('with torch.autocast("cpu", dtype=torch.float16):  # "cuda" on a GPU',
+                                          "if True:"), "accumulate"),), ["no-autocast"]),
+        "crashing": ((cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
+                     ["error"]),
+        "non-terminating": ((cell(f"def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n"
+                                  + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(AMP_BF16, "accumulate"),), []),
+    },
+    "clip_after_unscale": {
+        "hard-coded": ((cell(CLIP.replace("parameters(), max_norm)", "parameters(), 0.5)"), "optimizer_step"),),
+                       ["not-general"]),
+        "crashing": ((cell(CLIP.replace("    scaler.unscale_(optimizer)", "    optimizer.zero_grad()\n"
+                                        "    scaler.unscale_(optimizer)"), "optimizer_step"),),
+                     ["zeroed-before-step"]),
+        "non-terminating": ((cell("def optimizer_step(model, optimizer, scaler, max_norm):\n" + FOREVER,
+                                  "optimizer_step"),), ["time-limit"]),
+        "unusual valid": ((cell(CLIP.replace(
+            "    scaler.unscale_(optimizer)  # the true gradient, once per step\n"
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())"),
+            "optimizer_step"),), []),
+    },
+    "no_sync": {
+        "hard-coded": ((cell(NO_SYNC.replace("% accum_steps", "% 3").replace("/ accum_steps", "/ 3"),
+                             "accumulate"),), ["not-general"]),
+        "crashing": ((cell(NO_SYNC.replace("model.no_sync()", "model.no_sync"), "accumulate"),), ["error"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(NO_SYNC.replace("contextlib.nullcontext() if last else model.no_sync()",
+                                                "model.no_sync() if not last else contextlib.nullcontext()"),
+                                "accumulate"),), []),
+    },
+}
+TABLE = []  # (exercise, case, verdict names or "right"), filled by the test below
+
+
+@pytest.fixture
+def short_time_limits(monkeypatch):
+    """Each check's time limit cut to 0.5 s, so that the non-terminating answers end the test quickly. The tests
+    assert the verdict, never a duration: a right answer's code runs far under it (tiny float64 models)."""
+    for exercise in ALL:
+        monkeypatch.setattr(exercise, "time_limit", 0.5)
+
+
+@pytest.mark.parametrize("name, case", [(n, c) for n, cases in CASES.items() for c in cases],
+                         ids=[f"{n}:{c}" for n, cases in CASES.items() for c in cases])
+def test_an_answer_that_tries_to_fool_or_crash_the_check_gets_its_verdict(name, case, short_time_limits):
+    import sys
+    exercise = getattr(exercises, name)
+    answer, names = CASES[name][case]
+    hook = sys.excepthook
+    result = exercise.verdict(*answer)
+    TABLE.append((name, case, "right" if result.correct else ", ".join(result.names)))
+    assert result.names == names and result.correct == (names == []), result.text
+    assert "Traceback" not in result.text and sys.excepthook is hook and not dist.is_initialized()
+    if "time-limit" in names:
+        assert "0.5 seconds" in result.text
+
+
+def test_every_exercise_meets_all_four_kinds_of_answer():
+    """Every exercise but groupnorm (rebuilt by another helper) has the four cases; print the table."""
+    for name in (e.name for e in ALL if e.name != "groupnorm"):
+        assert {"hard-coded", "crashing", "non-terminating", "unusual valid"} <= set(CASES[name]), name
+    width = max(len(f"{n} {c}") for n, cases in CASES.items() for c in cases)
+    print("\nexercise x case -> verdict")
+    for name, case, verdict in TABLE:
+        print(f"{name:20} {case:28} -> {verdict}")
+
+
+def test_the_time_limit_lives_only_during_a_check(short_time_limits):
+    import signal
+    import threading
+    before = signal.getsignal(signal.SIGALRM), threading.active_count()
+    function = cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate")
+    assert exercises.the_loop.verdict(function).names == ["time-limit"]
+    assert (signal.getsignal(signal.SIGALRM), threading.active_count()) == before
+    # in a thread other than the main one the limit still stops the code (an asynchronous exception)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(exercises.the_loop.verdict(function)))
+    worker.start()
+    worker.join()
+    assert out[0].names == ["time-limit"]
+
+
+@pytest.mark.parametrize("value, whole", [(32, 32), (32.0, 32), (np.float32(32.0), 32), (np.int64(32), 32),
+                                          (torch.tensor(32), 32), (torch.tensor(32.0), 32), (32.5, None),
+                                          (True, None), ("32", None), (float("nan"), None), (torch.ones(2), None)])
+def test_whole_numbers_of_any_real_numeric_type(value, whole):
+    from accumlib.lessons.exercises.core import whole_number
+    assert whole_number(value) == whole
+
+
+def test_a_plan_that_fits_passes_and_names_the_fastest_one():
+    for plan in ((4, 64), (1, 256), (np.int64(8), np.float32(32.0))):
+        result = exercises.memory_plan.verdict(*plan)
+        assert result.correct, result.text
+    assert "8 x 32" in exercises.memory_plan.verdict(4, 64).text
+
+
+def test_groupnorm_s_swapped_arguments_are_explained_in_the_learner_s_words():
+    function = defined("def build_model():\n    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), "
+                       "nn.GroupNorm(16, 4), nn.Flatten(), nn.Linear(16 * 64, 10))\n", "build_model")
+    result = exercises.groupnorm.verdict(function)
+    assert result.names == ["groupnorm-groups"] and "nn.GroupNorm(4, 16)" in result.text
