@@ -34,6 +34,7 @@ from .core import Finding, explained, first_line, learner_code
 
 ZERO = 1e-9  # a coefficient this small is no contribution (the reference's smallest is about 0.05)
 CLOSE = 1e-6  # relative tolerance for "the same coefficient" and for a gradient that is a combination at all
+NO_GRAD = -2  # a model call made with gradients off: no part of any step's gradient
 EXACT = 1e-10  # float64 rounding: largest difference accepted between a learner's result and the reference
 
 loss_fn = torch.nn.functional.cross_entropy  # mean over the micro-batch, as in the seed's loop
@@ -186,7 +187,8 @@ class Recording:
         self.module = problem.model()
         self.initial = copy.deepcopy(self.module)
         self.loader = problem.loader()
-        self.forwards: list[int] = []  # per model call: index into loader.handed_out (-1: not a micro-batch of it)
+        # per model call: index into loader.handed_out (-1: not a micro-batch of it; NO_GRAD: under torch.no_grad())
+        self.forwards: list[int] = []
         self.autocast: list[torch.dtype | None] = []  # per model call: the CPU autocast dtype in force (None: off)
         self.steps: list[StepSeen] = []
         self.zeros: list[tuple[int, int]] = []  # (model calls, optimizer steps) before each zero_grad()
@@ -201,6 +203,9 @@ class Recording:
 
     def _on_forward(self, module, args) -> None:
         self.autocast.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        if not torch.is_grad_enabled():  # an evaluation (accuracy, a logged loss): it adds no gradient
+            self.forwards.append(NO_GRAD)
+            return
         x = args[0] if args else None
         handed = self.loader.handed_out
         found = next((j for j in range(len(handed) - 1, -1, -1) if handed[j][1] is x), None)
@@ -344,7 +349,9 @@ class Fingerprint:
         done = 0
         for number, seen in enumerate(recording.steps, 1):
             ran = [j for j in recording.forwards[:seen.forwards] if j >= 0]
-            fresh = list(dict.fromkeys(j for j in recording.forwards[done:seen.forwards] if j >= 0))
+            before = set(recording.forwards[:done])  # a micro-batch run again after its step (to evaluate it) is
+            fresh = list(dict.fromkeys(j for j in recording.forwards[done:seen.forwards]  # not fresh again
+                                       if j >= 0 and j not in before))
             self.readings.append(self._read(number, fresh, set(ran) - set(fresh), seen.gradient))
             done = seen.forwards
 

@@ -12,7 +12,7 @@ import torch
 
 from ...i18n import N_, _, ngettext
 from .core import Finding
-from .fingerprint import (CLOSE, EXACT, ZERO, Fingerprint, Problem, Reading, Recording, call_with, error_finding,
+from .fingerprint import (CLOSE, EXACT, NO_GRAD, ZERO, Fingerprint, Problem, Reading, Recording, call_with, error_finding,
                           loop_findings, loss_fn)
 from .loops import LoopExercise
 
@@ -181,7 +181,8 @@ exercises.amp_loop.check(accumulate)
         rec = fp.recording
         if rec.error is not None:
             return scaler
-        outside = [number for number, dtype in enumerate(rec.autocast, 1) if dtype is None]
+        outside = [number for number, (dtype, j) in enumerate(zip(rec.autocast, rec.forwards), 1)
+                   if dtype is None and j != NO_GRAD]  # an evaluation under no_grad may run in any precision
         if outside:
             scaler.append(Finding("no-autocast", ngettext(
                 "Model call {first} ran outside torch.autocast: in float32 or float64 the GradScaler has nothing to "
