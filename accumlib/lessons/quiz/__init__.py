@@ -67,11 +67,29 @@ LEARNER_SEED = os.environ.get("ACCUMLIB_LEARNER") or str(random.SystemRandom().g
 
 
 def shown_order(question: dict, seed) -> list[dict]:
-    """The options of a choice or predict question in the order a learner with this seed sees them: a shuffle
-    seeded by the seed and the question id alone (the same in every language)."""
-    options = list(question["options"])
-    random.Random(f"{seed}:{question['id']}").shuffle(options)
-    return options
+    """The options of a choice or predict question in the order a learner with this seed sees them.
+
+    Each learner's right answers are spread evenly over the places: over the bank's choice questions (in bank
+    order) the places 1, 2, 3, 4, 1, 2, ... are dealt out in an order shuffled by the seed, so every place holds the
+    right answer equally often (within one) for every learner; the wrong options are shuffled around it. Only the
+    seed and the bank decide, never the language or the quiz it is shown in."""
+    rng = random.Random(f"{seed}:{question['id']}")
+    wrong = [o for o in question["options"] if o["id"] != question["answer"]]
+    rng.shuffle(wrong)
+    right = next(o for o in question["options"] if o["id"] == question["answer"])
+    place = _places(seed).get(question["id"], rng.randrange(len(question["options"]))) % len(question["options"])
+    return wrong[:place] + [right] + wrong[place:]
+
+
+@lru_cache(maxsize=64)
+def _places(seed) -> dict[str, int]:
+    """Question id -> the place (0-based) of its right option for this learner, for every choice question."""
+    ids = [q["id"] for q in bank()["questions"] if q["kind"] != "number"]
+    rng = random.Random(f"{seed}:places")
+    start = rng.randrange(4)  # which places get the one extra when the count is not a multiple of 4
+    places = [(start + i) % 4 for i in range(len(ids))]
+    rng.shuffle(places)
+    return dict(zip(ids, places))
 
 
 @lru_cache(maxsize=None)
