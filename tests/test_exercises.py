@@ -251,10 +251,49 @@ CLIP = solution_without_check(exercises.clip_after_unscale)
     (CLIP.replace("optimizer.zero_grad()", "pass"), ["never-zeroed"]),
     (CLIP.replace("scaler.step(optimizer)", "optimizer.step()"), ["optimizer-step-direct"]),
     (CLIP.replace("scaler.update()", "pass"), ["update-missing"]),
-], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update"])
+    # the review's wrong diagnoses: a direct optimizer.step() (PyTorch then stops scaler.update()) was told to move
+    # scaler.update(); clipping after the step was told it never clipped
+    ("def optimizer_step(model, optimizer, scaler, max_norm):\n"
+     "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    optimizer.step()\n    scaler.update()\n"
+     "    optimizer.zero_grad()\n", ["optimizer-step-direct"]),
+    (CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
+                  "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
+                  "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"),
+     ["not-clipped"]),
+], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update", "direct-step-then-update",
+        "clip-after-step"])
 def test_clip_after_unscale_names_each_mistake(step, names):
     result = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step"))
     assert result.names == names, result.text
+
+
+def test_clip_after_step_is_told_to_clip_before_the_step():
+    step = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
+                        "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
+                        "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")
+    text = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step")).text
+    assert "before the step" in text and "Between scaler.unscale_(optimizer) and scaler.step(optimizer)" in text
+
+
+@pytest.mark.parametrize("loop, names", [
+    # the review's wrong diagnoses of amp_loop: both were told to "multiply each micro-batch's loss by its share"
+    (AMP.replace("            scaler.step(optimizer)  #", "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                 "0.5)\n            scaler.step(optimizer)  #"), ["gradient-rescaled"]),
+    (AMP.replace("scaler.scale(loss).backward()", "scaler.scale(loss)\n        loss.backward()"),
+     ["scale-not-backpropagated"]),
+    (AMP.replace("        if (step + 1) % accum_steps == 0:  # once per step:\n"
+                 "            scaler.step(optimizer)  # unscale, check for inf/NaN, step\n",
+                 "        scaler.step(optimizer)\n        if (step + 1) % accum_steps == 0:  # once per step:\n"),
+     ["step-every-micro-batch"]),
+    # valid: an evaluation under no_grad after each step
+    (AMP.replace("            optimizer.zero_grad()", "            optimizer.zero_grad()\n            with torch.no_grad():\n"
+                 "                model(x)"), []),
+], ids=["clip-while-scaled", "backward-on-the-unscaled-loss", "scaler-step-every-micro-batch", "evaluates"])
+def test_amp_loop_names_what_the_gradient_shows_not_a_loss_weight(loop, names):
+    result = exercises.amp_loop.verdict(defined(loop, "accumulate"))
+    assert result.names == names, result.text
+    if names == ["gradient-rescaled"]:
+        assert "65536 times too far" in result.text
 
 
 def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():

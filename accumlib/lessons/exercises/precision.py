@@ -69,6 +69,17 @@ def rescaled(fp: Fingerprint) -> tuple[Reading, float] | None:
     return None
 
 
+def _direct_step(number: int, seen, scale: float) -> Finding:
+    """The finding for optimizer.step() called directly at step `number` instead of scaler.step(optimizer)."""
+    message = (_("optimizer.step() is called directly (step {step}): the gradient is unscaled, but a step with "
+                 "inf or NaN in it is not skipped, as scaler.step(optimizer) would skip it. Step with "
+                 "scaler.step(optimizer), then scaler.update().") if seen.unscaled else
+               _("optimizer.step() is called directly (step {step}): it sees the gradient still multiplied by the "
+                 "scale ({scale:g}), and nothing checks it for inf or NaN. Step with scaler.step(optimizer), then "
+                 "scaler.update()."))
+    return Finding("optimizer-step-direct", message.format(step=number, scale=scale))
+
+
 def scaler_findings(fp: Fingerprint) -> list[Finding]:
     """What the learner's code did wrong with the GradScaler, from its calls and the gradients the steps saw."""
     rec = fp.recording
@@ -80,6 +91,10 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
             "cycle of {accum_steps} is complete (PyTorch stops the second one: a step without scaler.update() in "
             "between). Step only when (step + 1) % accum_steps == 0: scaler.step(optimizer), then "
             "scaler.update().").format(first=steps_at[0], second=steps_at[1], accum_steps=k))]
+    direct = [(number, seen) for number, seen in enumerate(rec.steps, 1) if not seen.via_scaler]
+    if rec.error is not None and direct and "step" not in [method for method, _position in rec.scaler_calls]:
+        # PyTorch then stops scaler.update() ("No inf checks were recorded"), but the mistake is the direct step
+        return [_direct_step(*direct[0], rec.scaler.get_scale())]
     if rec.error is not None:
         message = str(rec.error)
         for start, (name, text) in SCALER_ERRORS.items():
@@ -103,16 +118,8 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
             "scaled is divided by the scale ({scale:g}) all the same at the step, so it counts {scale:g} times too "
             "little. Call scaler.scale(loss).backward() for every micro-batch.").format(
                 scaled=calls.count("scale"), micro_batches=micro_batches, scale=scale)))
-    direct = [(number, seen) for number, seen in enumerate(rec.steps, 1) if not seen.via_scaler]
     if direct:
-        number, seen = direct[0]
-        message = (_("optimizer.step() is called directly (step {step}): the gradient is unscaled, but a step with "
-                     "inf or NaN in it is not skipped, as scaler.step(optimizer) would skip it. Step with "
-                     "scaler.step(optimizer), then scaler.update().") if seen.unscaled else
-                   _("optimizer.step() is called directly (step {step}): it sees the gradient still multiplied by the "
-                     "scale ({scale:g}), and nothing checks it for inf or NaN. Step with scaler.step(optimizer), then "
-                     "scaler.update()."))
-        findings.append(Finding("optimizer-step-direct", message.format(step=number, scale=scale)))
+        findings.append(_direct_step(*direct[0], scale))
     steps = len(rec.steps)
     if calls.count("update") > steps:
         first = fp.readings[0]
@@ -313,8 +320,8 @@ exercises.clip_after_unscale.check(optimizer_step)
             if abs(norm - full.norm().item()) <= 1e-6 * norm:
                 return [Finding("not-clipped", _(
                     "The gradient reaching step {step} has norm {norm:.3g}: it was not clipped to max_norm = "
-                    "{max_norm:g}. After scaler.unscale_(optimizer), call "
-                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).").format(
+                    "{max_norm:g} before the step. Between scaler.unscale_(optimizer) and scaler.step(optimizer), "
+                    "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).").format(
                         step=reading.number, norm=norm, max_norm=self.max_norm))]
             return [Finding("clipped-wrong", _(
                 "At step {step} the optimizer sees a gradient of norm {norm:.6g}; the accumulated gradient clipped to "
