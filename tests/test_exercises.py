@@ -621,3 +621,9 @@ def test_groupnorm_s_swapped_arguments_are_explained_in_the_learner_s_words():
                        "nn.GroupNorm(16, 4), nn.Flatten(), nn.Linear(16 * 64, 10))\n", "build_model")
     result = exercises.groupnorm.verdict(function)
     assert result.names == ["groupnorm-groups"] and "nn.GroupNorm(4, 16)" in result.text
+
+
+def test_groupnorm_runs_under_the_same_time_limit(short_time_limits):
+    """groupnorm (rebuilt by another helper) goes through the shared machinery too: its build_model() is stopped."""
+    function = cell("def build_model():\n" + FOREVER, "build_model")
+    assert exercises.groupnorm.verdict(function).names == ["time-limit"]
