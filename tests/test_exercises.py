@@ -586,6 +586,10 @@ def test_every_exercise_meets_all_four_kinds_of_answer():
         print(f"{name:20} {case:28} -> {verdict}")
 
 
+def test_exit_in_the_learner_s_code_is_a_verdict_not_the_end_of_python():
+    assert exercises.scale_loss.verdict(lambda loss, accum_steps: exit()).names == ["exit"]
+
+
 def test_the_time_limit_lives_only_during_a_check(short_time_limits):
     import signal
     import threading

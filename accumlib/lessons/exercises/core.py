@@ -303,6 +303,10 @@ class Exercise:
                     seconds=self.time_limit, look=_(self.hang_text)))])
         except CallBudgetExceeded as budget:
             return wrong([budget.finding])
+        except SystemExit:  # exit() or sys.exit() in the learner's code: it would end the kernel's cell, or Python
+            return wrong([Finding("exit", _(
+                "Your code called exit() (or sys.exit()), which stops Python itself; the check stopped it instead. "
+                "Return from your function with return."))])
         except Exception as error:  # whatever the learner's code made the check meet: said in words, not raised
             return wrong([explained(error) or Finding("check-failed", _(
                 "The check could not run your answer: {error}: {message}").format(
