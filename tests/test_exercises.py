@@ -2,6 +2,7 @@
 diagnoses is named. The wrong loops come from pitfalls.classic_train's switches where it has one, so the two
 modules check each other."""
 import contextlib
+import functools
 import io
 import re
 import textwrap
@@ -519,7 +520,7 @@ CASES = {
                                           "if True:"), "accumulate"),), ["no-autocast"]),
         "crashing": ((cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
                      ["error"]),
-        "non-terminating": ((cell(f"def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n"
+        "non-terminating": ((cell("def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n"
                                   + FOREVER, "accumulate"),), ["time-limit"]),
         "unusual valid": ((cell(AMP_BF16, "accumulate"),), []),
     },
@@ -547,47 +548,57 @@ CASES = {
                                 "accumulate"),), []),
     },
 }
-TABLE = []  # (exercise, case, verdict names or "right"), filled by the test below
+SHORT_LIMIT = 0.5  # seconds: the time limit for the answers that never end (see verdict_of)
+
+
+@functools.lru_cache(maxsize=None)
+def verdict_of(name: str, case: str):
+    """The verdict on CASES[name][case], once per test session. Only an answer that never ends runs under a time
+    limit cut to SHORT_LIMIT, so that its test ends quickly: the tests assert verdicts, never durations, and every
+    other answer keeps the default limit (15 s of the learner's code, about 100 times what a right answer's code
+    takes here)."""
+    exercise = getattr(exercises, name)
+    answer, names = CASES[name][case]
+    limit = exercise.time_limit
+    exercise.time_limit = SHORT_LIMIT if "time-limit" in names else limit
+    try:
+        return exercise.verdict(*answer)
+    finally:
+        exercise.time_limit = limit
 
 
 @pytest.fixture
 def short_time_limits(monkeypatch):
-    """Each check's time limit cut to 0.5 s, so that a non-terminating answer ends its test quickly. Only answers
-    that never end run under it: the tests assert verdicts, never durations, and every other answer keeps the
-    default limit (15 s of the learner's code, about 100 times what a right answer's code takes here)."""
+    """Each check's time limit cut to SHORT_LIMIT, for tests whose answers never end."""
     for exercise in ALL:
-        monkeypatch.setattr(exercise, "time_limit", 0.5)
+        monkeypatch.setattr(exercise, "time_limit", SHORT_LIMIT)
 
 
 @pytest.mark.parametrize("name, case", [(n, c) for n, cases in CASES.items() for c in cases],
                          ids=[f"{n}:{c}" for n, cases in CASES.items() for c in cases])
-def test_an_answer_that_tries_to_fool_or_crash_the_check_gets_its_verdict(name, case, request):
+def test_an_answer_that_tries_to_fool_or_crash_the_check_gets_its_verdict(name, case):
     import sys
-    exercise = getattr(exercises, name)
-    answer, names = CASES[name][case]
-    if "time-limit" in names:
-        request.getfixturevalue("short_time_limits")
+    names = CASES[name][case][1]
     hook = sys.excepthook
-    result = exercise.verdict(*answer)
-    TABLE.append((name, case, "right" if result.correct else ", ".join(result.names)))
+    result = verdict_of(name, case)
     assert result.names == names and result.correct == (names == []), result.text
     assert "Traceback" not in result.text and sys.excepthook is hook and not dist.is_initialized()
     if "time-limit" in names:
-        assert "0.5 seconds" in result.text
+        assert f"{SHORT_LIMIT:g} seconds" in result.text
 
 
-def test_every_exercise_meets_all_four_kinds_of_answer():
-    """Every exercise but groupnorm (rebuilt by another helper) has the four cases; print the table."""
+def test_every_exercise_meets_all_four_kinds_of_answer_and_the_table_of_verdicts():
+    """Every exercise but groupnorm (rebuilt by another helper) has the four cases; the table of their verdicts
+    (pytest -s prints it) is what the test above asserts, case by case."""
     for name in (e.name for e in ALL if e.name != "groupnorm"):
         assert {"hard-coded", "crashing", "non-terminating", "unusual valid"} <= set(CASES[name]), name
-    width = max(len(f"{n} {c}") for n, cases in CASES.items() for c in cases)
     print("\nexercise x case -> verdict")
-    for name, case, verdict in TABLE:
-        print(f"{name:20} {case:28} -> {verdict}")
-
-
-def test_exit_in_the_learner_s_code_is_a_verdict_not_the_end_of_python():
-    assert exercises.scale_loss.verdict(lambda loss, accum_steps: exit()).names == ["exit"]
+    for name, cases in CASES.items():
+        for case, (answer, names) in cases.items():
+            result = verdict_of(name, case)
+            shown = "right" if result.correct else ", ".join(result.names)
+            assert shown == (", ".join(names) or "right"), (name, case, result.text)
+            print(f"{name:20} {case:28} -> {shown}")
 
 
 def test_the_time_limit_lives_only_during_a_check(short_time_limits):

@@ -7,7 +7,6 @@ one step of the small CNN on digits under FakeTensorMode, byte-exact and the sam
 from __future__ import annotations
 
 import functools
-import numbers
 
 import torch
 
