@@ -2,10 +2,12 @@
 diagnoses is named. The wrong loops come from pitfalls.classic_train's switches where it has one, so the two
 modules check each other."""
 import contextlib
+import functools
 import io
 import re
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -250,10 +252,49 @@ CLIP = solution_without_check(exercises.clip_after_unscale)
     (CLIP.replace("optimizer.zero_grad()", "pass"), ["never-zeroed"]),
     (CLIP.replace("scaler.step(optimizer)", "optimizer.step()"), ["optimizer-step-direct"]),
     (CLIP.replace("scaler.update()", "pass"), ["update-missing"]),
-], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update"])
+    # the review's wrong diagnoses: a direct optimizer.step() (PyTorch then stops scaler.update()) was told to move
+    # scaler.update(); clipping after the step was told it never clipped
+    ("def optimizer_step(model, optimizer, scaler, max_norm):\n"
+     "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    optimizer.step()\n    scaler.update()\n"
+     "    optimizer.zero_grad()\n", ["optimizer-step-direct"]),
+    (CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
+                  "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
+                  "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"),
+     ["not-clipped"]),
+], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update", "direct-step-then-update",
+        "clip-after-step"])
 def test_clip_after_unscale_names_each_mistake(step, names):
     result = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step"))
     assert result.names == names, result.text
+
+
+def test_clip_after_step_is_told_to_clip_before_the_step():
+    step = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
+                        "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
+                        "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")
+    text = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step")).text
+    assert "before the step" in text and "Between scaler.unscale_(optimizer) and scaler.step(optimizer)" in text
+
+
+@pytest.mark.parametrize("loop, names", [
+    # the review's wrong diagnoses of amp_loop: both were told to "multiply each micro-batch's loss by its share"
+    (AMP.replace("            scaler.step(optimizer)  #", "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                 "0.5)\n            scaler.step(optimizer)  #"), ["gradient-rescaled"]),
+    (AMP.replace("scaler.scale(loss).backward()", "scaler.scale(loss)\n        loss.backward()"),
+     ["scale-not-backpropagated"]),
+    (AMP.replace("        if (step + 1) % accum_steps == 0:  # once per step:\n"
+                 "            scaler.step(optimizer)  # unscale, check for inf/NaN, step\n",
+                 "        scaler.step(optimizer)\n        if (step + 1) % accum_steps == 0:  # once per step:\n"),
+     ["step-every-micro-batch"]),
+    # valid: an evaluation under no_grad after each step
+    (AMP.replace("            optimizer.zero_grad()", "            optimizer.zero_grad()\n            with torch.no_grad():\n"
+                 "                model(x)"), []),
+], ids=["clip-while-scaled", "backward-on-the-unscaled-loss", "scaler-step-every-micro-batch", "evaluates"])
+def test_amp_loop_names_what_the_gradient_shows_not_a_loss_weight(loop, names):
+    result = exercises.amp_loop.verdict(defined(loop, "accumulate"))
+    assert result.names == names, result.text
+    if names == ["gradient-rescaled"]:
+        assert "65536 times too far" in result.text
 
 
 def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():
@@ -334,8 +375,8 @@ def test_largest_batch_is_the_largest_that_fits_and_one_more_does_not():
     exercise = exercises.largest_batch
     best = exercise.largest()
     assert planning.step_peak(best) <= exercise.card_bytes < planning.step_peak(best + 1)
-    assert exercise.verdict(lambda fits: best + 1).names == ["too-large"]
-    low = exercise.verdict(lambda fits: best - 3)
+    assert exercise.verdict(lambda fits: fits(1) and best + 1).names == ["too-large"]
+    low = exercise.verdict(lambda fits: fits(3) and best - 3)
     assert low.names == ["not-largest"] and "powers of two" not in low.text
     assert exercise.verdict(lambda fits: fits(0)).names == ["error"]
     assert exercise.verdict(lambda fits: "70").names == ["not-a-batch"]
@@ -357,7 +398,7 @@ def test_the_peak_of_an_accumulating_step_is_the_same_from_two_micro_batches_on(
         assert len(peaks) == 1 and planning._measured_peak(micro, 1) < peaks.pop()
 
 
-@pytest.mark.parametrize("plan, name", [((4, 64), "slower-than-needed"), ((8, 16), "wrong-effective-batch"),
+@pytest.mark.parametrize("plan, name", [((8, 16), "wrong-effective-batch"), ((8.5, 30), "not-a-count"),
                                         (("8", 32), "not-a-count"), ((8, 0), "not-a-count")])
 def test_memory_plan_names_each_mistake(plan, name):
     assert exercises.memory_plan.verdict(*plan).names == [name]
@@ -380,9 +421,224 @@ def test_the_prediction_is_compared_with_the_measurement():
     ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.Dropout(0.5), nn.Flatten(), "
      "nn.Linear(16 * 64, 10))", "not-exact"),
     ("nn.Sequential(nn.Flatten(), nn.Linear(64, 5))", "wrong-output"),
-    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(3, 16))", "error"),
+    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(3, 16))", "groupnorm-groups"),
     ("'a model'", "not-a-model"),
 ], ids=["removed", "dropout", "shape", "groups", "string"])
 def test_groupnorm_names_each_mistake(body, name):
     function = defined(f"def build_model():\n    return {body}\n", "build_model")
     assert exercises.groupnorm.verdict(function).names == [name]
+
+
+# ---------------------------------------------------------------- issue 21: answers that try to fool or crash a check
+# For every exercise: a hard-coded (or copied) answer, a crashing one, one that never terminates and an unusual valid
+# one, each with the verdict it must get. test_the_verdict_table prints the whole table (pytest -s shows it).
+
+class Endless(float):
+    """A number whose value never comes: float() of it loops forever (a non-terminating answer to a number task)."""
+
+    def __float__(self):
+        while True:
+            pass
+
+
+class Broken(float):
+    """A number whose value raises."""
+
+    def __float__(self):
+        raise RuntimeError("my number is broken")
+
+
+def cell(code: str, name: str):
+    return defined(textwrap.dedent(code), name)
+
+
+FOREVER = "    while True:\n        pass\n"
+LOOP_ARGS = "model, optimizer, loader, loss_fn, accum_steps"
+HARD_CODED_LOOP = LOOP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3")
+SEED_PATTERN = LOOP.replace("        loss = loss_fn", "        if step % accum_steps == 0:\n            optimizer.zero_grad()"
+                                                   "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn"
+                            ).replace("            optimizer.zero_grad()  # once per cycle, after the step\n", "")
+LAST = solution_without_check(exercises.last_cycle)
+AMP_BF16 = AMP.replace("torch.float16", "torch.bfloat16")
+
+# exercise -> case -> (the answer: a tuple of the values check() gets, the finding names it must get; [] is right)
+CASES = {
+    "largest_batch": {
+        "hard-coded": ((lambda fits: 70,), ["hard-coded"]),  # the right size for the lesson's card, no search
+        "crashing": ((lambda fits: fits(0),), ["error"]),
+        "non-terminating": ((cell("def largest_batch(fits):\n    batch = 1\n    while fits(batch * 2):\n"
+                                  "        batch * 2  # typo: never kept\n    return batch\n", "largest_batch"),),
+                            ["endless-search"]),
+        "non-terminating, no fits()": ((cell("def largest_batch(fits):\n" + FOREVER, "largest_batch"),),
+                                       ["time-limit"]),
+        "unusual valid": ((cell("def largest_batch(fits):\n    batch = 1.0\n    while fits(batch + 1):\n"
+                                "        batch += 1.0  # a linear search in floats\n    return batch\n",
+                                "largest_batch"),), []),
+    },
+    "scale_loss": {
+        "hard-coded": ((lambda loss, accum_steps: loss / 4,), ["not-general"]),
+        "crashing": ((lambda loss, accum_steps: (loss.backward(), loss / accum_steps)[1],), ["backward-inside"]),
+        "crashing, None .grad": ((lambda loss, accum_steps: torch.ones((), requires_grad=True) * loss.item(),),
+                                 ["no-gradient"]),
+        "non-terminating": ((cell("def scale_loss(loss, accum_steps):\n" + FOREVER, "scale_loss"),), ["time-limit"]),
+        "unusual valid": ((lambda loss, accum_steps: loss.div(float(accum_steps)),), []),
+    },
+    "the_loop": {
+        "hard-coded": ((cell(HARD_CODED_LOOP, "accumulate"),), ["not-general"]),
+        "crashing": ((cell(LOOP.replace("loss.backward()", "loss.backward()\n        loss.backward()"),
+                           "accumulate"),), ["backward-twice"]),
+        "frozen model": ((cell(LOOP.replace("    for step", "    model.requires_grad_(False)\n    for step"),
+                               "accumulate"),), ["model-frozen"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(SEED_PATTERN, "accumulate"),), []),
+    },
+    "last_cycle": {
+        "hard-coded": ((cell(LAST.replace("accum_steps)", "3)").replace("first + accum_steps", "first + 3"),
+                             "accumulate"),), ["not-general"]),
+        "crashing": ((cell(LAST.replace("samples = sum", "samples = sum(y for x, y in cycle) + sum"),
+                           "accumulate"),), ["error"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}, epochs):\n" + FOREVER, "accumulate"),),
+                            ["time-limit"]),
+        "unusual valid": ((cell(LAST.replace("* len(y) / samples", "/ samples * y.numel()"), "accumulate"),), []),
+    },
+    "memory_plan": {
+        "hard-coded": ((8, 32), []),  # copied from the solution: a plan is a pair of numbers, so it passes
+        "crashing": ((Broken(8.0), 32), ["check-failed"]),
+        "non-terminating": ((Endless(8.0), 32), ["time-limit"]),
+        "unusual valid": ((4, 256 / 4), []),  # fits, not the fastest; 64.0 is a float
+    },
+    "time_cost": {
+        "hard-coded": ((1,), []),  # a prediction is a number: the right one passes
+        "crashing": ((Broken(1.0),), ["check-failed"]),
+        "non-terminating": ((Endless(1.0),), ["time-limit"]),
+        "unusual valid": ((np.float32(1.0),), []),
+    },
+    "amp_loop": {
+        "hard-coded": ((cell(AMP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3"), "accumulate"),),
+                       ["not-general"]),
+        "no autocast": ((cell(AMP.replace('with torch.autocast("cpu", dtype=torch.float16):  # "cuda" on a GPU',
+                                          "if True:"), "accumulate"),), ["no-autocast"]),
+        "crashing": ((cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
+                     ["error"]),
+        "non-terminating": ((cell("def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n"
+                                  + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(AMP_BF16, "accumulate"),), []),
+    },
+    "clip_after_unscale": {
+        "hard-coded": ((cell(CLIP.replace("parameters(), max_norm)", "parameters(), 0.5)"), "optimizer_step"),),
+                       ["not-general"]),
+        "crashing": ((cell(CLIP.replace("    scaler.unscale_(optimizer)", "    optimizer.zero_grad()\n"
+                                        "    scaler.unscale_(optimizer)"), "optimizer_step"),),
+                     ["zeroed-before-step"]),
+        "non-terminating": ((cell("def optimizer_step(model, optimizer, scaler, max_norm):\n" + FOREVER,
+                                  "optimizer_step"),), ["time-limit"]),
+        "unusual valid": ((cell(CLIP.replace(
+            "    scaler.unscale_(optimizer)  # the true gradient, once per step\n"
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())"),
+            "optimizer_step"),), []),
+    },
+    "no_sync": {
+        "hard-coded": ((cell(NO_SYNC.replace("% accum_steps", "% 3").replace("/ accum_steps", "/ 3"),
+                             "accumulate"),), ["not-general"]),
+        "crashing": ((cell(NO_SYNC.replace("model.no_sync()", "model.no_sync"), "accumulate"),), ["error"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(NO_SYNC.replace("contextlib.nullcontext() if last else model.no_sync()",
+                                                "model.no_sync() if not last else contextlib.nullcontext()"),
+                                "accumulate"),), []),
+    },
+}
+SHORT_LIMIT = 0.5  # seconds: the time limit for the answers that never end (see verdict_of)
+
+
+@functools.lru_cache(maxsize=None)
+def verdict_of(name: str, case: str):
+    """The verdict on CASES[name][case], once per test session. Only an answer that never ends runs under a time
+    limit cut to SHORT_LIMIT, so that its test ends quickly: the tests assert verdicts, never durations, and every
+    other answer keeps the default limit (15 s of the learner's code, about 100 times what a right answer's code
+    takes here)."""
+    exercise = getattr(exercises, name)
+    answer, names = CASES[name][case]
+    limit = exercise.time_limit
+    exercise.time_limit = SHORT_LIMIT if "time-limit" in names else limit
+    try:
+        return exercise.verdict(*answer)
+    finally:
+        exercise.time_limit = limit
+
+
+@pytest.fixture
+def short_time_limits(monkeypatch):
+    """Each check's time limit cut to SHORT_LIMIT, for tests whose answers never end."""
+    for exercise in ALL:
+        monkeypatch.setattr(exercise, "time_limit", SHORT_LIMIT)
+
+
+@pytest.mark.parametrize("name, case", [(n, c) for n, cases in CASES.items() for c in cases],
+                         ids=[f"{n}:{c}" for n, cases in CASES.items() for c in cases])
+def test_an_answer_that_tries_to_fool_or_crash_the_check_gets_its_verdict(name, case):
+    import sys
+    names = CASES[name][case][1]
+    hook = sys.excepthook
+    result = verdict_of(name, case)
+    assert result.names == names and result.correct == (names == []), result.text
+    assert "Traceback" not in result.text and sys.excepthook is hook and not dist.is_initialized()
+    if "time-limit" in names:
+        assert f"{SHORT_LIMIT:g} seconds" in result.text
+
+
+def test_every_exercise_meets_all_four_kinds_of_answer_and_the_table_of_verdicts():
+    """Every exercise but groupnorm (rebuilt by another helper) has the four cases; the table of their verdicts
+    (pytest -s prints it) is what the test above asserts, case by case."""
+    for name in (e.name for e in ALL if e.name != "groupnorm"):
+        assert {"hard-coded", "crashing", "non-terminating", "unusual valid"} <= set(CASES[name]), name
+    print("\nexercise x case -> verdict")
+    for name, cases in CASES.items():
+        for case, (answer, names) in cases.items():
+            result = verdict_of(name, case)
+            shown = "right" if result.correct else ", ".join(result.names)
+            assert shown == (", ".join(names) or "right"), (name, case, result.text)
+            print(f"{name:20} {case:28} -> {shown}")
+
+
+def test_the_time_limit_lives_only_during_a_check(short_time_limits):
+    import signal
+    import threading
+    before = signal.getsignal(signal.SIGALRM), threading.active_count()
+    function = cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate")
+    assert exercises.the_loop.verdict(function).names == ["time-limit"]
+    assert (signal.getsignal(signal.SIGALRM), threading.active_count()) == before
+    # in a thread other than the main one the limit still stops the code (an asynchronous exception)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(exercises.the_loop.verdict(function)))
+    worker.start()
+    worker.join()
+    assert out[0].names == ["time-limit"]
+
+
+@pytest.mark.parametrize("value, whole", [(32, 32), (32.0, 32), (np.float32(32.0), 32), (np.int64(32), 32),
+                                          (torch.tensor(32), 32), (torch.tensor(32.0), 32), (32.5, None),
+                                          (True, None), ("32", None), (float("nan"), None), (torch.ones(2), None)])
+def test_whole_numbers_of_any_real_numeric_type(value, whole):
+    from accumlib.lessons.exercises.core import whole_number
+    assert whole_number(value) == whole
+
+
+def test_a_plan_that_fits_passes_and_names_the_fastest_one():
+    for plan in ((4, 64), (1, 256), (np.int64(8), np.float32(32.0))):
+        result = exercises.memory_plan.verdict(*plan)
+        assert result.correct, result.text
+    assert "8 x 32" in exercises.memory_plan.verdict(4, 64).text
+
+
+def test_groupnorm_s_swapped_arguments_are_explained_in_the_learner_s_words():
+    function = defined("def build_model():\n    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), "
+                       "nn.GroupNorm(16, 4), nn.Flatten(), nn.Linear(16 * 64, 10))\n", "build_model")
+    result = exercises.groupnorm.verdict(function)
+    assert result.names == ["groupnorm-groups"] and "nn.GroupNorm(4, 16)" in result.text
+
+
+def test_groupnorm_runs_under_the_same_time_limit(short_time_limits):
+    """groupnorm (rebuilt by another helper) goes through the shared machinery too: its build_model() is stopped."""
+    function = cell("def build_model():\n" + FOREVER, "build_model")
+    assert exercises.groupnorm.verdict(function).names == ["time-limit"]

@@ -63,7 +63,7 @@ def test_bank_is_valid_against_the_schema_and_broken_banks_are_not():
     breakages = {
         "Hindi in the bank": lambda b: b["questions"][0].__setitem__("prompt", "हम बड़े batches क्यों चाहते हैं?"),
         "no lesson": lambda b: b["questions"][0].pop("lesson"),
-        "a lesson past the quizzed ones": lambda b: b["questions"][0].__setitem__("lesson", 10),
+        "a lesson past the quizzed ones": lambda b: b["questions"][0].__setitem__("lesson", 11),
         "options on a number question": lambda b: first_of_kind(b, "number").__setitem__("options", first_of_kind(b, "choice")["options"]),
         "a predict question without its run": lambda b: first_of_kind(b, "predict").pop("run"),
         "a run on a choice question": lambda b: first_of_kind(b, "choice").__setitem__("run", "memory_categories"),
@@ -95,9 +95,9 @@ def test_every_answer_is_an_option_ids_are_unique_and_runs_exist():
 
 
 def test_each_lesson_has_a_quick_check_and_every_topic_a_question():
-    assert {q["lesson"] for q in QUESTIONS} == set(range(1, 10))  # lesson 10 (the recap) asks the whole quiz
+    assert {q["lesson"] for q in QUESTIONS} == set(range(1, 11))  # lesson 10: the end-of-course check's own
     assert {q["topic"] for q in QUESTIONS} == set(schema()["properties"]["questions"]["items"]["properties"]["topic"]["enum"])
-    assert all(quiz.check(lesson=n).quiz.questions for n in range(1, 10))
+    assert all(quiz.check(lesson=n).quiz.questions for n in range(1, 11))
 
 
 def test_options_are_balanced_and_the_right_one_is_not_the_giveaway():
@@ -179,8 +179,8 @@ def test_a_lesson_quick_check_asks_only_that_lesson_and_earlier_ones():
     assert quiz.check("grad-adds-up", "loop-order", lesson=3).quiz.questions[1]["id"] == "loop-order"
     with pytest.raises(ValueError, match=r"lesson 2 .*'loop-order' \(lesson 3\)"):
         quiz.check("grad-adds-up", "loop-order", lesson=2)
-    with pytest.raises(ValueError, match="no question belongs to lesson 10"):
-        quiz.check(lesson=10)
+    with pytest.raises(ValueError, match="lesson must be a lesson number from 1 to 10"):
+        quiz.check(lesson=11)
 
 
 # ------------------------------------------------------------------------------------------------ facts the runs confirm
@@ -273,7 +273,7 @@ def test_the_widget_checks_answers_and_moves_between_questions():
     assert not widget.submit().correct
     assert "That is not it" in widget.feedback.value and "<i>Hint:</i>" in widget.feedback.value
     widget.choices.value = "c"
-    assert widget.submit().correct and "answered 1 · correct 1" in widget.progress.value
+    assert widget.submit().correct and "answered 1 · right at the first try 0 · right in the end 1" in widget.progress.value
     widget.go(1)
     assert widget.number.layout.display is None and widget.choices.layout.display == "none"
     widget.number.value = "many"
@@ -281,7 +281,7 @@ def test_the_widget_checks_answers_and_moves_between_questions():
     widget.number.value = "32"
     assert "process" in widget.submit().message
     widget.number.value = " 64 "
-    assert widget.submit().correct and "answered 2 · correct 2" in widget.progress.value
+    assert widget.submit().correct and "answered 2 · right at the first try 0 · right in the end 2" in widget.progress.value
     widget.go(5)
     assert widget.index == 1
     widget.go(-1)
@@ -319,7 +319,8 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
     assert widget.check.description == "Check" and accumlib.language() == "hi"
     course_language("en")
     assert quiz.check("when-to-step").language.value == "en"
-    assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == "Quiz (English), 1 question(s): when-to-step"
+    assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == (
+        "Quiz (English), 1 question(s): when-to-step\nScore: 0 of 1 right at the first try, 0 of 1 in the end")
 
 
 def test_the_whole_quiz_is_called_the_whole_quiz_and_a_lesson_check_a_quick_check():
@@ -405,3 +406,65 @@ def test_the_known_weak_hindi_is_gone():
                  "सब कुछ, 8 गुना", "step() .grad को नहीं छूता", "Lesson", "lesson", "mini-batch", "बाकी", "झटपट"):
         assert weak not in hindi_texts, weak
     assert "भाग होता है" not in hindi_texts  # reads as "is divisible"
+
+
+# ------------------------------------------------------------------------------------------------ a quiz that measures
+
+
+def positions_shown(seeds) -> dict[int, int]:
+    """How often the right option is shown 1st, 2nd, ... over these learners' seeds and every choice question."""
+    counts: dict[int, int] = {}
+    for seed in seeds:
+        graded = quiz.Quiz(language="en", seed=seed)
+        for q in graded.questions:
+            if q["kind"] != "number":
+                place = [o["id"] for o in graded.options(q["id"])].index(q["answer"]) + 1
+                counts[place] = counts.get(place, 0) + 1
+    return counts
+
+
+def test_the_right_option_is_shown_at_every_place_equally_often_and_the_same_in_both_languages():
+    choices = [q for q in QUESTIONS if q["kind"] != "number"]
+    assert all(len(q["options"]) == 4 for q in choices)
+    low, high = len(choices) // 4, -(-len(choices) // 4)
+    for seed in [*range(50), "learner-7"]:  # every learner: each place holds the right answer equally often
+        counts = positions_shown([seed])
+        assert sorted(counts) == [1, 2, 3, 4] and all(low <= n <= high for n in counts.values()), (seed, counts)
+    print("\nplace of the right option as shown, learner 0:", dict(sorted(positions_shown([0]).items())),
+          "; 200 learners:", dict(sorted(positions_shown(range(200)).items())))
+    one = quiz.Quiz(language="en", seed="learner-7")
+    other = quiz.Quiz(language="hi", seed="learner-7")
+    assert all(one.options(q["id"]) == other.options(q["id"]) for q in choices)
+    assert all(sorted(o["id"] for o in one.options(q["id"])) == sorted(o["id"] for o in q["options"]) for q in choices)
+    assert any(quiz.Quiz(seed=1).options(q["id"]) != quiz.Quiz(seed=2).options(q["id"]) for q in choices)
+    lesson = quiz.Quiz(lesson=3, seed="learner-7")
+    assert all(lesson.options(q["id"]) == one.options(q["id"]) for q in lesson.questions if q["kind"] != "number")
+    widget = quiz.check("when-to-step", language="hi")
+    widget.language.value = "en"
+    assert [v for _, v in widget.choices.options] == [o["id"] for o in widget.quiz.options("when-to-step")]
+
+
+def test_the_first_try_score_stands_beside_the_eventual_one():
+    graded = quiz.Quiz(["when-to-step", "effective-batch", "loop-order"], "en", seed=0)
+    graded.answer("when-to-step", next(o["id"] for o in wrong_options(BY_ID["when-to-step"])))
+    graded.answer("when-to-step", BY_ID["when-to-step"]["answer"])
+    graded.answer("effective-batch", 64)
+    assert (graded.first_try(), graded.progress()) == (1, (2, 2, 3))
+    assert graded.score() == "Score: 1 of 3 right at the first try, 2 of 3 in the end"
+
+
+def test_predict_questions_are_asked_before_the_lesson_shows_the_answer():
+    predicts = [q for q in QUESTIONS if q["kind"] == "predict"]
+    for q in predicts:
+        assert q["id"] not in [c["id"] for c in quiz.check(lesson=q["lesson"]).quiz.questions]
+        widget = quiz.predict(q["id"], language="en")
+        assert [c["id"] for c in widget.quiz.questions] == [q["id"]] and "Predict first" in widget.heading.value
+    with pytest.raises(ValueError, match="'predict' question"):
+        quiz.predict("when-to-step")
+
+
+def test_the_end_of_course_check_asks_no_question_a_lesson_asked():
+    final = quiz.check(lesson=10, language="en")
+    asked = {q["prompt"] for q in QUESTIONS if q["lesson"] < 10}
+    assert final.quiz.questions and all(q["prompt"] not in asked for q in final.quiz.questions)
+    assert "End-of-course check" in final.heading.value

@@ -1,9 +1,17 @@
 """Hands-on exercises for the lessons: the learner writes or breaks code, `accumlib` checks it.
 
 Each exercise has `check(answer)` (prints the verdict), `hint()`, `solution()` (prints one solution's code),
-`verdict(answer)` (the verdict as data: `.correct`, `.findings` with stable `.name`s, `.text`), and `stub`: the
+`verdict(answer)` (the verdict as data: `.correct`, `.findings` with stable `.name`s, `.text`; subclasses implement
+`judge`, which `verdict` runs under the time limit), and `stub`: the
 exercise cell exactly as a lesson stores it. A stub runs as stored and gets a true, deterministic verdict. It
 expects the notebook to have run `import torch`, `from torch import nn` and `from accumlib.lessons import exercises`.
+
+No answer can fool, hang or crash a check: every check runs the learner's code under a time limit (`time_limit`
+seconds, counted only while the learner's code runs) and a call budget on what it hands out (largest_batch's
+fits()), answers in words whatever escapes (a time-out, an error, a raw PyTorch message said in the learner's terms),
+restores what the code may have changed (grad mode, default dtype, torch's excepthook), accepts numbers of any real
+numeric type with the right value (32.0, numpy, a 0-d tensor), and tries a right answer on a second problem (another
+card, another accum_steps or max_norm), so that numbers copied from the first do not pass.
 
 Loop exercises do not compare code, they run it: on a tiny float64 model at learning rate 0, the gradient at each
 optimizer step is read off as a combination of the micro-batches' gradients, which names the bug, where it shows

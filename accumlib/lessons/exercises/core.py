@@ -7,9 +7,21 @@ stays English.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import decimal
+import math
+import numbers
+import operator
+import re
+import signal
+import threading
+import time
 from dataclasses import dataclass
 
-from ...i18n import _, ngettext
+import torch
+
+from ...i18n import N_, _, ngettext
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,214 @@ def wrong(findings: list[Finding]) -> Verdict:
     return Verdict(False, "\n".join([header, *(f"- {f.message}" for f in findings)]), tuple(findings))
 
 
+class TimeLimitExceeded(BaseException):
+    """Raised inside the learner's code when its time is up. A BaseException, so that the learner's own
+    `except Exception:` cannot swallow it."""
+
+
+class CallBudgetExceeded(BaseException):
+    """Raised inside the learner's code when it calls a function the check hands it more often than any answer
+    needs (a search that never ends). Carries the finding that says so."""
+
+    def __init__(self, finding: Finding):
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+class Watchdog:
+    """A time limit on the learner's code inside the block: the clock runs only inside `running()` (the learner's
+    code) and stops inside `paused()` (the check's own measurements, called from the learner's code). When the limit
+    is reached, TimeLimitExceeded is raised in the thread that entered the block: by SIGALRM sent to the main thread
+    (which also interrupts a sleep), or, in any other thread, as an asynchronous exception (raised at its next Python
+    instruction). Nothing of it outlives the block."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.used = 0.0  # seconds counted before the current stretch
+        self.since: float | None = None  # start of the current counted stretch (None while the clock stands)
+        self.fired = self.done = False
+        self._lock = threading.Lock()
+
+    def elapsed(self) -> float:
+        return self.used + (time.monotonic() - self.since if self.since is not None else 0.0)
+
+    @contextlib.contextmanager
+    def _clock(self, run: bool):
+        with self._lock:
+            was = self.since is not None
+            if was and not run:
+                self.used += time.monotonic() - self.since
+                self.since = None
+            elif run and not was:
+                self.since = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self.since is not None and not was:
+                    self.used += time.monotonic() - self.since
+                    self.since = None
+                elif was and self.since is None:
+                    self.since = time.monotonic()
+
+    def running(self):
+        """Count the block's time: the learner's code runs."""
+        return self._clock(True)
+
+    def paused(self):
+        """Do not count the block's time: the check measures, from inside the learner's code."""
+        return self._clock(False)
+
+    def _on_signal(self, signum, frame):
+        if self.fired and not self.done:
+            raise TimeLimitExceeded()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(0.02, self.seconds / 4))
+            with self._lock:
+                if self.done:
+                    return
+                if self.elapsed() <= self.seconds:
+                    continue
+                self.fired = True
+                if self.by_signal:
+                    signal.pthread_kill(self.target, signal.SIGALRM)
+                else:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.target),
+                                                               ctypes.py_object(TimeLimitExceeded))
+                return
+
+    def __enter__(self) -> Watchdog:
+        self.target = threading.get_ident()
+        self.by_signal = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_kill")
+        if self.by_signal:
+            self._old_handler = signal.signal(signal.SIGALRM, self._on_signal)
+        self._thread = threading.Thread(target=self._watch, name="accumlib-exercise-time-limit", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self.done = True
+            if self.fired and not self.by_signal:  # a pending asynchronous exception not raised yet: cancel it
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.target), None)
+        self._thread.join()
+        if self.by_signal:
+            signal.signal(signal.SIGALRM, self._old_handler)
+
+
+_active: list[Watchdog] = []  # the watchdog of the check that is running (innermost last)
+
+
+def learner_code():
+    """Count the block against the time limit of the check that runs: the learner's code."""
+    return _active[-1].running() if _active else contextlib.nullcontext()
+
+
+def checker_work():
+    """Stop the learner's clock for the block: the check's own measurement, called from the learner's code."""
+    return _active[-1].paused() if _active else contextlib.nullcontext()
+
+
+class Budget:
+    """A function handed to the learner's code that may be called at most `calls` times per check."""
+
+    def __init__(self, function, calls: int, finding):
+        self.function, self.calls, self.finding, self.made = function, calls, finding, 0
+
+    def __call__(self, *args, **kwargs):
+        self.made += 1
+        if self.made > self.calls:
+            raise CallBudgetExceeded(self.finding(self.calls))
+        with checker_work():
+            return self.function(*args, **kwargs)
+
+
+# Raw PyTorch errors a learner meets in these exercises, said in the learner's words: (pattern, finding name, text)
+TORCH_ERRORS = [
+    (r"num_channels \((?P<channels>\d+)\) must be divisible by num_groups \((?P<groups>\d+)\)", "groupnorm-groups",
+     N_("nn.GroupNorm(num_groups, num_channels) takes the number of groups first and the channels second: here "
+        "{channels} channels cannot be split into {groups} groups. If you swapped the two, write "
+        "nn.GroupNorm(groups, channels), for example nn.GroupNorm(4, 16): the groups must divide the channels.")),
+    (r"mat1 and mat2 shapes cannot be multiplied \((?P<rows>\d+)x(?P<got>\d+) and (?P<expected>\d+)x(?P<out>\d+)\)",
+     "shape-mismatch",
+     N_("A linear layer gets {got} features per sample but expects {expected}: the in_features of each nn.Linear "
+        "must equal what the layer before it gives (after nn.Flatten, channels x height x width).")),
+    (r"expected input\[.*\] to have (?P<expected>\d+) channels, but got (?P<got>\d+) channels", "channels-mismatch",
+     N_("A layer expects {expected} channels but gets {got}: each layer's input channels must equal the output "
+        "channels of the layer before it.")),
+    (r"running_mean should contain (?P<expected>\d+) elements not (?P<got>\d+)", "channels-mismatch",
+     N_("A normalisation layer is built for {got} channels but gets {expected}: give it the output channels of the "
+        "layer before it.")),
+    (r"Trying to backward through the graph a second time", "backward-twice",
+     N_("backward() ran twice through the same loss: the first backward() frees what the second needs. Call "
+        "backward() once per micro-batch, on that micro-batch's scaled loss.")),
+    (r"element 0 of tensors does not require grad", "no-graph",
+     N_("backward() was called on a tensor that is not connected to the model's weights: it was detached "
+        "(.detach(), .item(), torch.no_grad()), or every weight is frozen (requires_grad=False). Compute the loss "
+        "from the model's output and keep it as a tensor.")),
+    (r"expected (?:m1 and m2|mat1 and mat2) to have the same dtype|expected scalar type", "dtype-mismatch",
+     N_("Two tensors of different types (float32 and float64) meet in one operation: keep the model and its inputs "
+        "in one dtype, and do not convert x or the model.")),
+]
+
+
+def explained(error: BaseException) -> Finding | None:
+    """A raw PyTorch error said in the learner's words, or None when it is not one of TORCH_ERRORS."""
+    text = str(error)
+    for pattern, name, message in TORCH_ERRORS:
+        found = re.search(pattern, text)
+        if found:
+            return Finding(name, _(message).format(**found.groupdict()))
+    return None
+
+
+def whole_number(value) -> int | None:
+    """value as an int when it is a whole number of any real numeric type (8, 8.0, numpy ints and floats, a tensor
+    of one element, Fraction(16, 2), Decimal("8")); None otherwise (a bool, a string, 8.5, NaN)."""
+    number = real_number(value)
+    if number is None:
+        return None
+    try:
+        return operator.index(number)
+    except TypeError:
+        pass
+    try:
+        whole = int(number)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return whole if whole == number else None
+
+
+def real_number(value):
+    """value as a real number (kept exact where it is: int, Fraction, Decimal) of any real numeric type; None for a
+    bool, a string, a complex number, NaN or infinity, or a tensor of more than one element."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex() or value.is_meta:
+            return None
+        value = value.detach().cpu().item()
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    if not isinstance(value, (numbers.Real, decimal.Decimal)):
+        return None
+    try:
+        if not math.isfinite(float(value)):
+            return None
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    return value if isinstance(value, (decimal.Decimal, numbers.Rational)) else float(value)
+
+
 class Exercise:
-    """One exercise of one lesson. Subclasses set the class attributes and implement `verdict`."""
+    """One exercise of one lesson. Subclasses set the class attributes and implement `judge`.
+
+    `verdict` runs `judge` on the learner's answer under a time limit counted while the learner's code runs, and
+    turns whatever escapes it (the time limit, a call budget, any error) into a verdict in words: no answer makes a
+    check raise, hang, or leave anything behind (the grad mode and default dtype are restored).
+    """
 
     lesson: int  # the lesson (1-10) whose exercise cell this is
     name: str  # its attribute name in accumlib.lessons.exercises
@@ -57,9 +275,46 @@ class Exercise:
     stub: str  # the exercise cell as the lesson stores it (needs `torch`, `nn` and `exercises` imported)
     solution_code: str  # one right answer, as a whole cell
     hint_text: str  # English, marked with N_(); shown translated
+    time_limit: float = 15.0  # seconds the learner's code may run per check (the check's own measurements excluded)
+    # what to look for when the learner's code runs past the time limit (English, marked with N_())
+    hang_text: str = N_("Look for a loop that never ends: a while loop whose condition stays true, or a loop over "
+                        "something endless.")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "verdict" in cls.__dict__:  # a subclass written against the older interface: its verdict is its judge
+            cls.judge = cls.__dict__["verdict"]
+            cls.verdict = Exercise.verdict
+
+    def judge(self, *answer) -> Verdict:
+        raise NotImplementedError
 
     def verdict(self, *answer) -> Verdict:
-        raise NotImplementedError
+        """The verdict on the answer (the values of the names in `answer`), as data."""
+        grad_mode, dtype = torch.is_grad_enabled(), torch.get_default_dtype()
+        watchdog = Watchdog(self.time_limit)
+        _active.append(watchdog)
+        try:
+            with watchdog:
+                return self.judge(*answer)
+        except TimeLimitExceeded:
+            return wrong([Finding("time-limit", _(
+                "Your code was still running after {seconds:g} seconds, so the check stopped it. {look}").format(
+                    seconds=self.time_limit, look=_(self.hang_text)))])
+        except CallBudgetExceeded as budget:
+            return wrong([budget.finding])
+        except SystemExit:  # exit() or sys.exit() in the learner's code: it would end the kernel's cell, or Python
+            return wrong([Finding("exit", _(
+                "Your code called exit() (or sys.exit()), which stops Python itself; the check stopped it instead. "
+                "Return from your function with return."))])
+        except Exception as error:  # whatever the learner's code made the check meet: said in words, not raised
+            return wrong([explained(error) or Finding("check-failed", _(
+                "The check could not run your answer: {error}: {message}").format(
+                    error=type(error).__name__, message=first_line(error)))])
+        finally:
+            _active.remove(watchdog)
+            torch.set_grad_enabled(grad_mode)
+            torch.set_default_dtype(dtype)
 
     def check(self, *answer) -> None:
         """Print the verdict on the answer (the values of the names in `answer`)."""
@@ -73,6 +328,11 @@ class Exercise:
         print(self.solution_code.rstrip())
 
 
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 class Prediction(Exercise):
     """Predict, then run: the answer is a number the learner writes down first; check() measures and compares.
 
@@ -84,14 +344,17 @@ class Prediction(Exercise):
     def measure(self) -> tuple[float, str]:
         raise NotImplementedError
 
-    def verdict(self, answer) -> Verdict:
+    def judge(self, answer) -> Verdict:
         if answer is None:
             return _alone(Finding("no-prediction", _(
                 "Write your prediction into {variable} first (a number), then run this cell again: the measurement "
                 "comes after the guess.").format(variable=self.answer[0])))
-        if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        with learner_code():  # the answer's own methods (float(), __index__) are the learner's code
+            number = real_number(answer)
+        if number is None:
             return _alone(Finding("not-a-number", _("{variable} must be a number; it is {value!r}.").format(
                 variable=self.answer[0], value=answer)))
+        answer = float(number)
         measured, shows = self.measure()
         if abs(answer - measured) <= self.tolerance * abs(measured):
             return right(_("You predicted {prediction:g}; measured: {measured:.2f}. {shows}").format(

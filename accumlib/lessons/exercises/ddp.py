@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 
 import torch.distributed as dist
 
@@ -33,12 +34,16 @@ def single_process_group():
                                f"check needs world size 1 (run it outside distributed training)")
         yield
         return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    excepthook = sys.excepthook  # init_process_group installs a hook that prefixes every traceback with [rank0]
     try:
-        yield
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            gc.collect()  # DDP's reducer sits in reference cycles and holds the group: free it before the group goes
+            dist.destroy_process_group()
     finally:
-        gc.collect()  # DDP's reducer sits in reference cycles and holds the group: free it before the group goes
-        dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 def ddp_findings(fp: Fingerprint) -> list[Finding]:
@@ -118,9 +123,9 @@ exercises.no_sync.check(accumulate)
                    "model.no_sync(). Put the forward and backward of every micro-batch but the last of each cycle "
                    "inside `with model.no_sync():`; contextlib.nullcontext() is a context that does nothing.")
 
-    def verdict(self, function) -> Verdict:
+    def judge(self, function) -> Verdict:
         with single_process_group():
-            return super().verdict(function)
+            return super().judge(function)
 
     def findings(self, fp: Fingerprint) -> list[Finding]:
         return error_or(fp, lambda: ddp_findings(fp) + loop_findings(fp))

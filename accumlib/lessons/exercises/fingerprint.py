@@ -30,10 +30,11 @@ from .. import data, models
 from ...i18n import _, ngettext
 from ...loop import parameter_gap, train
 from ..pitfalls import loss_weights
-from .core import Finding
+from .core import Finding, explained, first_line, learner_code
 
 ZERO = 1e-9  # a coefficient this small is no contribution (the reference's smallest is about 0.05)
 CLOSE = 1e-6  # relative tolerance for "the same coefficient" and for a gradient that is a combination at all
+NO_GRAD = -2  # a model call made with gradients off: no part of any step's gradient
 EXACT = 1e-10  # float64 rounding: largest difference accepted between a learner's result and the reference
 
 loss_fn = torch.nn.functional.cross_entropy  # mean over the micro-batch, as in the seed's loop
@@ -186,7 +187,9 @@ class Recording:
         self.module = problem.model()
         self.initial = copy.deepcopy(self.module)
         self.loader = problem.loader()
-        self.forwards: list[int] = []  # per model call: index into loader.handed_out (-1: not a micro-batch of it)
+        # per model call: index into loader.handed_out (-1: not a micro-batch of it; NO_GRAD: under torch.no_grad())
+        self.forwards: list[int] = []
+        self.autocast: list[torch.dtype | None] = []  # per model call: the CPU autocast dtype in force (None: off)
         self.steps: list[StepSeen] = []
         self.zeros: list[tuple[int, int]] = []  # (model calls, optimizer steps) before each zero_grad()
         self.scaler_calls: list[tuple[str, int]] = []  # (method, model calls before it)
@@ -199,6 +202,10 @@ class Recording:
         self.scaler = RecordingScaler(self) if amp else None
 
     def _on_forward(self, module, args) -> None:
+        self.autocast.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        if not torch.is_grad_enabled():  # an evaluation (accuracy, a logged loss): it adds no gradient
+            self.forwards.append(NO_GRAD)
+            return
         x = args[0] if args else None
         handed = self.loader.handed_out
         found = next((j for j in range(len(handed) - 1, -1, -1) if handed[j][1] is x), None)
@@ -232,7 +239,8 @@ def call_with(function, arguments: dict) -> object:
         inspect.signature(function).bind(*arguments.values())
     except TypeError as error:
         raise SignatureMismatch(function, list(arguments)) from error
-    return function(*arguments.values())
+    with learner_code():  # counted against the check's time limit
+        return function(*arguments.values())
 
 
 class SignatureMismatch(TypeError):
@@ -248,13 +256,29 @@ class SignatureMismatch(TypeError):
         super().__init__(f"{self.name} must take ({self.expected})")
 
 
+def frozen_finding(model: torch.nn.Module) -> Finding | None:
+    """The finding when the learner's code froze every weight of the model (requires_grad=False), else None."""
+    if any(p.requires_grad for p in model.parameters()):
+        return None
+    return Finding("model-frozen", _(
+        "Your code froze every weight of the model (requires_grad=False on all of them), so backward() has nothing "
+        "to compute and nothing can train. Leave requires_grad as it is: accumulation needs every weight's "
+        "gradient."))
+
+
 def error_finding(error: Exception, micro_batch: int = 0) -> Finding:
     """The finding for an exception raised by the learner's code (at micro-batch `micro_batch`, 1-based, if known)."""
     if isinstance(error, SignatureMismatch):
         return Finding("signature", _("{name} must take the parameters ({expected}), in this order, as in the stub; "
                                       "yours takes ({found}).").format(name=error.name, expected=error.expected,
                                                                        found=error.found))
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    plain = explained(error)
+    if plain is not None:
+        if not micro_batch:
+            return plain
+        return Finding(plain.name, _("PyTorch stopped your code at micro-batch {number}: {explanation}").format(
+            number=micro_batch, explanation=plain.message))
+    message = first_line(error)
     if not micro_batch:
         return Finding("error", _("Your code raised {error}: {message}").format(error=type(error).__name__,
                                                                                 message=message))
@@ -325,7 +349,9 @@ class Fingerprint:
         done = 0
         for number, seen in enumerate(recording.steps, 1):
             ran = [j for j in recording.forwards[:seen.forwards] if j >= 0]
-            fresh = list(dict.fromkeys(j for j in recording.forwards[done:seen.forwards] if j >= 0))
+            before = set(recording.forwards[:done])  # a micro-batch run again after its step (to evaluate it) is
+            fresh = list(dict.fromkeys(j for j in recording.forwards[done:seen.forwards]  # not fresh again
+                                       if j >= 0 and j not in before))
             self.readings.append(self._read(number, fresh, set(ran) - set(fresh), seen.gradient))
             done = seen.forwards
 
@@ -572,9 +598,12 @@ def _tail_dropped(fp: Fingerprint, cycle: list[int], findings: _Findings) -> Non
     ref = fp.reference
     findings.add("tail-dropped", ngettext(
         "The last, incomplete cycle of epoch {epoch} is dropped: its micro-batch ({samples} samples) never reaches "
-        "an optimizer step. Step once more at the end of each epoch, with what that cycle holds.",
+        "an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but this "
+        "task asks to train on every sample: step once more at the end of each epoch, with what that cycle holds.",
         "The last, incomplete cycle of epoch {epoch} is dropped: its {count} micro-batches ({samples} samples) never "
-        "reach an optimizer step. Step once more at the end of each epoch, with what that cycle holds.",
+        "reach an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but "
+        "this task asks to train on every sample: step once more at the end of each epoch, with what that cycle "
+        "holds.",
         len(cycle)).format(
             epoch=ref.epoch_of[cycle[0]] + 1, count=len(cycle), samples=sum(ref.sizes[j] for j in cycle)))
 

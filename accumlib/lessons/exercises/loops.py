@@ -4,14 +4,15 @@ reads the bug off the gradients (see fingerprint.py).
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
 
 from ...i18n import N_, _
-from .core import Exercise, Finding, Verdict, right, wrong
-from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, loop_findings, loss_fn,
-                          trained_gap)
+from .core import Exercise, Finding, Verdict, explained, right, wrong
+from .fingerprint import (EXACT, Fingerprint, Problem, Recording, call_with, error_finding, frozen_finding,
+                          loop_findings, loss_fn, trained_gap)
 
 
 def not_a_function(name: str) -> Verdict:
@@ -41,36 +42,82 @@ exercises.scale_loss.check(scale_loss)
     hint_text = N_("The full-batch loss is the mean over all its samples: with accum_steps equal micro-batches, it is "
                    "the mean of their accum_steps mean losses, so each micro-batch's loss counts 1/accum_steps.")
 
-    def verdict(self, scale_loss) -> Verdict:
-        """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum."""
-        if not callable(scale_loss):
-            return not_a_function("scale_loss")
-        problem, k = self.problem, self.problem.accum_steps
+    # the same function must be right for every accum_steps, not just the lesson's 4
+    other_problems = (Problem(samples=12, micro_batch_size=4, accum_steps=3),
+                      Problem(samples=12, micro_batch_size=2, accum_steps=6))
+    hang_text = N_("scale_loss only scales one loss: it needs no loop. Look for a while loop that never ends.")
+
+    def accumulate(self, scale_loss, problem: Problem) -> tuple[torch.Tensor, torch.Tensor] | Finding:
+        """Backward each scale_loss(micro-batch loss, k) of problem: (accumulated gradient, full-batch gradient),
+        or the finding that says why that could not be done."""
+        k = problem.accum_steps
         X, y = problem.data()
         model = problem.model()
         params = list(model.parameters())
         full = torch.cat([g.flatten() for g in torch.autograd.grad(loss_fn(model(X), y), params)])
+
+        def gradient() -> torch.Tensor:
+            return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+
         for xs, ys in zip(X.split(problem.micro_batch_size), y.split(problem.micro_batch_size)):
+            before = gradient()
             try:
                 scaled = call_with(scale_loss, {"loss": loss_fn(model(xs), ys), "accum_steps": k})
             except Exception as error:  # the learner's code
-                return wrong([error_finding(error)])
+                return error_finding(error)
+            if not torch.equal(gradient(), before):
+                return Finding("backward-inside", _(
+                    "scale_loss calls backward() itself: it must only return the scaled loss. The loop calls "
+                    "backward() on what scale_loss returns, so with it inside, each micro-batch's gradient is added "
+                    "twice. Remove loss.backward() from scale_loss."))
             if not isinstance(scaled, torch.Tensor):
-                return wrong([Finding("not-a-tensor", _(
+                return Finding("not-a-tensor", _(
                     "scale_loss returned {kind}, not a tensor: backward() needs the loss tensor itself "
-                    "(loss / accum_steps, not loss.item() / accum_steps).").format(kind=type(scaled).__name__))])
-            if scaled.dim() != 0 or not scaled.requires_grad:
-                return wrong([Finding("detached", _(
+                    "(loss / accum_steps, not loss.item() / accum_steps).").format(kind=type(scaled).__name__))
+            if scaled.dim() != 0 or not scaled.requires_grad or scaled.grad_fn is None:
+                return Finding("detached", _(
                     "scale_loss must return one number still connected to the model (a tensor of shape (), with a "
                     "gradient flowing through it); keep the loss as it is, without .detach(), .item() or "
-                    "indexing."))])
-            scaled.backward()
-        accumulated = torch.cat([p.grad.flatten() for p in params])
+                    "indexing."))
+            try:
+                scaled.backward()
+            except RuntimeError as error:  # a graph the learner's code already used up, or cut
+                return explained(error) or error_finding(error)
+        return gradient(), full
+
+    def judge(self, scale_loss) -> Verdict:
+        """Split 12 samples into 4 micro-batches of 3, backward() each scale_loss(loss, 4), compare the sum; then
+        the same with accum_steps 3 and 6."""
+        if not callable(scale_loss):
+            return not_a_function("scale_loss")
+        problem, k = self.problem, self.problem.accum_steps
+        result = self.accumulate(scale_loss, problem)
+        if isinstance(result, Finding):
+            return wrong([result])
+        accumulated, full = result
         gap = (accumulated - full).abs().max().item()
         if gap <= EXACT:
+            for other in self.other_problems:
+                result = self.accumulate(scale_loss, other)
+                if isinstance(result, Finding):
+                    return wrong([result])
+                there, there_full = result
+                if (there - there_full).abs().max().item() > EXACT:
+                    ratio = (there @ there_full / (there_full @ there_full)).item()
+                    return wrong([Finding("not-general", _(
+                        "Right for accum_steps = {accum_steps}, but with accum_steps = {other} the micro-batch "
+                        "gradients add up to {ratio:.3g} times the full-batch gradient: divide by the parameter "
+                        "accum_steps, not by the number {accum_steps}.").format(
+                            accum_steps=k, other=other.accum_steps, ratio=ratio))])
             return right(_("The {accum_steps} scaled micro-batch gradients add up to the full-batch gradient of the "
-                           "{samples} samples (largest difference {gap:.1e}).").format(
-                               accum_steps=k, samples=problem.samples, gap=gap))
+                           "{samples} samples (largest difference {gap:.1e}), and so they do with accum_steps = {one} and "
+                           "{two}.").format(accum_steps=k, samples=problem.samples, gap=gap,
+                                            one=self.other_problems[0].accum_steps,
+                                            two=self.other_problems[1].accum_steps))
+        if accumulated.abs().max().item() == 0:
+            return wrong([Finding("no-gradient", _(
+                "After backward() on what scale_loss returned, every gradient is zero: the loss it returns does not "
+                "depend on the model's weights. Return loss / accum_steps."))])
         ratio = (accumulated @ full / (full @ full)).item()
         residual = ((accumulated - ratio * full).norm() / accumulated.norm()).item()
         if residual > 1e-6:
@@ -84,7 +131,8 @@ exercises.scale_loss.check(scale_loss)
                 "high.").format(accum_steps=k, ratio=ratio))])
         return wrong([Finding("wrong-scale", _(
             "The {accum_steps} micro-batch gradients add up to {ratio:.3g} times the full-batch gradient; they must "
-            "add up to exactly 1 times it.").format(accum_steps=k, ratio=ratio))])
+            "add up to exactly 1 times it. Each of the {accum_steps} equal micro-batches is 1/{accum_steps} of the "
+            "batch: return loss / accum_steps.").format(accum_steps=k, ratio=ratio))])
 
 
 class LoopExercise(Exercise):
@@ -109,17 +157,53 @@ class LoopExercise(Exercise):
         """Keyword arguments that make accumlib.train do what a right answer does."""
         return {}
 
+    def weight_tolerance(self) -> float:
+        """Largest weight difference from accumlib.train's that a right answer may leave: float64 rounding."""
+        return EXACT
+
     def findings(self, fp: Fingerprint) -> list[Finding]:
         return error_or(fp, lambda: loop_findings(fp))
 
-    def verdict(self, function) -> Verdict:
+    # a second problem the same function must get right: another accum_steps (and sizes), so that a loop with the
+    # first problem's numbers written in does not pass
+    other_problem = Problem(samples=32, micro_batch_size=4, accum_steps=4)
+
+    def variant(self) -> LoopExercise:
+        """This exercise on its other problem."""
+        other = copy.copy(self)
+        other.problem = self.other_problem
+        return other
+
+    def setting(self) -> str:
+        """The problem's numbers, as the learner's function gets them."""
+        return _("accum_steps = {accum_steps}, {samples} samples in micro-batches of {micro}").format(
+            accum_steps=self.problem.accum_steps, samples=self.problem.samples, micro=self.problem.micro_batch_size)
+
+    def judge(self, function) -> Verdict:
         if not callable(function):
             return not_a_function(self.answer[0])
+        verdict = self.judge_on(function)
+        if not verdict.correct:
+            return verdict
+        other = self.variant()
+        again = other.judge_on(function)
+        if not again.correct:
+            return wrong([Finding("not-general", _(
+                "Right on the first problem ({setting}), but not on a second one ({other}): {problem} Use the "
+                "parameters your function gets, not numbers copied from the first problem.").format(
+                    setting=self.setting(), other=other.setting(), problem=again.findings[0].message))])
+        return verdict
+
+    def judge_on(self, function) -> Verdict:
+        """The verdict on this exercise's problem alone."""
 
         def call(recording):
             return self.run(function, recording)
 
         recording = Recording(self.problem, amp=self.amp, ddp=self.ddp).run(call)
+        frozen = frozen_finding(recording.module)  # said as it is, not as the error backward() then raises
+        if frozen is not None:
+            return wrong([frozen])
         fp = Fingerprint(recording)
         findings = self.findings(fp)
         if findings:
@@ -127,7 +211,7 @@ class LoopExercise(Exercise):
         weight_gap, error = trained_gap(self.problem, call, self.reference(), amp=self.amp, ddp=self.ddp)
         if error is not None:
             return wrong([error_finding(error)])
-        if weight_gap > EXACT:
+        if weight_gap > self.weight_tolerance():
             return wrong([Finding("training-differs", _(
                 "At learning rate 0 every step's gradient is right, but trained for real at learning rate {lr:g} "
                 "your weights differ from accumlib.train's by up to {gap:.2e}: the loop must do the same whatever "
@@ -185,6 +269,7 @@ class LastCycle(LoopExercise):
     # 22 samples in micro-batches of 3: 7 of 3 and one of 1 per epoch; cycles of 3 micro-batches leave a last cycle
     # of two micro-batches (3 and 1 samples), so dividing by accum_steps, or by the micro-batches, is visibly wrong.
     problem = Problem(samples=22, micro_batch_size=3, accum_steps=3, epochs=2)
+    other_problem = Problem(samples=26, micro_batch_size=3, accum_steps=4, epochs=2)  # a last cycle of 1 (2 samples)
     parameters = ("model", "optimizer", "loader", "loss_fn", "accum_steps", "epochs")
     stub = '''\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):

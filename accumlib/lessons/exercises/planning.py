@@ -7,14 +7,13 @@ one step of the small CNN on digits under FakeTensorMode, byte-exact and the sam
 from __future__ import annotations
 
 import functools
-import numbers
 
 import torch
 
 from ... import memory
 from .. import data, models
 from ...i18n import N_, _, ngettext
-from .core import Exercise, Finding, Verdict, right, wrong
+from .core import Budget, Exercise, Finding, Verdict, learner_code, right, whole_number, wrong
 from .fingerprint import call_with, error_finding
 from .loops import not_a_function
 
@@ -73,43 +72,66 @@ exercises.largest_batch.check(largest_batch)
     hint_text = N_("Doubling finds a size that fits and twice that size, which does not. The answer lies between "
                    "them: try the middle, keep the half that contains it, and repeat until one size is left.")
 
-    def fits(self, batch: int) -> bool:
-        """Whether one training step on `batch` samples fits the card (batch: 1 to the 1,797 digits)."""
-        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or not 1 <= batch <= data.DIGITS:
-            raise ValueError(f"batch must be a whole number of samples from 1 to {data.DIGITS} (the digits); "
-                             f"got {batch!r}")
-        return step_peak(int(batch)) <= self.card_bytes
+    other_cards = (2**20, 3 * 2**19)  # 1 MiB and 1.5 MiB: the same search must find their own largest batch
+    hang_text = N_("Look at the loop of your search: each pass must change the size it tests and keep the new value "
+                   "(batch *= 2, not batch * 2 alone), and a bisection must shrink its range every time (low = middle "
+                   "or high = middle).")
 
-    def largest(self) -> int:
+    def fits(self, batch: int, card_bytes: int | None = None) -> bool:
+        """Whether one training step on `batch` samples fits the card (batch: 1 to the 1,797 digits); card_bytes:
+        another card's memory (default: the lesson's 2 MiB)."""
+        size = whole_number(batch)
+        if size is None or not 1 <= size <= data.DIGITS:
+            raise ValueError(_("fits() takes a whole number of samples from 1 to {most} (the digits); it got "
+                               "{batch!r}").format(most=data.DIGITS, batch=batch))
+        return step_peak(size) <= (self.card_bytes if card_bytes is None else card_bytes)
+
+    def largest(self, card_bytes: int | None = None) -> int:
         """The largest batch that fits: doubling, then bisection (the peak grows with the batch)."""
         low, high = 1, 2
-        while high <= data.DIGITS and self.fits(high):
+        while high <= data.DIGITS and self.fits(high, card_bytes):
             low, high = high, high * 2
         high = min(high, data.DIGITS + 1)
         while high - low > 1:
             middle = (low + high) // 2
-            low, high = (middle, high) if self.fits(middle) else (low, middle)
+            low, high = (middle, high) if self.fits(middle, card_bytes) else (low, middle)
         return low
 
-    def verdict(self, largest_batch) -> Verdict:
-        if not callable(largest_batch):
-            return not_a_function("largest_batch")
+    def search(self, largest_batch, card_bytes: int) -> tuple[object, list]:
+        """Run the learner's search on a card: (what it returned, the sizes it tried). fits() may be called at most
+        once per possible size plus one: any search that tries each size once stays within it."""
         tried = []
 
         def fits(batch):
-            tried.append(batch)
-            return self.fits(batch)
+            result = self.fits(batch, card_bytes)
+            tried.append(whole_number(batch))
+            return result
 
+        budget = Budget(fits, data.DIGITS + 1, lambda calls: Finding("endless-search", _(
+            "Your search called fits() {calls:,} times without returning, more often than there are batch sizes to "
+            "try ({most:,}): it goes round in circles. {look}").format(calls=calls, most=data.DIGITS,
+                                                                       look=_(self.hang_text))))
+        return call_with(largest_batch, {"fits": budget}), tried
+
+    def judge(self, largest_batch) -> Verdict:
+        if not callable(largest_batch):
+            return not_a_function("largest_batch")
         try:
-            returned = call_with(largest_batch, {"fits": fits})
+            returned, tried = self.search(largest_batch, self.card_bytes)
         except Exception as error:  # the learner's code
             return wrong([error_finding(error)])
         card = _mib(self.card_bytes)
-        if isinstance(returned, bool) or not isinstance(returned, numbers.Integral) or not 1 <= returned <= data.DIGITS:
+        answer = whole_number(returned)
+        if answer is None or not 1 <= answer <= data.DIGITS:
             return wrong([Finding("not-a-batch", _(
                 "largest_batch returned {answer!r}; it must return a whole number of samples between 1 and "
                 "{most}.").format(answer=returned, most=data.DIGITS))])
-        answer, best = int(returned), self.largest()
+        best = self.largest()
+        if not tried:
+            return wrong([Finding("hard-coded", _(
+                "largest_batch returned {answer} without calling fits() once: a number written into the code is not "
+                "a search. The check runs your function on other cards too, where the answer differs; find the size "
+                "by calling fits(batch).").format(answer=answer))])
         if answer > best:
             return wrong([Finding("too-large", _(
                 "A step on a batch of {batch} needs {peak:,} bytes, more than the {card} card ({budget:,} bytes): the "
@@ -121,18 +143,33 @@ exercises.largest_batch.check(largest_batch)
                         "larger.").format(
                             batch=answer, card=card, peak=step_peak(answer), budget=self.card_bytes, next=answer + 1,
                             next_peak=step_peak(answer + 1))
-            if tried and all(size & (size - 1) == 0 for size in tried):
+            if all(size & (size - 1) == 0 for size in tried):
                 message += " " + _("Your search tried only powers of two ({sizes}); the answer lies between {low} "
                                    "and {high}.").format(sizes=", ".join(map(str, sorted(set(tried)))), low=answer,
                                                          high=2 * answer)
             return wrong([Finding("not-largest", message)])
+        for other in self.other_cards:
+            try:
+                elsewhere, _tried = self.search(largest_batch, other)
+            except Exception as error:  # the learner's code
+                return wrong([error_finding(error)])
+            right_there = self.largest(other)
+            if whole_number(elsewhere) != right_there:
+                return wrong([Finding("not-general", _(
+                    "On the {card} card your function returns {answer}, the right size. On a {other} card it returns "
+                    "{elsewhere!r}, where the largest batch that fits is {right}: the answer must come from what "
+                    "fits() says, not from a number that is right for one card.").format(
+                        card=card, answer=answer, other=_mib(other), elsewhere=elsewhere, right=right_there))])
         return right(ngettext(
             "A step on a batch of {batch} needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
-            "would need {next_peak:,}. Your search measured {count} batch size.",
+            "would need {next_peak:,}. Your search measured {count} batch size, and it finds the largest batch on a "
+            "{one} and on a {two} card too.",
             "A step on a batch of {batch} needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
-            "would need {next_peak:,}. Your search measured {count} batch sizes.", len(set(tried))).format(
+            "would need {next_peak:,}. Your search measured {count} batch sizes, and it finds the largest batch on a "
+            "{one} and on a {two} card too.", len(set(tried))).format(
                            batch=answer, peak=step_peak(answer), card=card, budget=self.card_bytes,
-                           next_peak=step_peak(answer + 1), count=len(set(tried))))
+                           next_peak=step_peak(answer + 1), count=len(set(tried)),
+                           one=_mib(self.other_cards[0]), two=_mib(self.other_cards[1])))
 
 
 class MemoryPlan(Exercise):
@@ -162,13 +199,16 @@ exercises.memory_plan.check(micro_batch_size, accum_steps)
         divisors = [d for d in range(self.effective_batch, 0, -1) if self.effective_batch % d == 0]
         return next(d for d in divisors if self.peak(d, self.effective_batch // d) <= self.card_bytes)
 
-    def verdict(self, micro_batch_size, accum_steps) -> Verdict:
+    def judge(self, micro_batch_size, accum_steps) -> Verdict:
         plan = {"micro_batch_size": micro_batch_size, "accum_steps": accum_steps}
+        counts = {}
         for name, value in plan.items():
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            with learner_code():  # the value's own methods (__index__, __float__) are the learner's code
+                counts[name] = whole_number(value)
+            if counts[name] is None or counts[name] < 1:
                 return wrong([Finding("not-a-count", _("{name} must be a whole number of at least 1; it is "
                                                        "{value!r}.").format(name=name, value=value))])
-        m, k = int(micro_batch_size), int(accum_steps)
+        m, k = counts["micro_batch_size"], counts["accum_steps"]
         card = _mib(self.card_bytes)
         if m * k != self.effective_batch:
             return wrong([Finding("wrong-effective-batch", _(
@@ -181,20 +221,18 @@ exercises.memory_plan.check(micro_batch_size, accum_steps)
                 "card ({budget:,} bytes): accumlib.train(..., memory_budget={budget}) would refuse it. Use a smaller "
                 "micro-batch and more accum_steps.").format(k=k, m=m, peak=peak, card=card,
                                                            budget=self.card_bytes))])
-        best = self.best()
-        if m < best:
-            return wrong([Finding("slower-than-needed", _(
-                "It fits ({peak:,} of {budget:,} bytes), but micro_batch_size={best} with accum_steps={best_k} fits "
-                "too ({best_peak:,} bytes) with {best_k} forward and backward passes per step instead of {k}: the "
-                "largest micro-batch that fits is the fastest plan.").format(
-                    peak=peak, budget=self.card_bytes, best=best, best_k=self.effective_batch // best, k=k,
-                    best_peak=self.peak(best, self.effective_batch // best)))])
-        larger = min(d for d in range(m + 1, self.effective_batch + 1) if self.effective_batch % d == 0) \
-            if m < self.effective_batch else None
         message = _("micro_batch_size={m} with accum_steps={k} gives {target} samples per step at a peak of {peak:,} "
                     "bytes, within the {card} card ({budget:,} bytes).").format(
                         m=m, k=k, target=self.effective_batch, peak=peak, card=card, budget=self.card_bytes)
-        if larger is not None:
+        best = self.best()
+        if m < best:  # any plan that fits is right; the fastest one is worth knowing
+            message += " " + _("A larger micro-batch fits too: {best} x {best_k} ({best_peak:,} bytes) makes "
+                               "{best_k} forward and backward passes per step instead of {k}, and the fewer the "
+                               "passes, the faster the step.").format(
+                                   best=best, best_k=self.effective_batch // best, k=k,
+                                   best_peak=self.peak(best, self.effective_batch // best))
+        elif m < self.effective_batch:
+            larger = min(d for d in range(m + 1, self.effective_batch + 1) if self.effective_batch % d == 0)
             message += " " + _("The next larger plan, {larger} x {larger_k}, would need {larger_peak:,} "
                                "bytes.").format(larger=larger, larger_k=self.effective_batch // larger,
                                                 larger_peak=self.peak(larger, self.effective_batch // larger))

@@ -12,7 +12,8 @@ import torch
 
 from ...i18n import N_, _, ngettext
 from .core import Finding
-from .fingerprint import Fingerprint, Recording, Problem, call_with, error_finding, loop_findings, loss_fn
+from .fingerprint import (CLOSE, EXACT, NO_GRAD, ZERO, Fingerprint, Problem, Reading, Recording, call_with, error_finding,
+                          loop_findings, loss_fn)
 from .loops import LoopExercise
 
 # What PyTorch's GradScaler raises, by the start of its message: (finding name, what it means)
@@ -30,6 +31,10 @@ SCALER_ERRORS = {
     "unscale_() is being called after step()": ("update-missing", N_(
         "PyTorch stopped your loop at micro-batch {number}: scaler.unscale_() ran after scaler.step() without "
         "scaler.update() in between. Call scaler.update() once per step, right after scaler.step(optimizer).")),
+    "No inf checks were recorded for this optimizer": ("zeroed-before-step", N_(
+        "PyTorch stopped your code at micro-batch {number}: scaler.step() found no gradient to check, because "
+        "optimizer.zero_grad() ran before it and removed them. Zero the gradients last, after scaler.step(optimizer) "
+        "and scaler.update().")),
     "Attempted step but _scale is None": ("loss-not-scaled", N_(
         "PyTorch stopped your loop at micro-batch {number}: scaler.step() ran, but scaler.scale() never did. "
         "Call scaler.scale(loss).backward() for every micro-batch.")),
@@ -47,9 +52,49 @@ def clip(gradient: torch.Tensor, max_norm: float) -> torch.Tensor:
     return gradient * min(1.0, max_norm / (gradient.norm().item() + 1e-6))
 
 
+def rescaled(fp: Fingerprint) -> tuple[Reading, float] | None:
+    """The first step whose gradient is the right one times one factor (the same for every micro-batch of its cycle)
+    other than 1 and accum_steps (the missing division): (its reading, the factor), or None."""
+    ref = fp.reference
+    if len(fp.readings) != len(ref.cycles):
+        return None
+    for reading, cycle in zip(fp.readings, ref.cycles):
+        counted = {j for j, c in reading.coefficients.items() if abs(c) > ZERO}
+        if reading.residual > CLOSE or counted != set(cycle):
+            continue
+        ratios = [reading.share(j) / ref.weights[j] for j in cycle]
+        uniform = all(abs(q - ratios[0]) <= CLOSE * abs(ratios[0]) for q in ratios)
+        if uniform and abs(ratios[0] - 1) > CLOSE and abs(ratios[0] - ref.accum_steps) > CLOSE * ref.accum_steps:
+            return reading, ratios[0]
+    return None
+
+
+def _direct_step(number: int, seen, scale: float) -> Finding:
+    """The finding for optimizer.step() called directly at step `number` instead of scaler.step(optimizer)."""
+    message = (_("optimizer.step() is called directly (step {step}): the gradient is unscaled, but a step with "
+                 "inf or NaN in it is not skipped, as scaler.step(optimizer) would skip it. Step with "
+                 "scaler.step(optimizer), then scaler.update().") if seen.unscaled else
+               _("optimizer.step() is called directly (step {step}): it sees the gradient still multiplied by the "
+                 "scale ({scale:g}), and nothing checks it for inf or NaN. Step with scaler.step(optimizer), then "
+                 "scaler.update()."))
+    return Finding("optimizer-step-direct", message.format(step=number, scale=scale))
+
+
 def scaler_findings(fp: Fingerprint) -> list[Finding]:
     """What the learner's code did wrong with the GradScaler, from its calls and the gradients the steps saw."""
     rec = fp.recording
+    k = rec.problem.accum_steps
+    steps_at = [position for method, position in rec.scaler_calls if method == "step"]
+    if rec.error is not None and len(steps_at) >= 2 and steps_at[0] < k:
+        return [Finding("step-every-micro-batch", _(
+            "scaler.step(optimizer) runs after micro-batch {first} and again after micro-batch {second}, before the "
+            "cycle of {accum_steps} is complete (PyTorch stops the second one: a step without scaler.update() in "
+            "between). Step only when (step + 1) % accum_steps == 0: scaler.step(optimizer), then "
+            "scaler.update().").format(first=steps_at[0], second=steps_at[1], accum_steps=k))]
+    direct = [(number, seen) for number, seen in enumerate(rec.steps, 1) if not seen.via_scaler]
+    if rec.error is not None and direct and "step" not in [method for method, _position in rec.scaler_calls]:
+        # PyTorch then stops scaler.update() ("No inf checks were recorded"), but the mistake is the direct step
+        return [_direct_step(*direct[0], rec.scaler.get_scale())]
     if rec.error is not None:
         message = str(rec.error)
         for start, (name, text) in SCALER_ERRORS.items():
@@ -73,16 +118,8 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
             "scaled is divided by the scale ({scale:g}) all the same at the step, so it counts {scale:g} times too "
             "little. Call scaler.scale(loss).backward() for every micro-batch.").format(
                 scaled=calls.count("scale"), micro_batches=micro_batches, scale=scale)))
-    direct = [(number, seen) for number, seen in enumerate(rec.steps, 1) if not seen.via_scaler]
     if direct:
-        number, seen = direct[0]
-        message = (_("optimizer.step() is called directly (step {step}): the gradient is unscaled, but a step with "
-                     "inf or NaN in it is not skipped, as scaler.step(optimizer) would skip it. Step with "
-                     "scaler.step(optimizer), then scaler.update().") if seen.unscaled else
-                   _("optimizer.step() is called directly (step {step}): it sees the gradient still multiplied by the "
-                     "scale ({scale:g}), and nothing checks it for inf or NaN. Step with scaler.step(optimizer), then "
-                     "scaler.update()."))
-        findings.append(Finding("optimizer-step-direct", message.format(step=number, scale=scale)))
+        findings.append(_direct_step(*direct[0], scale))
     steps = len(rec.steps)
     if calls.count("update") > steps:
         first = fp.readings[0]
@@ -148,10 +185,45 @@ exercises.amp_loop.check(accumulate)
 
     def findings(self, fp: Fingerprint) -> list[Finding]:
         scaler = scaler_findings(fp)
-        if fp.recording.error is not None:
+        rec = fp.recording
+        if rec.error is not None:
             return scaler
+        outside = [number for number, (dtype, j) in enumerate(zip(rec.autocast, rec.forwards), 1)
+                   if dtype is None and j != NO_GRAD]  # an evaluation under no_grad may run in any precision
+        if outside:
+            scaler.append(Finding("no-autocast", ngettext(
+                "Model call {first} ran outside torch.autocast: in float32 or float64 the GradScaler has nothing to "
+                "protect, and the step is not mixed precision. Run each micro-batch's forward pass and loss inside "
+                "with torch.autocast(\"cpu\", dtype=torch.float16): (\"cuda\" on a GPU).",
+                "{count} of the {calls} model calls ran outside torch.autocast (the first: call {first}): in float32 "
+                "or float64 the GradScaler has nothing to protect, and the step is not mixed precision. Run each "
+                "micro-batch's forward pass and loss inside with torch.autocast(\"cpu\", dtype=torch.float16): "
+                "(\"cuda\" on a GPU).", len(outside)).format(count=len(outside), calls=len(rec.autocast),
+                                                               first=outside[0])))
         explained = bool({"loss-not-scaled", "optimizer-step-direct", "update-per-micro-batch"}
                          & {f.name for f in scaler})
+        if not explained:
+            found = rescaled(fp)
+            if found is not None:
+                reading, ratio = found
+                scale = rec.scaler.get_scale()
+                if abs(ratio * scale - 1) <= 1e-6:
+                    scaler.append(Finding("scale-not-backpropagated", _(
+                        "Every micro-batch counts 1/{scale:g} of its share at step {step}: backward() ran on the loss "
+                        "itself, not on the scaled loss, and scaler.step() then divides the gradient by the scale "
+                        "({scale:g}). Call backward() on what scaler.scale(loss) returns: "
+                        "scaler.scale(loss).backward().").format(scale=scale, step=reading.number)))
+                else:
+                    scaler.append(Finding("gradient-rescaled", _(
+                        "At step {step} every micro-batch counts {ratio:.3g} times its share, all alike: the loss "
+                        "weights are right, but the whole gradient was made smaller between the cycle's last "
+                        "backward() and the step: clipping does that ({cause}). This task does not clip: leave the "
+                        "gradient as backward() made it.").format(
+                            step=reading.number, ratio=ratio,
+                            cause=_("while still scaled, before scaler.unscale_(), it cuts the gradient {scale:g} "
+                                    "times too far").format(scale=scale) if ratio * scale < 1 else
+                            _("after scaler.unscale_(), to a norm the task did not ask for"))))
+                explained = True
         return scaler + loop_findings(fp, contributions=not explained, weights=not explained)
 
 
@@ -187,6 +259,15 @@ exercises.clip_after_unscale.check(optimizer_step)
     hint_text = N_("Until scaler.unscale_(optimizer) runs, every gradient is multiplied by the scale. Unscale first, "
                    "then clip, then scaler.step(optimizer) and scaler.update().")
 
+    def variant(self) -> ClipAfterUnscale:
+        other = super().variant()
+        other.max_norm = 0.6  # still below every cycle's norm; a clip at 0.5 written in does not pass
+        return other
+
+    def setting(self) -> str:
+        return _("max_norm = {max_norm:g}, accum_steps = {accum_steps}").format(max_norm=self.max_norm,
+                                                                             accum_steps=self.problem.accum_steps)
+
     def run(self, optimizer_step, recording: Recording) -> None:
         """The right AMP accumulation loop, calling the learner's optimizer_step at the end of every cycle."""
         k = self.problem.accum_steps
@@ -204,6 +285,18 @@ exercises.clip_after_unscale.check(optimizer_step)
     def reference(self) -> dict:
         return {"amp": "fp16", "clip_grad_norm": self.max_norm}
 
+    @staticmethod
+    def clip_tolerance(full: torch.Tensor) -> float:
+        """How far a right clip may be from clip(): clip_grad_norm_ adds 1e-6 to the norm it divides by, in the units
+        it clips in, so clipping the scaled gradient at max_norm x scale (valid) differs by up to 1e-6 / |g| of it."""
+        return EXACT + 2e-6 / full.norm().item()
+
+    def weight_tolerance(self) -> float:
+        """That clip difference, at most 2e-6 / 0.65 of a step of norm max_norm (the cycles' norms are 0.65 or
+        more), for each of the steps, at the learning rate."""
+        steps = len(self.problem.loader()) // self.problem.accum_steps
+        return EXACT + steps * self.problem.lr * self.max_norm * 2e-6 / 0.65
+
     def findings(self, fp: Fingerprint) -> list[Finding]:
         scaler = scaler_findings(fp)
         if fp.recording.error is not None or scaler:
@@ -216,7 +309,7 @@ exercises.clip_after_unscale.check(optimizer_step)
             full = fp.full_batch_gradient(cycle)
             clipped = clip(full, self.max_norm)
             norm = reading.gradient.norm().item()
-            if (reading.gradient - clipped).abs().max().item() <= 1e-10:
+            if (reading.gradient - clipped).abs().max().item() <= self.clip_tolerance(full):
                 continue
             if abs(norm - self.max_norm / scale) <= 1e-6 * self.max_norm / scale:
                 return [Finding("clipped-scaled", _(
@@ -227,12 +320,14 @@ exercises.clip_after_unscale.check(optimizer_step)
             if abs(norm - full.norm().item()) <= 1e-6 * norm:
                 return [Finding("not-clipped", _(
                     "The gradient reaching step {step} has norm {norm:.3g}: it was not clipped to max_norm = "
-                    "{max_norm:g}. After scaler.unscale_(optimizer), call "
-                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).").format(
+                    "{max_norm:g} before the step. Between scaler.unscale_(optimizer) and scaler.step(optimizer), "
+                    "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).").format(
                         step=reading.number, norm=norm, max_norm=self.max_norm))]
             return [Finding("clipped-wrong", _(
-                "At step {step} the optimizer sees a gradient of norm {norm:.3g}; the accumulated gradient clipped to "
-                "max_norm = {max_norm:g} has norm {expected:.3g}.").format(
+                "At step {step} the optimizer sees a gradient of norm {norm:.6g}; the accumulated gradient clipped to "
+                "max_norm = {max_norm:g} has norm {expected:.6g}. Clip the unscaled gradient: "
+                "scaler.unscale_(optimizer), then torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                "max_norm).").format(
                     step=reading.number, norm=norm, max_norm=self.max_norm, expected=clipped.norm().item()))]
         return []
 

@@ -8,8 +8,14 @@ the course language (`accumlib.language()`); its own switch changes the quiz onl
 
 Rules: retries are allowed; the first wrong answer to a question reveals its hint (never the answer); every wrong
 option, and every wrong number with a known cause, explains its own misconception; a "predict, then run it"
-question runs its real experiment only after an answer was given; progress counts questions answered and
-questions answered correctly.
+question runs its real experiment only after an answer was given; progress counts questions answered, questions
+right at the first try and questions right in the end (after retries).
+
+Options are shown in an order shuffled per learner: seeded by the learner's seed and the question id only, so a
+learner sees the same order in both languages, on Back and Next and in every run (`Quiz(seed=...)`; by default
+the environment variable ACCUMLIB_LEARNER, else a seed drawn once per process). A lesson asks its "predict"
+questions before it shows the answer (`predict(qid)` in the cell before the experiment), so its quick check at the
+end leaves them out; lesson 10's check (`check(lesson=10)`) asks questions of its own, which no lesson asked.
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ import html
 import json
 import math
 import numbers
+import os
+import random
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -38,7 +46,8 @@ UI = {
     "next": N_("Next"),
     "your_answer": N_("Your answer"),
     "number_placeholder": N_("a number, for example 12"),
-    "progress": N_("Question {number} of {total} · answered {answered} · correct {correct}"),
+    "progress": N_("Question {number} of {total} · answered {answered} · right at the first try {first} · right in "
+                   "the end {correct}"),
     "correct": N_("Correct!"),
     "wrong": N_("That is not it. Try again."),
     "hint": N_("Hint"),
@@ -49,7 +58,38 @@ UI = {
     # the whole quiz (every question of the course) is not one lesson's quick check
     "whole_title": N_("The whole quiz"),
     "whole_summary": N_("The whole quiz ({language}), {count} questions: {ids}"),
+    "score": N_("Score: {first} of {total} right at the first try, {correct} of {total} in the end"),
+    "final_title": N_("End-of-course check"),
+    "predict_title": N_("Predict first"),
 }
+
+LEARNER_SEED = os.environ.get("ACCUMLIB_LEARNER") or str(random.SystemRandom().getrandbits(32))
+
+
+def shown_order(question: dict, seed) -> list[dict]:
+    """The options of a choice or predict question in the order a learner with this seed sees them.
+
+    Each learner's right answers are spread evenly over the places: over the bank's choice questions (in bank
+    order) the places 1, 2, 3, 4, 1, 2, ... are dealt out in an order shuffled by the seed, so every place holds the
+    right answer equally often (within one) for every learner; the wrong options are shuffled around it. Only the
+    seed and the bank decide, never the language or the quiz it is shown in."""
+    rng = random.Random(f"{seed}:{question['id']}")
+    wrong = [o for o in question["options"] if o["id"] != question["answer"]]
+    rng.shuffle(wrong)
+    right = next(o for o in question["options"] if o["id"] == question["answer"])
+    place = _places(seed).get(question["id"], rng.randrange(len(question["options"]))) % len(question["options"])
+    return wrong[:place] + [right] + wrong[place:]
+
+
+@lru_cache(maxsize=64)
+def _places(seed) -> dict[str, int]:
+    """Question id -> the place (0-based) of its right option for this learner, for every choice question."""
+    ids = [q["id"] for q in bank()["questions"] if q["kind"] != "number"]
+    rng = random.Random(f"{seed}:places")
+    start = rng.randrange(4)  # which places get the one extra when the count is not a multiple of 4
+    places = [(start + i) % 4 for i in range(len(ids))]
+    rng.shuffle(places)
+    return dict(zip(ids, places))
 
 
 @lru_cache(maxsize=None)
@@ -90,7 +130,9 @@ def select(ids=None, lesson: int | None = None) -> list[dict]:
         if isinstance(lesson, bool) or not isinstance(lesson, numbers.Integral) or lesson not in LESSONS:
             raise ValueError(f"lesson must be a lesson number from {LESSONS[0]} to {LESSONS[-1]}; got {lesson!r}")
     if ids is None or (not isinstance(ids, str) and isinstance(ids, (list, tuple)) and not ids):
-        chosen = [q for q in questions.values() if lesson is None or q["lesson"] == lesson]
+        # a lesson's quick check: its questions but the "predict" ones, which it asks before it shows the answer
+        chosen = [q for q in questions.values()
+                  if lesson is None or (q["lesson"] == lesson and q["kind"] != "predict")]
         if not chosen:
             raise ValueError(f"lesson: no question belongs to lesson {lesson}; lessons with questions: "
                              f"{sorted({q['lesson'] for q in questions.values()})}")
@@ -119,11 +161,15 @@ class Quiz:
     """Grades answers and keeps progress; every text it returns is in `language`.
 
     ids: the questions to ask (default: all, in bank order); lesson: see `select`. language: "en" or "hi"
-    (default: the course language, `accumlib.language()`).
+    (default: the course language, `accumlib.language()`). seed: the learner's seed for the order of the options
+    (any int or string; default LEARNER_SEED).
     """
 
-    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None):
+    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None):
         self.language = language
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, str))):
+            raise TypeError(f"seed must be an int or a string (the learner's seed), got {seed!r}")
+        self.seed = LEARNER_SEED if seed is None else seed
         self.questions = select(ids, lesson)
         self.attempts: dict[str, list] = {q["id"]: [] for q in self.questions}
         self.solved: set[str] = set()
@@ -182,9 +228,23 @@ class Quiz:
                 f"got {value!r}")
         return (True, q["explanation"]) if value == q["answer"] else (False, options[value]["feedback"])
 
+    def options(self, qid: str) -> list[dict]:
+        """The options of question qid in the order this learner sees them (see `shown_order`)."""
+        return shown_order(self.question(qid), self.seed)
+
     def progress(self) -> tuple[int, int, int]:
         """(questions answered at least once, questions answered correctly, questions in the quiz)."""
         return sum(1 for a in self.attempts.values() if a), len(self.solved), len(self.questions)
+
+    def first_try(self) -> int:
+        """Questions whose first answer was right: the score that measures, since retries end right anyway."""
+        return sum(1 for q in self.questions if self.attempts[q["id"]]
+                   and self._grade(q, self.attempts[q["id"]][0])[0])
+
+    def score(self) -> str:
+        """The first-try score beside the eventual one, in the quiz's language."""
+        answered, correct, total = self.progress()
+        return self.ui("score", first=self.first_try(), correct=correct, total=total)
 
     def run_check(self, qid: str) -> str:
         """Run the real experiment behind a "predict, then run it" question, once an answer to it was given;
@@ -202,9 +262,11 @@ class QuizWidget:
     """The quiz as ipywidgets: language switch, question, options or a number box, Check, Run (predict questions,
     enabled once answered), feedback, Back/Next and progress. Arguments as for `Quiz`."""
 
-    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None):
-        self.quiz = Quiz(ids, language, lesson=lesson)
+    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None,
+                 title: str = "title"):
+        self.quiz = Quiz(ids, language, lesson=lesson, seed=seed)
         self.whole = not ids and lesson is None  # every question of the course, not one lesson's quick check
+        self.title = "whole_title" if self.whole else "final_title" if lesson == LESSONS[-1] and not ids else title
         self.index = 0
         self.language = w.ToggleButtons(options=[(name, code) for code, name in LANGUAGES.items()],
                                         value=self.quiz.language, style={"description_width": "initial"})
@@ -246,7 +308,7 @@ class QuizWidget:
     def _render(self) -> None:
         q, quiz = self.current, self.quiz
         self.language.description = quiz.ui("language")
-        self.heading.value = f"<h3>{html.escape(quiz.ui('whole_title' if self.whole else 'title'))}</h3>"
+        self.heading.value = f"<h3>{html.escape(quiz.ui(self.title))}</h3>"
         self.prompt.value = f"<p><b>{self.index + 1}.</b> {html.escape(quiz.text(q['prompt']))}</p>"
         numeric = q["kind"] == "number"
         self.choices.layout.display = "none" if numeric else None
@@ -255,7 +317,7 @@ class QuizWidget:
         self.number.placeholder = quiz.ui("number_placeholder")
         self.number.value = ""
         self.choices.description = "" if numeric else quiz.ui("your_answer")
-        self.choices.options = [] if numeric else [(quiz.text(o["text"]), o["id"]) for o in q["options"]]
+        self.choices.options = [] if numeric else [(quiz.text(o["text"]), o["id"]) for o in quiz.options(q["id"])]
         self.choices.value = None
         self.check.description = quiz.ui("check")
         self.run.description = quiz.ui("run")
@@ -268,7 +330,7 @@ class QuizWidget:
     def _progress(self) -> None:
         answered, correct, total = self.quiz.progress()
         self.progress.value = self.quiz.ui("progress", number=self.index + 1, total=total, answered=answered,
-                                           correct=correct)
+                                           first=self.quiz.first_try(), correct=correct)
 
     def _value(self):
         """The current answer as the quiz takes it, or None (and a message in the feedback) when there is none."""
@@ -313,7 +375,7 @@ class QuizWidget:
         ids = ", ".join(q["id"] for q in self.quiz.questions)
         bundle["text/plain"] = self.quiz.ui("whole_summary" if self.whole else "summary",
                                             language=LANGUAGES[self.quiz.language],
-                                            count=len(self.quiz.questions), ids=ids)
+                                            count=len(self.quiz.questions), ids=ids) + "\n" + self.quiz.score()
         return bundle
 
 
@@ -327,3 +389,16 @@ def check(*ids: str, lesson: int | None = None, language: str | None = None) -> 
         raise TypeError(f"ids: pass the question ids as separate arguments, quiz.check({', '.join(map(repr, ids[0]))}), "
                         f"not as one {type(ids[0]).__name__}")
     return QuizWidget(list(ids), language, lesson=lesson)
+
+
+def predict(qid: str, *, language: str | None = None) -> QuizWidget:
+    """One "predict, then run it" question, asked in the lesson before the cell that shows its answer:
+
+        quiz.predict("predict-no-division-adam")   # lesson 2, before the experiment's cell
+
+    The lesson's quick check at the end (check(lesson=N)) leaves its predict questions out."""
+    question = select([qid])[0] if isinstance(qid, str) else None
+    if question is None or question["kind"] != "predict":
+        kinds = ", ".join(q["id"] for q in bank()["questions"] if q["kind"] == "predict")
+        raise ValueError(f"qid must be the id of a 'predict' question ({kinds}); got {qid!r}")
+    return QuizWidget([qid], language, title="predict_title")
