@@ -14,6 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVANAGARI = re.compile(r"[\u0900-\u097F]")
+# What continues a word: letters, digits and Devanagari signs, but not the danda "।" and double danda "॥" (U+0964,
+# U+0965), which end a sentence as "." does: "चलाइए।" is the word चलाइए before a full stop.
+WORD_CHAR = r"[\w\u0900-\u0963\u0966-\u097F]"
 LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
 # Names and notation that are not English prose: libraries, optimizers, number formats, units, Python literals.
 NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab", "voila", "binder", "sgd", "adam",
@@ -66,7 +69,7 @@ def avoided(text: str) -> list[str]:
     found = []
     for row in glossary():
         for variant in filter(None, (v.strip() for v in row["avoid"].split(","))):
-            if re.search(rf"(?<![\w\u0900-\u097F]){re.escape(variant)}(?![\w\u0900-\u097F])", text):
+            if re.search(rf"(?<!{WORD_CHAR}){re.escape(variant)}(?!{WORD_CHAR})", text):
                 found.append(variant)
     return found
 

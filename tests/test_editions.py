@@ -358,6 +358,9 @@ def test_the_checks_name_the_cell_they_fail_on():
     assert text_problems("ज़्यादा बाक़ी") == []
     assert text_problems("ज्यादा बाकी") == ["uses 'बाकी', which translations/glossary.tsv avoids",
                                             "uses 'ज्यादा', which translations/glossary.tsv avoids"]
+    # a danda ends a sentence, not a word: an avoided word before it is still found (and the danda alone is fine)
+    assert text_problems("जाँच के लिए सेल चलाइए।") == ["uses 'चलाइए', which translations/glossary.tsv avoids"]
+    assert text_problems("जाँच के लिए सेल चलाएँ। फिर पढ़ें॥") == []
     english_links = lesson(("markdown", "n", "[Next](03_the_loop.ipynb)"))
     hindi_links = lesson(("markdown", "n", "[आगे](../en/03_the_loop.ipynb)"))
     assert link_problems(english_links, hindi_links, path) == [
