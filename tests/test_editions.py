@@ -20,7 +20,7 @@ from babel.messages.catalog import Catalog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import editions  # noqa: E402
-from hindi import devanagari_share, text_problems, untranslated  # noqa: E402
+from hindi import devanagari_share, first_use_problems, text_problems, untranslated  # noqa: E402
 
 LANGUAGE = "hi"
 LESSONS = editions.lessons()
@@ -186,6 +186,16 @@ def test_translations_are_nfc_and_follow_the_glossary(name):
     po = editions.po_path(name, LANGUAGE).relative_to(ROOT)
     found = [f"{po} cell {m.context} ({m.id.splitlines()[0][:60]!r}): {problem}"
              for m in translation(name) if m.id for problem in text_problems(m.string)]
+    assert not found, report(found)
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_a_glossary_term_brings_its_english_on_its_first_use(name):
+    """The glossary's terms marked `first use: (English)` carry the English in brackets the first time a lesson's
+    prose uses them, "माध्यिका (median)", so that a learner can go on to English documentation."""
+    built = editions.edition(english(name), translation(name), LANGUAGE)
+    found = [f"{editions.po_path(name, LANGUAGE).relative_to(ROOT)}: {problem}"
+             for problem in first_use_problems([c.source for c in built.cells if c.cell_type == "markdown"])]
     assert not found, report(found)
 
 
@@ -361,6 +371,14 @@ def test_the_checks_name_the_cell_they_fail_on():
     # a danda ends a sentence, not a word: an avoided word before it is still found (and the danda alone is fine)
     assert text_problems("जाँच के लिए सेल चलाइए।") == ["uses 'चलाइए', which translations/glossary.tsv avoids"]
     assert text_problems("जाँच के लिए सेल चलाएँ। फिर पढ़ें॥") == []
+    # a term's first use in prose (headings aside, inflected or bold) brings its English; later uses need not
+    assert first_use_problems(["## माध्यिका", "हर समय **माध्यिका** है, फिर माध्यिका।"]) == [
+        "first use of 'माध्यिका' needs \"(median)\" after it: 'हर समय **माध्यिका** है, फिर माध्यिका।'"]
+    assert first_use_problems(["## माध्यिका", "हर समय **माध्यिका** (median) है, फिर माध्यिका।"]) == []
+    assert first_use_problems(["चलते औसत से भाग", "चलता औसत (running average)"]) == [
+        "first use of 'चलता औसत' needs \"(running average)\" after it: 'चलते औसत से भाग चलता औसत (running aver'"]
+    assert text_problems("तय ख़र्च (fixed cost, overhead)") == []  # the bridge to English, allowed in its brackets
+    assert text_problems("यह overhead है") == ["uses 'overhead', which translations/glossary.tsv avoids"]
     english_links = lesson(("markdown", "n", "[Next](03_the_loop.ipynb)"))
     hindi_links = lesson(("markdown", "n", "[आगे](../en/03_the_loop.ipynb)"))
     assert link_problems(english_links, hindi_links, path) == [
