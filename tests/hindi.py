@@ -5,14 +5,17 @@ a term the Hindi text keeps in English (batch, gradient, ...), so it is allowed;
 """
 from __future__ import annotations
 
-import csv
 import functools
 import html
 import re
+import sys
 import unicodedata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import editions  # noqa: E402
+
 DEVANAGARI = re.compile(r"[\u0900-\u097F]")
 # What continues a word: letters, digits and Devanagari signs, but not the danda "।" and double danda "॥" (U+0964,
 # U+0965), which end a sentence as "." does: "चलाइए।" is the word चलाइए before a full stop.
@@ -28,9 +31,8 @@ NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab
 
 @functools.lru_cache(maxsize=None)
 def glossary() -> list[dict[str, str]]:
-    with (ROOT / "translations" / "glossary.tsv").open(encoding="utf-8") as f:
-        rows = [row for row in csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t")]
-    return rows
+    """The glossary's rows, read as the edition builder reads them (tools/editions.py: it also makes the word list)."""
+    return editions.glossary()
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ from babel.messages.catalog import Catalog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import editions  # noqa: E402
-from hindi import devanagari_share, first_use_problems, text_problems, untranslated  # noqa: E402
+from hindi import anchored, devanagari_share, first_use_problems, text_problems, untranslated  # noqa: E402
 
 LANGUAGE = "hi"
 LESSONS = editions.lessons()
@@ -109,7 +109,7 @@ def prose_problems(hindi_nb, path: Path) -> list[str]:
     """Markdown cells whose prose is not mostly Devanagari, or keeps English words that are not glossary terms."""
     found = []
     for index, cell in enumerate(hindi_nb.cells):
-        if cell.cell_type != "markdown":
+        if cell.cell_type != "markdown" or cell.id == editions.WORD_LIST_ID:  # Hindi and English side by side
             continue
         share, english_words = devanagari_share(cell.source), untranslated(cell.source)
         if share == 0 and not english_words:
@@ -228,8 +228,27 @@ def test_a_glossary_term_brings_its_english_on_its_first_use(name):
     prose uses them, "माध्यिका (median)", so that a learner can go on to English documentation."""
     built = editions.edition(english(name), translation(name), LANGUAGE)
     found = [f"{editions.po_path(name, LANGUAGE).relative_to(ROOT)}: {problem}"
-             for problem in first_use_problems([c.source for c in built.cells if c.cell_type == "markdown"])]
+             for problem in first_use_problems([c.source for c in built.cells
+                                                if c.cell_type == "markdown" and c.id != editions.WORD_LIST_ID])]
     assert not found, report(found)
+
+
+def test_the_last_lesson_ends_with_the_glossary_as_a_word_list():
+    notebook = hindi(editions.WORD_LIST_LESSON)
+    cell = notebook.cells[-1]
+    assert (cell.cell_type, cell.id) == ("markdown", editions.WORD_LIST_ID), "run make translations"
+    intro, _, table = cell.source.partition("\n| ")
+    assert not untranslated(intro) and devanagari_share(intro) > MOSTLY, intro
+    rows = [tuple(part.strip() for part in re.split(r"(?<!\\)\|", line)[1:-1]) for line in table.splitlines()[2:]]
+    glossary = {(row["hindi"].strip(), row["english"].strip()) for row in editions.glossary()}
+    assert set(rows) <= glossary, f"rows that are not the glossary's: {sorted(set(rows) - glossary)}"
+    # every term the lessons give with its English on first use is there (the English column of its row)
+    listed = {hindi_term for hindi_term, _ in rows}
+    assert not (missing := [term for term, _ in anchored() if term not in listed]), missing
+    assert len(rows) == len(set(rows)) > len(anchored())
+    assert sum(1 for c in notebook.cells if c.id == editions.WORD_LIST_ID) == 1
+    assert all(c.id != editions.WORD_LIST_ID for name in LESSONS if name != editions.WORD_LIST_LESSON
+               for c in hindi(name).cells)
 
 
 @pytest.mark.parametrize("name", LESSONS)
@@ -485,3 +504,17 @@ def test_stored_outputs_survive_a_change_of_comments_only():
     changed.cells[1].source = changed.cells[1].source.replace("range(2)", "range(3)")
     assert [c.execution_count for c in editions.edition(changed, catalog, LANGUAGE, stored).cells
             if c.cell_type == "code"] == [None, None]
+
+
+def test_the_word_list_takes_terms_not_spellings_or_conventions_and_only_ends_the_last_lesson():
+    rows = [{"english": e, "hindi": h, "avoid": a, "note": ""} for e, h, a in (
+        ("median", "माध्यिका", ""), ("more", "ज़्यादा", "ज्यादा"), ("batch", "batch", ""),
+        ("got", "… मिला", ""), ("(run it)", "चलाएँ", "चलाइए"), ("noise", "उतार-चढ़ाव", "noise, अस्थिरता"),
+        ("a | b", "क | ख", ""))]
+    assert editions.word_list_terms(rows) == [("उतार-चढ़ाव", "noise"), ("क | ख", "a | b"), ("माध्यिका", "median")]
+    assert editions.cell_text("क | ख") == "क \\| ख"
+    assert editions.edition(NEW, translated("x", {}), LANGUAGE).cells[-1].id != editions.WORD_LIST_ID
+    last = editions.edition(NEW, translated(editions.WORD_LIST_LESSON, {}), LANGUAGE)
+    assert (last.cells[-1].id, last.cells[-1].cell_type) == (editions.WORD_LIST_ID, "markdown")
+    with pytest.raises(ValueError, match="'word-list', reserved for the word list"):
+        editions.edition(lesson(("markdown", "word-list", "x")), translated("x", {}), LANGUAGE)

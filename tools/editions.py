@@ -19,13 +19,16 @@ A generated notebook is the English one with every markdown cell and every code 
 every code and raw cell unchanged (tests/test_editions.py compares the code's tokens without its comments), and one
 code cell on top, tagged `language`, that calls `accumlib.set_language(...)`. A cell whose translation is missing,
 fuzzy or stale keeps its English text (gettext's rule: never show a translation of text
-that has changed); `status` and tests/test_editions.py name every such cell. Relative links between lessons stay
+that has changed); `status` and tests/test_editions.py name every such cell. The last lesson of an edition
+ends with one more markdown cell, its word list (id `word-list`): every term of translations/glossary.tsv in the
+edition's language with its English, generated at build time. Relative links between lessons stay
 within the edition, since both editions keep the same file names.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import difflib
 import io
 import re
@@ -44,10 +47,16 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ENGLISH = NOTEBOOKS / "en"
 TRANSLATIONS = ROOT / "translations" / "lessons"
+GLOSSARY = ROOT / "translations" / "glossary.tsv"
 LANGUAGES = ("hi",)  # the editions generated from notebooks/en (codes accepted by accumlib.set_language)
 LANGUAGE_TAG = "language"  # tag and id of the cell that sets the edition's language
 WIDTH = 120  # PO line width
 CLOSE = 0.6  # text similarity above which a deleted cell's translation is offered to a new cell, fuzzy
+WORD_LIST_LESSON = "10_recap_and_quiz"  # the last lesson: its edition ends with the word list
+WORD_LIST_ID = "word-list"  # id of that cell, reserved like the language cell's
+WORD_LIST_INTRO = {"hi": "## शब्दावली: हिन्दी और English\n\nइस पाठ्यक्रम के हिन्दी शब्द और उनके English नाम, ताकि आप "
+                         "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) भी पढ़ और खोज सकें। "
+                         "बाक़ी शब्द, जैसे batch, gradient और loss, पूरे पाठ्यक्रम में English में ही लिखे गए हैं।"}
 
 
 def language_source(language: str) -> str:
@@ -296,6 +305,47 @@ def translation_problems(english, catalog: Catalog, name: str, language: str) ->
 
 # --- generated notebooks ----------------------------------------------------------------------------------------
 
+def glossary() -> list[dict[str, str]]:
+    """The rows of translations/glossary.tsv (english, hindi, avoid, note); a line starting with # is a comment."""
+    with GLOSSARY.open(encoding="utf-8") as f:
+        return list(csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t"))
+
+
+DEVANAGARI = re.compile(r"[\u0900-\u097F]")
+NUKTA = "\u093c"
+
+
+def word_list_terms(rows: list[dict[str, str]]) -> list[tuple[str, str]]:
+    """(Hindi, English) for the glossary rows a learner would look up, sorted by the Hindi: those whose Hindi is
+    (partly) Devanagari, leaving out conventions (an English column in brackets, "… मिला") and rows that are only
+    about spelling (every avoided form is the Hindi without its nukta: ज़्यादा, not ज्यादा)."""
+    terms = []
+    for row in rows:
+        hindi, english = row["hindi"].strip(), row["english"].strip()
+        avoid = {v.strip() for v in (row["avoid"] or "").split(",") if v.strip()}
+        spellings = {form.strip().replace(NUKTA, "") for form in hindi.split("/")}
+        if not DEVANAGARI.search(hindi) or english.startswith("(") or hindi.startswith("…"):
+            continue
+        if avoid and avoid <= spellings:
+            continue
+        terms.append((hindi, english))
+    return sorted(terms, key=lambda term: (not DEVANAGARI.match(term[0]), term))  # Devanagari first, in its order
+
+
+def cell_text(text: str) -> str:
+    """Text for a markdown table cell: a | would end the cell."""
+    return text.replace("|", "\\|")
+
+
+def word_list_cell(language: str) -> nbformat.NotebookNode:
+    """The markdown cell that ends the last lesson of an edition: its glossary as a table, Hindi to English."""
+    rows = [f"| {cell_text(hindi)} | {cell_text(english)} |" for hindi, english in word_list_terms(glossary())]
+    table = "\n".join(["| हिन्दी | English |", "|---|---|", *rows])
+    cell = nbformat.v4.new_markdown_cell(f"{WORD_LIST_INTRO[language]}\n\n{table}")
+    cell.id = WORD_LIST_ID
+    return cell
+
+
 def language_cell(language: str) -> nbformat.NotebookNode:
     cell = nbformat.v4.new_code_cell(language_source(language), metadata={"tags": [LANGUAGE_TAG]})
     cell.id = LANGUAGE_TAG
@@ -310,8 +360,9 @@ def edition(english, catalog: Catalog, language: str, stored=None) -> nbformat.N
     comments translated, unexecuted, unless `stored` (the edition's notebook as it is) has the same code cells, comments
     aside: then its outputs and widget state are kept, since running the same code again would store the same.
     """
-    if any(cell.id == LANGUAGE_TAG for cell in english.cells):
-        raise ValueError(f"an English cell has the id {LANGUAGE_TAG!r}, reserved for the language cell: rename it")
+    for reserved, what in ((LANGUAGE_TAG, "the language cell"), (WORD_LIST_ID, "the word list")):
+        if any(cell.id == reserved for cell in english.cells):
+            raise ValueError(f"an English cell has the id {reserved!r}, reserved for {what}: rename it")
     entries = {m.context: m for m in catalog if m.id}
     cells = [language_cell(language)]
     for cell in english.cells:
@@ -326,6 +377,8 @@ def edition(english, catalog: Catalog, language: str, stored=None) -> nbformat.N
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
         cells.append(cell)
+    if catalog.domain == WORD_LIST_LESSON:
+        cells.append(word_list_cell(language))
     metadata = copy.deepcopy(english.metadata)
     metadata.pop("widgets", None)
     notebook = nbformat.v4.new_notebook(cells=cells, metadata=metadata)
