@@ -2,8 +2,8 @@
 
 Per lesson, each test names every cell it fails on: a code cell that differs from its English cell in more than its
 comments (compared token by token, comments left out), a markdown cell or code comment without a translation or with a
-stale or fuzzy one, a translated comment that keeps English words, Hindi text that is not mostly Devanagari, not NFC or uses a
-variant the glossary avoids, a stored notebook that is not what the generator builds or not executed top to bottom.
+stale or fuzzy one, a translated comment that keeps English words, Hindi text that is not mostly Devanagari, not NFC
+or uses a variant the glossary avoids, a glossary term without its English on its first use, a stored notebook that is not what the generator builds or not executed top to bottom.
 No kernel runs here: nbval runs both editions (`make test`). The last tests check the generator itself.
 """
 from __future__ import annotations

@@ -55,7 +55,8 @@ CLOSE = 0.6  # text similarity above which a deleted cell's translation is offer
 WORD_LIST_LESSON = "10_recap_and_quiz"  # the last lesson: its edition ends with the word list
 WORD_LIST_ID = "word-list"  # id of that cell, reserved like the language cell's
 WORD_LIST_INTRO = {"hi": "## शब्दावली: हिन्दी और English\n\nइस पाठ्यक्रम के हिन्दी शब्द और उनके English नाम, ताकि आप "
-                         "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) भी पढ़ और खोज सकें। "
+                         "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) "
+                         "भी पढ़ और खोज सकें। "
                          "बाक़ी शब्द, जैसे batch, gradient और loss, पूरे पाठ्यक्रम में English में ही लिखे गए हैं।"}
 
 
@@ -155,8 +156,9 @@ def new_catalog(name: str, language: str) -> Catalog:
                       charset="utf-8", creation_date=FIXED_DATE, revision_date=FIXED_DATE,
                       last_translator="the accumlib authors", language_team="the accumlib authors",
                       header_comment=f"# The markdown cells and code comments of notebooks/en/{name}.ipynb: msgctxt = "
-                                     "cell id, msgid = its English text.\n# Terms: translations/glossary.tsv. `make translations` "
-                                     "updates this file; #| msgid: the English a fuzzy entry translated.")
+                                     "cell id, msgid = its English text.\n# Terms: translations/glossary.tsv. "
+                                     "`make translations` updates this file; #| msgid: the English a fuzzy entry "
+                                     "translated.")
     catalog.fuzzy = False
     return catalog
 
@@ -273,8 +275,8 @@ def translation(name: str, language: str) -> Catalog:
 
 
 def state(entry: Message | None, cell) -> str:
-    """Whether a cell's entry (its markdown, its code comments) can be shown: "translated", or why not: "missing" (no entry, or an empty
-    one), "stale" (it translates other English than the cell holds: run make translations), "fuzzy" (the English
+    """Whether a cell's entry (its markdown, its code comments) can be shown: "translated", or why not: "missing"
+    (no entry, or an empty one), "stale" (it translates other English than the cell holds: run make translations), "fuzzy" (the English
     changed since: a translator must revise it and remove the flag)."""
     if entry is None or not entry.string:
         return "missing"
@@ -405,7 +407,9 @@ def code_cells(notebook, keep_comments: bool = True) -> list[tuple[str, str, str
     """The shape of every code cell, in order; with `keep_comments=False` their sources without comments: while that
     stays the same, stored outputs stay valid."""
     shapes = [cell_shape(c) for c in notebook.cells if c.cell_type == "code"]
-    return shapes if keep_comments else [(kind, id_, without_comments(source), meta) for kind, id_, source, meta in shapes]
+    if keep_comments:
+        return shapes
+    return [(kind, id_, without_comments(source), meta) for kind, id_, source, meta in shapes]
 
 
 def execution_problems(notebook, path: Path) -> list[str]:
