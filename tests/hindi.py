@@ -5,15 +5,21 @@ a term the Hindi text keeps in English (batch, gradient, ...), so it is allowed;
 """
 from __future__ import annotations
 
-import csv
 import functools
 import html
 import re
+import sys
 import unicodedata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import editions  # noqa: E402
+
 DEVANAGARI = re.compile(r"[\u0900-\u097F]")
+# What continues a word: letters, digits and Devanagari signs, but not the danda "।" and double danda "॥" (U+0964,
+# U+0965), which end a sentence as "." does: "चलाइए।" is the word चलाइए before a full stop.
+WORD_CHAR = r"[\w\u0900-\u0963\u0966-\u097F]"
 LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
 # Names and notation that are not English prose: libraries, optimizers, number formats, units, Python literals.
 NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab", "voila", "binder", "sgd", "adam",
@@ -25,9 +31,8 @@ NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab
 
 @functools.lru_cache(maxsize=None)
 def glossary() -> list[dict[str, str]]:
-    with (ROOT / "translations" / "glossary.tsv").open(encoding="utf-8") as f:
-        rows = [row for row in csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t")]
-    return rows
+    """The glossary's rows, read as the edition builder reads them (tools/editions.py: it also makes the word list)."""
+    return editions.glossary()
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,16 +62,69 @@ def _prose(text: str) -> str:
 
 def untranslated(text: str) -> list[str]:
     """English words in a Hindi text that are neither glossary terms kept in Latin script nor names or code."""
-    return [w for w in LATIN_WORD.findall(_prose(text)) if w.lower().strip("'’-") not in allowed_latin()]
+    words = LATIN_WORD.findall(_prose(_without_anchors(text)))
+    return [w for w in words if w.lower().strip("'’-") not in allowed_latin()]
+
+
+FIRST_USE = re.compile(r"first use: \(([^)]+)\)")  # in a glossary note: the English written in brackets once
+HEADING = re.compile(r"^#.*$", re.M)
+CODE = re.compile(r"```.*?```|`[^`]*`", re.S)
+INFLECTED = "\u093e\u093f\u0940\u0947\u094b\u0902\u0901"  # ा ि ी े ो ं ँ: endings that change with case and number
+
+
+@functools.lru_cache(maxsize=None)
+def anchored() -> list[tuple[str, str]]:
+    """(Hindi term, English) for each glossary row whose note says `first use: (English)`: on its first use in a
+    lesson the Hindi term is followed by the English in brackets, "तय ख़र्च (fixed cost)", so that a learner can go
+    on to English documentation."""
+    return [(row["hindi"].strip(), match.group(1)) for row in glossary()
+            if (match := FIRST_USE.search(row["note"] or ""))]
+
+
+def _term(hindi: str) -> re.Pattern:
+    """A Hindi term with its inflected forms: each Devanagari word's case and number ending may change (चलता औसत,
+    चलते औसत), a Latin word may take a plural (प्रभावी batches); a bold close ** may follow."""
+    words = []
+    for word in hindi.split():
+        if DEVANAGARI.search(word):
+            words.append(re.escape(word.rstrip(INFLECTED)) + f"[{INFLECTED}]*")
+        else:
+            words.append(re.escape(word) + "(?:e?s)?")
+    return re.compile(rf"(?<!{WORD_CHAR})" + r"\s+".join(words) + rf"(?!{WORD_CHAR})(?:\*\*)?")
+
+
+def _without_anchors(text: str) -> str:
+    """The text without the bracketed English of anchored terms (allowed there, even where the glossary avoids it)."""
+    names = [re.escape(english) for _, english in anchored()]
+    if not names:
+        return text
+    return re.sub(rf"\((?=[^)]*(?:{'|'.join(names)}))[^)]*\)", " ", text, flags=re.I)
+
+
+def first_use_problems(texts: list[str]) -> list[str]:
+    """Glossary terms whose first use in a lesson's prose (`texts` in order; headings and code left out) is not
+    followed by their English in brackets."""
+    prose = CODE.sub(" ", HEADING.sub(" ", "\n".join(texts)))
+    found = []
+    for hindi, english in anchored():
+        match = _term(hindi).search(prose)
+        if match is None:
+            continue
+        after = re.match(r"\s*\(([^)]*)\)", prose[match.end():])
+        if after is None or english.lower() not in after.group(1).lower():
+            where = " ".join(prose[max(0, match.start() - 30):match.end() + 30].split())
+            found.append(f"first use of {hindi!r} needs \"({english})\" after it: {where!r}")
+    return found
 
 
 def avoided(text: str) -> list[str]:
-    """Variants the glossary avoids, found in a Hindi text (whole words; str.format placeholders are code)."""
-    text = re.sub(r"\{[^{}]*\}", " ", text)
+    """Variants the glossary avoids, found in a Hindi text (whole words; str.format placeholders are code; the
+    English of an anchored term in its brackets is allowed)."""
+    text = _without_anchors(re.sub(r"\{[^{}]*\}", " ", text))
     found = []
     for row in glossary():
         for variant in filter(None, (v.strip() for v in row["avoid"].split(","))):
-            if re.search(rf"(?<![\w\u0900-\u097F]){re.escape(variant)}(?![\w\u0900-\u097F])", text):
+            if re.search(rf"(?<!{WORD_CHAR}){re.escape(variant)}(?!{WORD_CHAR})", text):
                 found.append(variant)
     return found
 

@@ -1,16 +1,19 @@
 """The Hindi edition (notebooks/hi) is generated from notebooks/en and translations/lessons/hi/*.po (tools/editions.py).
 
-Per lesson, each test names every cell it fails on: a code cell that differs from its English cell, a markdown cell
-without a translation or with a stale or fuzzy one, Hindi text that is not mostly Devanagari, not NFC or uses a
-variant the glossary avoids, a stored notebook that is not what the generator builds or not executed top to bottom.
+Per lesson, each test names every cell it fails on: a code cell that differs from its English cell in more than its
+comments (compared token by token, comments left out), a markdown cell or code comment without a translation or with a
+stale or fuzzy one, a translated comment that keeps English words, Hindi text that is not mostly Devanagari, not NFC
+or uses a variant the glossary avoids, a glossary term without its English on its first use, a stored notebook that is not what the generator builds or not executed top to bottom.
 No kernel runs here: nbval runs both editions (`make test`). The last tests check the generator itself.
 """
 from __future__ import annotations
 
 import copy
 import functools
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 import nbformat
@@ -20,7 +23,7 @@ from babel.messages.catalog import Catalog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import editions  # noqa: E402
-from hindi import devanagari_share, text_problems, untranslated  # noqa: E402
+from hindi import anchored, devanagari_share, first_use_problems, text_problems, untranslated  # noqa: E402
 
 LANGUAGE = "hi"
 LESSONS = editions.lessons()
@@ -58,9 +61,21 @@ def report(found: list[str]) -> str:
 
 # --- what the tests look for, as functions of notebooks (so that the last tests can show each one catching) -------
 
+def code_tokens(source: str) -> list[tuple]:
+    """The tokens of a code cell without its comments: each one's type and text, and where it stands (line ends aside,
+    since a comment of another length moves them). Two sources with the same tokens differ in comments only."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return [source]  # not Python that the tokenizer reads: it must be the same text
+    return [(t.type, t.string) + (() if t.type in (tokenize.NL, tokenize.NEWLINE) else (t.start, t.end))
+            for t in tokens if t.type != tokenize.COMMENT]
+
+
 def code_differences(english_nb, hindi_nb, path: Path) -> list[str]:
-    """Each Hindi code cell that is not its English cell (id, source, tags: execution times aside), the language
-    cell that is not first or not what it must be, and code cells missing or added."""
+    """Each Hindi code cell that is not its English cell (id, tags, and the code's tokens without its comments:
+    execution times aside), the language cell that is not first or not what it must be, and code cells missing or
+    added."""
     found = []
     first = hindi_nb.cells[0] if hindi_nb.cells else None
     if first is None or (first.id, first.cell_type, first.source, first.metadata.get("tags")) != (
@@ -71,8 +86,9 @@ def code_differences(english_nb, hindi_nb, path: Path) -> list[str]:
     ours = editions.code_cells(english_nb)
     for (index, cell), expected in zip(theirs, ours):
         mine = editions.cell_shape(cell)
-        if mine != expected:
-            what = "source" if mine[2] != expected[2] else "id" if mine[1] != expected[1] else "metadata"
+        if (mine[:2], code_tokens(mine[2]), mine[3]) != (expected[:2], code_tokens(expected[2]), expected[3]):
+            what = ("code (comments aside)" if code_tokens(mine[2]) != code_tokens(expected[2])
+                    else "id" if mine[1] != expected[1] else "metadata")
             found.append(f"{editions.cell_label(path, index, cell)}: its {what} differs from English cell {expected[1]}")
     if len(theirs) != len(ours):
         found.append(f"{path.relative_to(ROOT)}: {len(theirs)} code cells besides the language cell, English has {len(ours)}")
@@ -93,7 +109,7 @@ def prose_problems(hindi_nb, path: Path) -> list[str]:
     """Markdown cells whose prose is not mostly Devanagari, or keeps English words that are not glossary terms."""
     found = []
     for index, cell in enumerate(hindi_nb.cells):
-        if cell.cell_type != "markdown":
+        if cell.cell_type != "markdown" or cell.id == editions.WORD_LIST_ID:  # Hindi and English side by side
             continue
         share, english_words = devanagari_share(cell.source), untranslated(cell.source)
         if share == 0 and not english_words:
@@ -102,6 +118,18 @@ def prose_problems(hindi_nb, path: Path) -> list[str]:
             found.append(f"{editions.cell_label(path, index, cell)}: {share:.0%} of its letters are Devanagari")
         if english_words:
             found.append(f"{editions.cell_label(path, index, cell)}: English words left: {sorted(set(english_words))}")
+    return found
+
+
+def comment_problems(hindi_nb, path: Path) -> list[str]:
+    """Comments of Hindi code cells that keep English words (glossary terms, names and code aside)."""
+    found = []
+    for index, cell in enumerate(hindi_nb.cells):
+        if cell.cell_type == "code":
+            for token in editions.comments(cell.source):
+                if english_words := untranslated(token.string.lstrip("#")):
+                    found.append(f"{editions.cell_label(path, index, cell)}: its comment {token.string!r} keeps "
+                                 f"English words: {sorted(set(english_words))}")
     return found
 
 
@@ -182,11 +210,45 @@ def test_hindi_markdown_is_mostly_devanagari(name):
 
 
 @pytest.mark.parametrize("name", LESSONS)
+def test_code_comments_are_in_hindi(name):
+    assert not (found := comment_problems(hindi(name), hindi_path(name))), report(found)
+
+
+@pytest.mark.parametrize("name", LESSONS)
 def test_translations_are_nfc_and_follow_the_glossary(name):
     po = editions.po_path(name, LANGUAGE).relative_to(ROOT)
     found = [f"{po} cell {m.context} ({m.id.splitlines()[0][:60]!r}): {problem}"
              for m in translation(name) if m.id for problem in text_problems(m.string)]
     assert not found, report(found)
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_a_glossary_term_brings_its_english_on_its_first_use(name):
+    """The glossary's terms marked `first use: (English)` carry the English in brackets the first time a lesson's
+    prose uses them, "माध्यिका (median)", so that a learner can go on to English documentation."""
+    built = editions.edition(english(name), translation(name), LANGUAGE)
+    found = [f"{editions.po_path(name, LANGUAGE).relative_to(ROOT)}: {problem}"
+             for problem in first_use_problems([c.source for c in built.cells
+                                                if c.cell_type == "markdown" and c.id != editions.WORD_LIST_ID])]
+    assert not found, report(found)
+
+
+def test_the_last_lesson_ends_with_the_glossary_as_a_word_list():
+    notebook = hindi(editions.WORD_LIST_LESSON)
+    cell = notebook.cells[-1]
+    assert (cell.cell_type, cell.id) == ("markdown", editions.WORD_LIST_ID), "run make translations"
+    intro, _, table = cell.source.partition("\n| ")
+    assert not untranslated(intro) and devanagari_share(intro) > MOSTLY, intro
+    rows = [tuple(part.strip() for part in re.split(r"(?<!\\)\|", line)[1:-1]) for line in table.splitlines()[2:]]
+    glossary = {(row["hindi"].strip(), row["english"].strip()) for row in editions.glossary()}
+    assert set(rows) <= glossary, f"rows that are not the glossary's: {sorted(set(rows) - glossary)}"
+    # every term the lessons give with its English on first use is there (the English column of its row)
+    listed = {hindi_term for hindi_term, _ in rows}
+    assert not (missing := [term for term, _ in anchored() if term not in listed]), missing
+    assert len(rows) == len(set(rows)) > len(anchored())
+    assert sum(1 for c in notebook.cells if c.id == editions.WORD_LIST_ID) == 1
+    assert all(c.id != editions.WORD_LIST_ID for name in LESSONS if name != editions.WORD_LIST_LESSON
+               for c in hindi(name).cells)
 
 
 @pytest.mark.parametrize("name", LESSONS)
@@ -345,7 +407,7 @@ def test_the_checks_name_the_cell_they_fail_on():
     bad = copy.deepcopy(good)
     bad.cells[2].source = "x = 2"
     assert code_differences(NEW, bad, path) == [
-        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): its source differs from English cell c1"]
+        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): its code (comments aside) differs from English cell c1"]
     assert build_differences(good, bad, path) == [
         "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): not what tools/editions.py builds here (run make translations)"]
     assert code_differences(NEW, nbformat.v4.new_notebook(cells=good.cells[1:]), path)[0].startswith(
@@ -358,6 +420,17 @@ def test_the_checks_name_the_cell_they_fail_on():
     assert text_problems("ज़्यादा बाक़ी") == []
     assert text_problems("ज्यादा बाकी") == ["uses 'बाकी', which translations/glossary.tsv avoids",
                                             "uses 'ज्यादा', which translations/glossary.tsv avoids"]
+    # a danda ends a sentence, not a word: an avoided word before it is still found (and the danda alone is fine)
+    assert text_problems("जाँच के लिए सेल चलाइए।") == ["uses 'चलाइए', which translations/glossary.tsv avoids"]
+    assert text_problems("जाँच के लिए सेल चलाएँ। फिर पढ़ें॥") == []
+    # a term's first use in prose (headings aside, inflected or bold) brings its English; later uses need not
+    assert first_use_problems(["## माध्यिका", "हर समय **माध्यिका** है, फिर माध्यिका।"]) == [
+        "first use of 'माध्यिका' needs \"(median)\" after it: 'हर समय **माध्यिका** है, फिर माध्यिका।'"]
+    assert first_use_problems(["## माध्यिका", "हर समय **माध्यिका** (median) है, फिर माध्यिका।"]) == []
+    assert first_use_problems(["चलते औसत से भाग", "चलता औसत (running average)"]) == [
+        "first use of 'चलता औसत' needs \"(running average)\" after it: 'चलते औसत से भाग चलता औसत (running aver'"]
+    assert text_problems("तय ख़र्च (fixed cost, overhead)") == []  # the bridge to English, allowed in its brackets
+    assert text_problems("यह overhead है") == ["uses 'overhead', which translations/glossary.tsv avoids"]
     english_links = lesson(("markdown", "n", "[Next](03_the_loop.ipynb)"))
     hindi_links = lesson(("markdown", "n", "[आगे](../en/03_the_loop.ipynb)"))
     assert link_problems(english_links, hindi_links, path) == [
@@ -381,3 +454,67 @@ def test_translation_problems_tell_missing_stale_and_fuzzy_apart():
         ("missing", "notebooks/en/x.ipynb cell 1 (id title, '# Lesson 9"),
         ("stale", "notebooks/en/x.ipynb cell 3 (id body, 'Some changed text.')"),
         ("fuzzy", "notebooks/en/x.ipynb cell 4 (id added, 'A new cell.')")]
+
+
+COMMENTED = lesson(("markdown", "t", "# Title"),
+                   ("code", "c", "x = 1  # one\n# the loop\nfor i in range(2):\n    x += i  # add '#' not a comment\n"
+                            'y = "# a string, not a comment"\n'))
+
+
+def test_code_comments_are_translated_line_for_line_and_nothing_else_changes():
+    english_text = "# one\n# the loop\n# add '#' not a comment"
+    assert editions.translatable(COMMENTED.cells[1]) == english_text
+    catalog = editions.template(COMMENTED, "x")
+    assert [(m.context, m.id, m.auto_comments) for m in catalog if m.id] == [
+        ("t", "# Title", []), ("c", english_text, [editions.CODE_NOTE])]
+    hindi_text = "# एक\n# यह loop\n# जोड़ें"
+    built = editions.edition(COMMENTED, translated("x", {"c": (english_text, hindi_text)}), LANGUAGE)
+    assert built.cells[2].source == ("x = 1  # एक\n# यह loop\nfor i in range(2):\n    x += i  # जोड़ें\n"
+                                     'y = "# a string, not a comment"\n')
+    path = editions.edition_path("x", LANGUAGE)
+    assert code_differences(COMMENTED, built, path) == []
+    assert editions.without_comments(built.cells[2].source) == editions.without_comments(COMMENTED.cells[1].source)
+    # a change of code beside a translated comment is caught, and so is one inside a string that looks like a comment
+    for changed in ("x = 2  # एक\n# यह loop\nfor i in range(2):\n    x += i  # जोड़ें\n",
+                    "x = 1  # एक\n# यह loop\nfor i in range(2):\n    x -= i  # जोड़ें\n",
+                    "x = 1  # एक\n# यह loop\nfor i in range(3):  # जोड़ें\n    x += i\n"):
+        bad = copy.deepcopy(built)
+        bad.cells[2].source = changed
+        assert [f.split(": ", 1)[1] for f in code_differences(COMMENTED, bad, path)] == [
+            "its code (comments aside) differs from English cell c"], changed
+    # a translation with another number of lines, or a line that is no comment, is refused before anything is built
+    for wrong in ("# एक\n# यह loop", "# एक\n# यह loop\nजोड़ें", "# एक\n# यह loop\n# जोड़ें\n# और"):
+        with pytest.raises(ValueError, match="3 comment\\(s\\) must be 3 line"):
+            editions.edition(COMMENTED, translated("x", {"c": (english_text, wrong)}), LANGUAGE)
+    # English comments that changed keep the English (stale), as markdown does
+    stale = editions.edition(COMMENTED, translated("x", {"c": ("# one\n# the loop\n# add", hindi_text)}), LANGUAGE)
+    assert stale.cells[2].source == COMMENTED.cells[1].source
+    assert [kind for kind, _ in editions.translation_problems(COMMENTED, translated("x", {}), "x", LANGUAGE)] == [
+        "missing", "missing"]
+
+
+def test_stored_outputs_survive_a_change_of_comments_only():
+    stored = editions.edition(COMMENTED, translated("x", {}), LANGUAGE)
+    for count, cell in enumerate((c for c in stored.cells if c.cell_type == "code"), start=1):
+        cell.execution_count, cell.outputs = count, [nbformat.v4.new_output("stream", text=f"{count}\n")]
+    catalog = translated("x", {"c": ("# one\n# the loop\n# add '#' not a comment", "# एक\n# यह loop\n# जोड़ें")})
+    again = editions.edition(COMMENTED, catalog, LANGUAGE, stored)
+    assert [c.execution_count for c in again.cells if c.cell_type == "code"] == [1, 2]
+    changed = copy.deepcopy(COMMENTED)
+    changed.cells[1].source = changed.cells[1].source.replace("range(2)", "range(3)")
+    assert [c.execution_count for c in editions.edition(changed, catalog, LANGUAGE, stored).cells
+            if c.cell_type == "code"] == [None, None]
+
+
+def test_the_word_list_takes_terms_not_spellings_or_conventions_and_only_ends_the_last_lesson():
+    rows = [{"english": e, "hindi": h, "avoid": a, "note": ""} for e, h, a in (
+        ("median", "माध्यिका", ""), ("more", "ज़्यादा", "ज्यादा"), ("batch", "batch", ""),
+        ("got", "… मिला", ""), ("(run it)", "चलाएँ", "चलाइए"), ("noise", "उतार-चढ़ाव", "noise, अस्थिरता"),
+        ("a | b", "क | ख", ""))]
+    assert editions.word_list_terms(rows) == [("उतार-चढ़ाव", "noise"), ("क | ख", "a | b"), ("माध्यिका", "median")]
+    assert editions.cell_text("क | ख") == "क \\| ख"
+    assert editions.edition(NEW, translated("x", {}), LANGUAGE).cells[-1].id != editions.WORD_LIST_ID
+    last = editions.edition(NEW, translated(editions.WORD_LIST_LESSON, {}), LANGUAGE)
+    assert (last.cells[-1].id, last.cells[-1].cell_type) == (editions.WORD_LIST_ID, "markdown")
+    with pytest.raises(ValueError, match="'word-list', reserved for the word list"):
+        editions.edition(lesson(("markdown", "word-list", "x")), translated("x", {}), LANGUAGE)

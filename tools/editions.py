@@ -3,30 +3,37 @@
     python tools/editions.py update    # translations/lessons/<lang>/<lesson>.po follow notebooks/en
     python tools/editions.py build     # notebooks/<lang>/<lesson>.ipynb from notebooks/en and those PO files
     python tools/editions.py execute   # run both editions in fresh kernels; store outputs and widget state
-    python tools/editions.py status    # per lesson: markdown cells translated, fuzzy, stale, missing (exit 1 if any)
+    python tools/editions.py status    # per lesson: cells translated, fuzzy, stale, missing (exit 1 if any)
 
 `make translations` runs update and build; `make notebooks` runs update, build and execute.
 
 A translation file is a gettext PO catalogue (read and written with Babel), one entry per markdown cell of the
 English notebook, in cell order: msgctxt is the cell's id, msgid the English cell's text, msgstr its translation.
+A code cell with comments has an entry too (msgctxt its id): msgid its comments, one `#` line each in the order they
+come, msgstr their translations, line for line; nothing else of a code cell is translated.
 `update` adds new cells empty, marks an entry whose English changed `fuzzy` and keeps the English it translated as
 the previous msgid (`#| msgid`, as GNU msgmerge --previous writes it, so PO editors show what changed), and drops
 deleted cells (a translation whose cell moved to another lesson, or was re-created with the same text, follows it).
 
-A generated notebook is the English one with every markdown cell translated, every code and raw cell unchanged,
-and one code cell on top, tagged `language`, that calls `accumlib.set_language(...)`. A markdown cell whose
-translation is missing, fuzzy or stale keeps its English text (gettext's rule: never show a translation of text
-that has changed); `status` and tests/test_editions.py name every such cell. Relative links between lessons stay
+A generated notebook is the English one with every markdown cell and every code comment translated, the rest of
+every code and raw cell unchanged (tests/test_editions.py compares the code's tokens without its comments), and one
+code cell on top, tagged `language`, that calls `accumlib.set_language(...)`. A cell whose translation is missing,
+fuzzy or stale keeps its English text (gettext's rule: never show a translation of text
+that has changed); `status` and tests/test_editions.py name every such cell. The last lesson of an edition
+ends with one more markdown cell, its word list (id `word-list`): every term of translations/glossary.tsv in the
+edition's language with its English, generated at build time. Relative links between lessons stay
 within the edition, since both editions keep the same file names.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import difflib
 import io
 import re
 import sys
+import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -40,10 +47,17 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ENGLISH = NOTEBOOKS / "en"
 TRANSLATIONS = ROOT / "translations" / "lessons"
+GLOSSARY = ROOT / "translations" / "glossary.tsv"
 LANGUAGES = ("hi",)  # the editions generated from notebooks/en (codes accepted by accumlib.set_language)
 LANGUAGE_TAG = "language"  # tag and id of the cell that sets the edition's language
 WIDTH = 120  # PO line width
 CLOSE = 0.6  # text similarity above which a deleted cell's translation is offered to a new cell, fuzzy
+WORD_LIST_LESSON = "10_recap_and_quiz"  # the last lesson: its edition ends with the word list
+WORD_LIST_ID = "word-list"  # id of that cell, reserved like the language cell's
+WORD_LIST_INTRO = {"hi": "## शब्दावली: हिन्दी और English\n\nइस पाठ्यक्रम के हिन्दी शब्द और उनके English नाम, ताकि आप "
+                         "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) "
+                         "भी पढ़ और खोज सकें। "
+                         "बाक़ी शब्द, जैसे batch, gradient और loss, पूरे पाठ्यक्रम में English में ही लिखे गए हैं।"}
 
 
 def language_source(language: str) -> str:
@@ -79,14 +93,59 @@ def cell_label(path: Path, index: int, cell) -> str:
     return f"{path.relative_to(ROOT)} cell {index + 1} (id {cell.id}, {first!r})"
 
 
+# --- code comments ----------------------------------------------------------------------------------------------
+
+CODE_NOTE = "the comments of a code cell, one per line: translate each line, keep its '#' and the number of lines"
+
+
+def comments(source: str) -> list[tokenize.TokenInfo]:
+    """The comment tokens of a code cell, in order; none for a cell that Python's tokenizer cannot read."""
+    try:
+        return [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, SyntaxError):
+        return []
+
+
+def translatable(cell) -> str:
+    """What of a cell is translated: a markdown cell's text, a code cell's comments (one per line), else ""."""
+    if cell.cell_type == "markdown":
+        return cell.source if cell.source.strip() else ""
+    if cell.cell_type == "code":
+        return "\n".join(token.string for token in comments(cell.source))
+    return ""
+
+
+def with_comments(source: str, translated: str, where: str = "a code cell") -> str:
+    """`source` with its comments replaced, in order, by the lines of `translated` (the PO entry's msgstr)."""
+    tokens, lines = comments(source), translated.split("\n")
+    if len(lines) != len(tokens) or not all(line.startswith("#") for line in lines):
+        raise ValueError(f"{where}: the translation of its {len(tokens)} comment(s) must be {len(tokens)} line(s), "
+                         f"each starting with '#'; got {translated!r}")
+    rows = source.splitlines(keepends=True)
+    for token, line in reversed(list(zip(tokens, lines))):  # from the end, so earlier columns stay valid
+        (row, start), (_, end) = token.start, token.end
+        rows[row - 1] = rows[row - 1][:start] + line + rows[row - 1][end:]
+    return "".join(rows)
+
+
+def without_comments(source: str) -> str:
+    """A code cell's source with every comment cut out: what must be the same in every edition."""
+    rows = source.splitlines(keepends=True)
+    for token in reversed(comments(source)):
+        (row, start), (_, end) = token.start, token.end
+        rows[row - 1] = rows[row - 1][:start] + rows[row - 1][end:]
+    return "".join(rows)
+
+
 # --- translation files ------------------------------------------------------------------------------------------
 
 def template(english: nbformat.NotebookNode, name: str) -> Catalog:
-    """One message per non-empty markdown cell of an English notebook, in cell order."""
+    """One message per markdown cell and per commented code cell of an English notebook, in cell order."""
     catalog = new_catalog(name, "en")
     for cell in english.cells:
-        if cell.cell_type == "markdown" and cell.source.strip():
-            catalog.add(cell.source, locations=[(f"notebooks/en/{name}.ipynb", None)], context=cell.id)
+        if text := translatable(cell):
+            catalog.add(text, locations=[(f"notebooks/en/{name}.ipynb", None)], context=cell.id,
+                        auto_comments=[CODE_NOTE] if cell.cell_type == "code" else [])
     return catalog
 
 
@@ -96,9 +155,10 @@ def new_catalog(name: str, language: str) -> Catalog:
                       copyright_holder="the accumlib authors", msgid_bugs_address="the accumlib issue tracker",
                       charset="utf-8", creation_date=FIXED_DATE, revision_date=FIXED_DATE,
                       last_translator="the accumlib authors", language_team="the accumlib authors",
-                      header_comment=f"# The markdown cells of notebooks/en/{name}.ipynb: msgctxt = cell id, msgid = "
-                                     "its English text.\n# Terms: translations/glossary.tsv. `make translations` "
-                                     "updates this file; #| msgid: the English a fuzzy entry translated.")
+                      header_comment=f"# The markdown cells and code comments of notebooks/en/{name}.ipynb: msgctxt = "
+                                     "cell id, msgid = its English text.\n# Terms: translations/glossary.tsv. "
+                                     "`make translations` updates this file; #| msgid: the English a fuzzy entry "
+                                     "translated.")
     catalog.fuzzy = False
     return catalog
 
@@ -166,7 +226,7 @@ def updated(pot: Catalog, old: Catalog | None, language: str, moved: dict[str, M
                 flags = {"fuzzy"}
                 previous = before.previous_id if before.fuzzy and before.previous_id else before.id
         catalog.add(message.id, string, locations=message.locations, flags=flags, user_comments=comments,
-                    previous_id=previous, context=message.context)
+                    auto_comments=message.auto_comments, previous_id=previous, context=message.context)
     return catalog
 
 
@@ -204,7 +264,7 @@ def _counts(english, catalog: Catalog, language: str) -> str:
     found = translation_problems(english, catalog, catalog.domain, language)
     kinds = [kind for kind, _ in found]
     cells = sum(1 for m in catalog if m.id)
-    return (f"{cells} markdown cells, {cells - len(kinds)} translated, {kinds.count('fuzzy')} fuzzy, "
+    return (f"{cells} cells (markdown, code comments), {cells - len(kinds)} translated, {kinds.count('fuzzy')} fuzzy, "
             f"{kinds.count('stale')} stale, {kinds.count('missing')} untranslated")
 
 
@@ -215,12 +275,12 @@ def translation(name: str, language: str) -> Catalog:
 
 
 def state(entry: Message | None, cell) -> str:
-    """Whether a markdown cell's entry can be shown: "translated", or why not: "missing" (no entry, or an empty
-    one), "stale" (it translates other English than the cell holds: run make translations), "fuzzy" (the English
+    """Whether a cell's entry (its markdown, its code comments) can be shown: "translated", or why not: "missing"
+    (no entry, or an empty one), "stale" (it translates other English than the cell holds: run make translations), "fuzzy" (the English
     changed since: a translator must revise it and remove the flag)."""
     if entry is None or not entry.string:
         return "missing"
-    if entry.id != cell.source:
+    if entry.id != translatable(cell):
         return "stale"
     return "fuzzy" if entry.fuzzy else "translated"
 
@@ -232,12 +292,13 @@ PROBLEM = {"missing": "no translation in {po}",
 
 
 def translation_problems(english, catalog: Catalog, name: str, language: str) -> list[tuple[str, str]]:
-    """(state, message naming the cell) for every markdown cell of `english` whose translation cannot be shown."""
+    """(state, message naming the cell) for every markdown cell and commented code cell of `english` whose
+    translation cannot be shown."""
     entries = {m.context: m for m in catalog if m.id}
     po = po_path(name, language).relative_to(ROOT)
     found = []
     for index, cell in enumerate(english.cells):
-        if cell.cell_type == "markdown" and cell.source.strip():
+        if translatable(cell):
             kind = state(entries.get(cell.id), cell)
             if kind != "translated":
                 found.append((kind, f"{cell_label(english_path(name), index, cell)}: {PROBLEM[kind].format(po=po)}"))
@@ -246,6 +307,47 @@ def translation_problems(english, catalog: Catalog, name: str, language: str) ->
 
 # --- generated notebooks ----------------------------------------------------------------------------------------
 
+def glossary() -> list[dict[str, str]]:
+    """The rows of translations/glossary.tsv (english, hindi, avoid, note); a line starting with # is a comment."""
+    with GLOSSARY.open(encoding="utf-8") as f:
+        return list(csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t"))
+
+
+DEVANAGARI = re.compile(r"[\u0900-\u097F]")
+NUKTA = "\u093c"
+
+
+def word_list_terms(rows: list[dict[str, str]]) -> list[tuple[str, str]]:
+    """(Hindi, English) for the glossary rows a learner would look up, sorted by the Hindi: those whose Hindi is
+    (partly) Devanagari, leaving out conventions (an English column in brackets, "… मिला") and rows that are only
+    about spelling (every avoided form is the Hindi without its nukta: ज़्यादा, not ज्यादा)."""
+    terms = []
+    for row in rows:
+        hindi, english = row["hindi"].strip(), row["english"].strip()
+        avoid = {v.strip() for v in (row["avoid"] or "").split(",") if v.strip()}
+        spellings = {form.strip().replace(NUKTA, "") for form in hindi.split("/")}
+        if not DEVANAGARI.search(hindi) or english.startswith("(") or hindi.startswith("…"):
+            continue
+        if avoid and avoid <= spellings:
+            continue
+        terms.append((hindi, english))
+    return sorted(terms, key=lambda term: (not DEVANAGARI.match(term[0]), term))  # Devanagari first, in its order
+
+
+def cell_text(text: str) -> str:
+    """Text for a markdown table cell: a | would end the cell."""
+    return text.replace("|", "\\|")
+
+
+def word_list_cell(language: str) -> nbformat.NotebookNode:
+    """The markdown cell that ends the last lesson of an edition: its glossary as a table, Hindi to English."""
+    rows = [f"| {cell_text(hindi)} | {cell_text(english)} |" for hindi, english in word_list_terms(glossary())]
+    table = "\n".join(["| हिन्दी | English |", "|---|---|", *rows])
+    cell = nbformat.v4.new_markdown_cell(f"{WORD_LIST_INTRO[language]}\n\n{table}")
+    cell.id = WORD_LIST_ID
+    return cell
+
+
 def language_cell(language: str) -> nbformat.NotebookNode:
     cell = nbformat.v4.new_code_cell(language_source(language), metadata={"tags": [LANGUAGE_TAG]})
     cell.id = LANGUAGE_TAG
@@ -253,29 +355,37 @@ def language_cell(language: str) -> nbformat.NotebookNode:
 
 
 def edition(english, catalog: Catalog, language: str, stored=None) -> nbformat.NotebookNode:
-    """The notebook of an edition: `english` with its markdown translated by `catalog` and the language cell first.
+    """The notebook of an edition: `english` with its markdown and code comments translated by `catalog` and the
+    language cell first.
 
-    Markdown whose translation cannot be shown (`state`) stays English. Code cells are the English
-    ones, unexecuted, unless `stored` (the edition's notebook as it is) has exactly the same code cells: then its
-    outputs and widget state are kept, since running the same code again would store the same.
+    A cell whose translation cannot be shown (`state`) stays English. Code cells are the English ones with their
+    comments translated, unexecuted, unless `stored` (the edition's notebook as it is) has the same code cells, comments
+    aside: then its outputs and widget state are kept, since running the same code again would store the same.
     """
-    if any(cell.id == LANGUAGE_TAG for cell in english.cells):
-        raise ValueError(f"an English cell has the id {LANGUAGE_TAG!r}, reserved for the language cell: rename it")
+    for reserved, what in ((LANGUAGE_TAG, "the language cell"), (WORD_LIST_ID, "the word list")):
+        if any(cell.id == reserved for cell in english.cells):
+            raise ValueError(f"an English cell has the id {reserved!r}, reserved for {what}: rename it")
     entries = {m.context: m for m in catalog if m.id}
     cells = [language_cell(language)]
     for cell in english.cells:
         cell = copy.deepcopy(cell)
-        if cell.cell_type == "markdown" and state(entries.get(cell.id), cell) == "translated":
+        shown = state(entries.get(cell.id), cell) == "translated"
+        if cell.cell_type == "markdown" and shown:
             cell.source = entries[cell.id].string
         elif cell.cell_type == "code":
+            if shown:
+                cell.source = with_comments(cell.source, entries[cell.id].string,
+                                            f"{po_path(catalog.domain, language).relative_to(ROOT)} entry {cell.id}")
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
         cells.append(cell)
+    if catalog.domain == WORD_LIST_LESSON:
+        cells.append(word_list_cell(language))
     metadata = copy.deepcopy(english.metadata)
     metadata.pop("widgets", None)
     notebook = nbformat.v4.new_notebook(cells=cells, metadata=metadata)
     notebook.nbformat_minor = english.nbformat_minor
-    if stored is not None and code_cells(stored) == code_cells(notebook):
+    if stored is not None and code_cells(stored, keep_comments=False) == code_cells(notebook, keep_comments=False):
         outputs = {c.id: c for c in stored.cells if c.cell_type == "code"}
         for cell in notebook.cells:
             if cell.cell_type == "code":
@@ -293,9 +403,13 @@ def cell_shape(cell) -> tuple[str, str, str, dict]:
     return cell.cell_type, cell.id, cell.source, {k: v for k, v in cell.metadata.items() if k != "execution"}
 
 
-def code_cells(notebook) -> list[tuple[str, str, str, dict]]:
-    """The shape of every code cell, in order: while it stays the same, stored outputs stay valid."""
-    return [cell_shape(c) for c in notebook.cells if c.cell_type == "code"]
+def code_cells(notebook, keep_comments: bool = True) -> list[tuple[str, str, str, dict]]:
+    """The shape of every code cell, in order; with `keep_comments=False` their sources without comments: while that
+    stays the same, stored outputs stay valid."""
+    shapes = [cell_shape(c) for c in notebook.cells if c.cell_type == "code"]
+    if keep_comments:
+        return shapes
+    return [(kind, id_, without_comments(source), meta) for kind, id_, source, meta in shapes]
 
 
 def execution_problems(notebook, path: Path) -> list[str]:
@@ -397,7 +511,7 @@ def main() -> int:
             found = [message for language in LANGUAGES for name in lessons() for _, message in
                      translation_problems(read_notebook(english_path(name)), translation(name, language), name,
                                           language)]
-            print("\n".join(found) or "every markdown cell is translated")
+            print("\n".join(found) or "every markdown cell and code comment is translated")
             failed |= bool(found)
     return 1 if failed else 0
 
