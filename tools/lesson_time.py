@@ -89,8 +89,8 @@ TEXT = {
            "and": " and "},
     "hi": {"line": "⏱ **लगभग {total} मिनट**: {parts}। [यह समय कैसे मापा गया](../../INSTRUCTORS.md#how-the-times-are-"
                    "measured)",
-           "reading": "पढ़ने में {n}", "dashboard": "dashboard में {n}", "exercise": "अभ्यास में {n}",
-           "exercises": "अभ्यासों में {n}", "quiz": "त्वरित जाँच में {n}", "start": "शुरू करने में {n}",
+           "reading": "पढ़ने में {n}", "dashboard": "dashboard में {n}", "exercise": "अभ्यास (exercise) में {n}",
+           "exercises": "अभ्यासों (exercises) में {n}", "quiz": "त्वरित जाँच (quick check) में {n}", "start": "शुरू करने में {n}",
            "and": " और "},
 }
 
