@@ -139,3 +139,16 @@ def test_every_lesson_states_its_time_at_its_top_in_both_editions(name, times):
         entry = next((m for m in editions.translation(name, language) if m.id and m.context == lesson_time.TAG), None)
         assert entry is not None and entry.id == cell.source and not entry.fuzzy, f"{name} ({language}): {FIX} {name}"
         assert entry.string == lesson_time.time_text(t, language), f"{name} ({language}): {FIX} {name}"
+
+
+def test_a_quiz_cell_is_counted_from_its_call_when_its_output_does_not_say_and_an_uncountable_cell_raises():
+    bank = lesson_time.question_bank()
+    lesson_3 = [q["id"] for q in bank if q["lesson"] == 3]
+    assert lesson_time.quiz_ids(code("quiz.check(lesson=3)"), bank) == lesson_3
+    assert lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order")'), bank) == ["when-to-step", "loop-order"]
+    assert len(lesson_time.quiz_ids(code("quiz.check()"), bank)) == len(bank)
+    assert lesson_time.quiz_ids(code("print(1)"), bank) == []
+    with pytest.raises(ValueError, match="cannot be counted"):
+        lesson_time.quiz_ids(code("quiz.check(*mine)"), bank)
+    with pytest.raises(ValueError, match="lists no tasks"):
+        lesson_time.measure("x", notebook(code("widgets.LossDashboard().show()")))

@@ -26,8 +26,9 @@ The method is the one of the course review (/work/shared/reviews/lessons.md, sec
 - a dashboard task: TASK_MINUTES each. A dashboard is a code cell whose stored plain-text output lists its tasks
   under "Try this:" as "1. ...", "2. ...".
 - a quick-check question: QUESTION_MINUTES each, PREDICT_MINUTES for a "predict, then run" question. The questions
-  are the ids that the quiz cell's stored plain-text output lists ("Quiz (English), 4 question(s): a, b, c, d");
-  their kinds come from the question bank (accumlib/lessons/quiz/questions.json).
+  are the ids that the quiz cell's stored plain-text output lists ("Quiz (English), 4 question(s): a, b, c, d"),
+  or else those its `quiz.check(...)` call names (ids, `lesson=N`, or every question); their kinds come from the
+  question bank (accumlib/lessons/quiz/questions.json). A dashboard or quiz cell that cannot be counted raises.
 - an exercise: a code cell tagged `exercise`, calling `exercises.<name>.check(...)`. It takes EXERCISE_MINUTES_PER_LINE
   for each line of the exercise's solution that the learner must write or change, found by comparing the stored
   cell with `exercises.<name>.solution_code` line by line, comments and blank lines left out, indentation kept
@@ -40,6 +41,7 @@ minutes of its other parts, so the parts a lesson states add up to the total it 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import io
 import json
@@ -167,15 +169,30 @@ def dashboard_tasks(cell) -> int:
     return len(TASK.findall(text.split("Try this:", 1)[1])) if "Try this:" in text else 0
 
 
-def quiz_ids(cell) -> list[str]:
-    """The question ids a quiz cell's stored plain-text output lists."""
+def quiz_ids(cell, bank: list[dict]) -> list[str]:
+    """The question ids a quiz cell asks: those its stored plain-text output lists, else those its `quiz.check(...)`
+    call names (ids, `lesson=N`, or none: every question). A quiz cell whose questions cannot be told raises."""
     found = QUIZ.search(plain_outputs(cell))
-    return [qid.strip() for qid in found.group(1).split(",")] if found else []
+    if found:
+        return [qid.strip() for qid in found.group(1).split(",")]
+    calls = [node for node in ast.walk(ast.parse(cell.source)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "check"
+             and isinstance(node.func.value, ast.Name) and node.func.value.id == "quiz"]
+    if not calls:
+        return []
+    ids: list[str] = []
+    for call in calls:
+        named = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+        lesson = next((kw.value.value for kw in call.keywords if kw.arg == "lesson"
+                       and isinstance(kw.value, ast.Constant)), None)
+        if len(named) != len(call.args) or any(kw.arg not in ("lesson", "language") for kw in call.keywords):
+            raise ValueError(f"a quiz cell whose questions cannot be counted: {cell.source!r}")
+        ids += named or [q["id"] for q in bank if lesson is None or q["lesson"] == lesson]
+    return ids
 
 
-def question_kinds() -> dict[str, str]:
-    bank = json.loads(QUESTIONS.read_text(encoding="utf-8"))
-    return {q["id"]: q["kind"] for q in bank["questions"]}
+def question_bank() -> list[dict]:
+    return json.loads(QUESTIONS.read_text(encoding="utf-8"))["questions"]
 
 
 def statements(code: str) -> list[str]:
@@ -216,7 +233,8 @@ def exercise_lines(cell) -> dict[str, int]:
 def measure(name: str, notebook=None) -> LessonTime:
     """Count a stored English lesson and compute its time."""
     notebook = notebook if notebook is not None else editions.read_notebook(editions.english_path(name))
-    kinds = question_kinds()
+    bank = question_bank()
+    kinds = {q["id"]: q["kind"] for q in bank}
     prose = printed = code = tasks = questions = predict = 0
     exercises: dict[str, int] = {}
     for cell in notebook.cells:
@@ -227,7 +245,10 @@ def measure(name: str, notebook=None) -> LessonTime:
             code += code_lines(cell)
             printed += printed_words(cell)
             tasks += dashboard_tasks(cell)
-            for qid in quiz_ids(cell):
+            if re.search(r"Dashboard\(.*\)\.show\(\)", cell.source) and not dashboard_tasks(cell):
+                raise ValueError(f"{name}: a dashboard cell whose stored output lists no tasks under 'Try this:' "
+                                 f"(run the notebook, or teach tools/lesson_time.py its new output): {cell.source!r}")
+            for qid in quiz_ids(cell, bank):
                 questions += 1
                 predict += kinds.get(qid) == "predict"
             if "exercise" in cell.metadata.get("tags", []):
