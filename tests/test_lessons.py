@@ -1,6 +1,8 @@
 """Issue 11 section 2, checked on the stored English lessons: one lesson per idea, at most about 700 words of prose
-(what a learner reads in under 10 minutes with the cells run), the lesson's exercise in a cell tagged `exercise`
-that calls its checker, and the lesson's own quick check as the last cell. Each failure names the notebook."""
+(the time cell that tools/lesson_time.py writes left out: tests/test_lesson_time.py checks the times), the lesson's
+exercise in a cell tagged `exercise` that calls its checker, and the lesson's own quick check as the last cell;
+lesson 0, the whole idea in ten minutes, ends instead with a cell that links every other lesson. Each failure names
+the notebook."""
 import re
 from pathlib import Path
 
@@ -20,12 +22,13 @@ def number(path: Path) -> int:
 
 
 def prose_words(notebook) -> int:
-    """Words of the markdown cells, fenced code blocks left out."""
-    return sum(len(FENCED.sub(" ", cell.source).split()) for cell in notebook.cells if cell.cell_type == "markdown")
+    """Words of the markdown cells, fenced code blocks and the time cell (tagged `lesson-time`) left out."""
+    return sum(len(FENCED.sub(" ", cell.source).split()) for cell in notebook.cells
+               if cell.cell_type == "markdown" and "lesson-time" not in cell.metadata.get("tags", []))
 
 
-def test_the_lessons_are_numbered_one_to_ten_without_gaps():
-    assert [number(path) for path in LESSONS] == list(range(1, 11))
+def test_the_lessons_are_numbered_zero_to_ten_without_gaps():
+    assert [number(path) for path in LESSONS] == list(range(0, 11))
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -44,9 +47,17 @@ def test_the_exercise_cells_call_the_lessons_checkers(path):
     assert all(cell.cell_type == "code" for cell in cells), f"{path.name}: an `exercise` tag on a markdown cell"
 
 
-@pytest.mark.parametrize("path", LESSONS[:-1], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", LESSONS[1:-1], ids=lambda p: p.stem)
 def test_a_lesson_ends_with_its_own_quick_check(path):
     notebook = nbformat.read(path, as_version=4)
     last = notebook.cells[-1]
     assert last.cell_type == "code" and last.source.strip() == f"quiz.check(lesson={number(path)})", (
         f"{path.name}: the last cell is {last.source!r}, not its quick check")
+
+
+def test_lesson_zero_ends_by_linking_every_other_lesson():
+    """Its last cell points, section by section, to the lesson that goes deeper: every other lesson, by file name."""
+    last = nbformat.read(LESSONS[0], as_version=4).cells[-1]
+    linked = set(re.findall(r"\]\(([0-9][0-9]_\w+\.ipynb)\)", last.source))
+    assert last.cell_type == "markdown" and linked == {path.name for path in LESSONS[1:]}, (
+        f"{LESSONS[0].name}: the last cell links {sorted(linked)}")

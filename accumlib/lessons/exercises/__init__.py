@@ -17,6 +17,7 @@ Loop exercises do not compare code, they run it: on a tiny float64 model at lear
 optimizer step is read off as a combination of the micro-batches' gradients, which names the bug, where it shows
 and by how much (`fingerprint.py`); a right loop is then trained for real and compared with `accumlib.train`.
 
+    lesson 0  first_loop           def accumulate(...): the seed's loop, its step condition left out
     lesson 1  largest_batch        def largest_batch(fits) -> the largest batch that fits a 2 MiB card
     lesson 2  scale_loss           def scale_loss(loss, accum_steps) -> the loss to call backward() on
     lesson 3  the_loop             def accumulate(model, optimizer, loader, loss_fn, accum_steps)
@@ -30,6 +31,7 @@ and by how much (`fingerprint.py`); a right loop is then trained for real and co
 """
 from .core import Exercise, Finding, Prediction, Verdict
 from .ddp import no_sync
+from .in_ten_minutes import first_loop
 from .loops import last_cycle, scale_loss, the_loop
 from .normalization import groupnorm
 from .planning import largest_batch, memory_plan
@@ -39,6 +41,7 @@ from .predictions import time_cost
 BY_LESSON: dict[int, tuple[Exercise, ...]] = {
     1: (largest_batch,), 2: (scale_loss,), 3: (the_loop,), 4: (last_cycle,), 5: (memory_plan,),
     6: (time_cost,), 7: (groupnorm,), 8: (amp_loop, clip_after_unscale), 9: (no_sync,)}
+BY_LESSON = {0: (first_loop,), **BY_LESSON}  # lesson 0, the seed's lesson in ten minutes: the loop's step condition
 
 __all__ = ["BY_LESSON", "Exercise", "Finding", "Prediction", "Verdict", "largest_batch", "scale_loss",
            "the_loop", "last_cycle", "memory_plan", "time_cost", "groupnorm", "amp_loop", "clip_after_unscale",
