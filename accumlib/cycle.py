@@ -138,11 +138,11 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
     The norm and clipping cover exactly the optimizer's parameters.
     What it leaves: after a step, the weights and the optimizer stepped and every `.grad` of the optimizer's
-    parameters None (as zero_grad(set_to_none=True) leaves it: read grad_norm from the result); a trainable
-    parameter the optimizer does not hold keeps its .grad plus this cycle's gradient, as PyTorch adds them. After a
-    skipped cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the
-    weights, the optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and every .grad
-    are exactly as the call found them. Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so
+    parameters None (as zero_grad(set_to_none=True) leaves it: read grad_norm from the result). After a skipped
+    cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
+    optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
+    parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
+    the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone). Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so
     a step is never torn; an error of the scheduler after the step is raised with the step applied, its result as
     the error's `cycle_result`. The host reads the device once: the loss and the norm together. Every argument is
     checked first (types, one finite weight >= 0 per micro-batch, the micro-batches of a list on the model's device
@@ -153,7 +153,7 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
     watch = _WATCHERS[-1] if _WATCHERS else _unwatched  # memory.measure_step's tracker, timing's clock; or nothing
     watch("start", model)
-    with _Kept(model, params) as kept:  # .grad set aside (None from here), buffers the forward changes copied
+    with _Kept(model, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
@@ -162,9 +162,9 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             with sync, autocast:
                 loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
+            total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
             watch("backward")
             (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
-            total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
         watch("read")
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
@@ -196,7 +196,7 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         return step.result
     if on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
         raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}): no step was taken; the "
-                               "weights, buffers, optimizer and every .grad are as they were before the "
+                               "weights, buffers, optimizer and the optimizer's .grad are as they were before the "
                                "cycle").format(loss=loss, grad_norm=grad_norm))
     return CycleResult(loss, grad_norm, lr, True)
 
@@ -348,15 +348,13 @@ class _BuffersKept:
     Copied: the running statistics of a norm layer that updates them (BatchNorm in training mode), and any buffer
     a cycle was seen to change before (by its version counter). Any other buffer (a causal mask, a positional
     table) is not copied, only its version noted: one that changes during a block that is put back cannot be, and a
-    warning names it (it is copied from then on). `module_parameters`: the parameters met on the walk.
+    warning names it (it is copied from then on).
     """
 
     def __init__(self, model: torch.nn.Module):
-        self.saved, self.watched, self.module_parameters, self.model = [], [], [], model
+        self.saved, self.watched, self.model = [], [], model
         modules = [model]
         for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
-            if module._parameters:
-                self.module_parameters += module._parameters.values()
             if module._buffers:  # most modules have none
                 updates = isinstance(module, _NormBase) and module.training and module.track_running_stats
                 for buffer in module._buffers.values():
@@ -400,32 +398,24 @@ _CHANGED: dict[int, weakref.ref] = {}  # buffers seen to change in a forward pas
 
 
 class _Kept(_BuffersKept):
-    """`_BuffersKept`, and the .grad of the optimizer's parameters and of the model's trainable ones set aside
-    (None during the block): restore() gives back the .grad found, stepped() frees the optimizer's and adds the
-    block's gradient to what the others held, as PyTorch's backward() would have."""
+    """`_BuffersKept`, and the .grad of the optimizer's parameters set aside (None during the block): restore()
+    gives back the .grad found, stepped() frees the block's."""
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]):
         super().__init__(model)
-        seen = {id(p) for p in params}
-        others = [p for p in self.module_parameters if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
-        self.grads, self.others = [(p, p.grad) for p in params], [(p, p.grad) for p in others]
+        self.grads = [(p, p.grad) for p in params]
         for p in params:
             p.grad = None  # once per cycle: from here on, every backward() adds into .grad
-        for p in others:
-            p.grad = None
 
     def restore(self) -> None:
         super().restore()
-        for p, grad in self.grads + self.others:
+        for p, grad in self.grads:
             p.grad = grad
 
     def stepped(self) -> None:
         self.done = True
         for p, _grad in self.grads:
             p.grad = None
-        for p, grad in self.others:
-            if grad is not None:
-                p.grad = grad if p.grad is None else grad.add_(p.grad)
 
 
 def _check_model(model) -> None:
