@@ -119,12 +119,13 @@ class LiveTensorBytes(TorchDispatchMode):
         for t in tensors:
             self._track(t, category, final=True)
 
-    def tag(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        """Name what these live storages hold, unless they were adopted with `track` under a name of their own."""
+    def tag(self, tensors: Iterable[torch.Tensor], category: str, final: bool = False) -> None:
+        """Name what these live storages hold, unless they were adopted with `track` under a name of their own
+        (final=True: this name stays, as if adopted with it)."""
         for t in tensors:
             record = self._live.get(id(t.untyped_storage()))
             if record is not None and not record.final:
-                record.category = category
+                record.category, record.final = category, final
 
     def peak_categories(self) -> dict[str, int]:
         """Bytes by category of the storages alive at the peak; they add up to `peak`."""
@@ -262,6 +263,23 @@ def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn
     return type(optimizer)(groups, **settings)
 
 
+class _Fetched:
+    """accum_steps copies of (x, y), made one at a time as the cycle reaches them, the way `train` fetches its
+    micro-batches (the previous one alive until the next is made), named "inputs"."""
+
+    def __init__(self, x, y, accum_steps: int, tracker: LiveTensorBytes):
+        self.x, self.y, self.accum_steps, self.tracker = x, y, accum_steps, tracker
+
+    def __len__(self) -> int:
+        return self.accum_steps
+
+    def __iter__(self):
+        for _ in range(self.accum_steps):
+            x, y = self.x.clone(), self.y.clone()
+            self.tracker.tag([x, y], "inputs", final=True)  # the micro-batch, also once saved for backward
+            yield x, y
+
+
 def _named_cycle(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes, **options) -> None:
     """One `accumulate_and_step` of accum_steps passes of (x, y), each weighted 1/accum_steps as `train` weighs a
     full cycle, under `tracker`, naming what each new storage holds as the step goes (options: the cycle's own)."""
@@ -281,7 +299,7 @@ def _named_cycle(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTens
     try:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t), \
                 cycle.watched(watch):
-            cycle.accumulate_and_step.__wrapped__(model, optimizer, [(x, y)] * accum_steps,
+            cycle.accumulate_and_step.__wrapped__(model, optimizer, _Fetched(x, y, accum_steps, tracker),
                                                   [1 / accum_steps] * accum_steps, loss_fn=loss_fn, **options)
     finally:
         for hook in hooks:
@@ -443,7 +461,6 @@ def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, option
         tracker.track(params, "parameters")
         tracker.track([p.grad for p in params if p.grad is not None], "gradients")
         tracker.track(optimizer_state_tensors(opt), "optimizer state")
-        tracker.track([x, y], "inputs")
         if cuda is not None:
             torch.cuda.synchronize(cuda)
             before = torch.cuda.memory_allocated(cuda) - tracker.current  # what the step itself does not hold
