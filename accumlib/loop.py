@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, default_collate
 
 from . import memory
-from .cycle import (_BuffersKept, _check_model, _check_optimizer, _check_scaler_type, _check_scheduler, _scalar_loss,
-                    accumulate_and_step)
+from .cycle import (STEP, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type, _check_scheduler,
+                    _scalar_loss, accumulate_and_step)
 from ._validate import boolean, function, integer, one_of, positive_int, positive_number
 from .i18n import _
 
@@ -175,18 +175,20 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, mic
                 layout = tuple(sizes)
                 measure = measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
-                with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
-                    result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
-                        model, optimizer, _MicroBatches(samples, indices, device), weights, loss_fn=loss_fn,
-                        clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
-                        ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
-                if measure:
-                    peaks[layout] = peak.bytes
-                seen += cycle_samples
-                record = StepRecord(step + 1, epoch, seen, len(sizes) - sizes.count(0), cycle_samples,
-                                    result.loss, result.lr, result.grad_norm, time.perf_counter() - started,
-                                    peaks.get(layout) if measure_memory else None, result.skipped)
-                history.records.append(record)
+                with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
+                    with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
+                        result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
+                            model, optimizer, _MicroBatches(samples, indices, device), weights, loss_fn=loss_fn,
+                            clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype,
+                            scheduler=scheduler, ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite,
+                            check_gradients=check_gradients)
+                    if measure:
+                        peaks[layout] = peak.bytes
+                    seen += cycle_samples
+                    record = StepRecord(step + 1, epoch, seen, len(sizes) - sizes.count(0), cycle_samples,
+                                        result.loss, result.lr, result.grad_norm, time.perf_counter() - started,
+                                        peaks.get(layout) if measure_memory else None, result.skipped)
+                    history.records.append(record)
                 if on_step is not None:
                     on_step(record)
     except StopTraining:
