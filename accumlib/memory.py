@@ -377,13 +377,13 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
                 return _fake_measure(model, x, y, optimizer, loss_fn, accum_steps, device, cycle_options)
             except _Untraceable as untraceable:
                 if home.type == "meta":
-                    raise ValueError(_("the model's forward pass cannot be traced without values ({line}: it reads "
-                                       "a tensor's value, {what}), and a model on the meta device has none to "
+                    raise ValueError(_("this training step cannot be traced without values: {line} reads a "
+                                       "tensor's value ({what}), and a model on the meta device has none to "
                                        "measure with: build it on the CPU to measure a real step").format(
                                            line=untraceable.line, what=untraceable.what)) from untraceable.error
-                warnings.warn(_("the model's forward pass cannot be traced without values ({line}: it reads a "
-                                "tensor's value, {what}): measured with a real step on the CPU instead (exact for "
-                                "this micro-batch; a forward that branches on values may need more on "
+                warnings.warn(_("this training step cannot be traced without values: {line} reads a tensor's "
+                                "value ({what}); it was measured with a real step on the CPU instead (exact for "
+                                "this micro-batch; code that branches on values may need more on "
                                 "others)").format(line=untraceable.line, what=untraceable.what), RuntimeWarning,
                               stacklevel=2)
                 device = torch.device("cpu")
@@ -400,14 +400,23 @@ CYCLE_OPTIONS = {"clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sy
 
 
 class _Untraceable(Exception):
-    """A forward pass that FakeTensorMode cannot run: it reads a value (`line`: where, in the user's code)."""
+    """A step that FakeTensorMode cannot run: it reads a tensor's value. `line`: where, in the user's code (the
+    model's forward pass, loss_fn) or else in the optimizer's step."""
 
     def __init__(self, error: Exception):
         super().__init__(str(error))
         self.error, self.what = error, type(error).__name__
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if not _library_file(f.filename)]
-        self.line = (f"{frames[-1].filename}, line {frames[-1].lineno}: {frames[-1].line}" if frames
-                     else _("a line of the model"))
+        frames = traceback.extract_tb(error.__traceback__)
+        mine = [f for f in frames if not _library_file(f.filename)]
+        optimizer = [f for f in frames if f"{os.sep}optim{os.sep}" in f.filename]
+        if mine:
+            self.line = _("the model or loss_fn ({file}, line {number}: {code})").format(
+                file=mine[-1].filename, number=mine[-1].lineno, code=mine[-1].line)
+        elif optimizer:
+            self.line = _("the optimizer's step ({file}, line {number}: {code})").format(
+                file=optimizer[-1].filename, number=optimizer[-1].lineno, code=optimizer[-1].line)
+        else:
+            self.line = _("a line of the step")
 
 
 def _library_file(filename: str) -> bool:
@@ -475,7 +484,19 @@ def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, option
         reports.append(MemoryReport(device=device_name, method=method, micro_batch_size=len(x),
                                     accum_steps=accum_steps, peak=peak, peak_phase=tracker.peak_phase,
                                     **{name.replace(" ", "_"): value for name, value in categories.items()}))
+        _far_along(opt)
     return max(reports, key=lambda report: report.peak)
+
+
+def _far_along(optimizer: torch.optim.Optimizer, steps: int = 10**4) -> None:
+    """Set the optimizer's step counts to `steps`, as far into a run: a later step is then measured as it is from
+    there on (RAdam, say, rectifies its update, with more temporaries, only from its 6th step on)."""
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            step.fill_(steps)
+        elif isinstance(step, (int, float)) and not isinstance(step, bool):
+            state["step"] = type(step)(steps)
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
