@@ -432,9 +432,10 @@ def _fake_measure(model, x, y, optimizer, loss_fn, accum_steps, device, cycle_op
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with FakeCopyMode(mode):
         copied = copy.deepcopy(model)
-    x, y = mode.from_tensor(x.to(device)), mode.from_tensor(y.to(device))  # the data where the model is
+    x, y = mode.from_tensor(x), mode.from_tensor(y)
     try:
-        with mode:  # clones: storages of the micro-batch's own size, whatever x is a view of
+        with mode:  # moved where the model is (a fake 'cuda' model too); clones: storages of the micro-batch's size
+            x, y = x.to(device), y.to(device)
             return _measure(copied, _clone_optimizer(optimizer, model, copied), x.clone(), y.clone(), loss_fn,
                             accum_steps, FAKE, f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)",
                             cycle_options)
@@ -535,7 +536,16 @@ def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_byte
 
 @contextlib.contextmanager
 def cuda_budget(device: torch.device, budget_bytes: int | None):
-    """On CUDA, cap this process's allocator at `budget_bytes` for the block; its OOM becomes OutOfMemory."""
+    """On CUDA, cap this process's allocator at `budget_bytes` for the block; its OOM becomes OutOfMemory.
+
+    What counts against the cap is what PyTorch's caching allocator reserves: every block rounded up (to 512 bytes,
+    and small tensors share 2 MiB segments, large ones 20 MiB segments or their own size rounded to 2 MiB), the
+    cuBLAS/cuDNN workspaces the step's kernels take, and blocks cached from before the call. The CUDA context
+    (a few hundred MiB of driver and kernel images) lies outside the allocator and is not counted: a real card of
+    N bytes offers N minus the context. So a budget under the allocator's 2 MiB segment cannot be honoured on a
+    real card; the CPU tracker (and `check_fits`) count live tensor bytes alone, a lower bound of the allocator's.
+    (Not run on our CPU-only machines.)
+    """
     if device.type != "cuda" or budget_bytes is None:
         yield
         return

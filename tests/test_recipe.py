@@ -121,3 +121,25 @@ def test_decompose_time_times_trains_cycle():
                                    repeats=2, warmup=0)
     assert calls == [16, 4, 4, 4, 4, 4, 4, 4, 4, 16]  # two rounds, ABBA: 1, 4 then 4, 1
     assert [len(p.all_seconds) for p in result.passes] == [8, 2]  # micro-batch 4: 2 rounds x 4; 16: 2 x 1
+
+
+def test_the_measurements_move_the_data_to_the_models_device():
+    """Issue 20: a device mix-up in the measurements fails here without a GPU. Under FakeTensorMode a model on
+    another device than its data raises FakeTensorDeviceMismatchError (the control below); the library moves the
+    micro-batch to the model's device (here the meta device, the one besides the CPU this build can trace; a fake
+    'cuda' model aborts the process in backward on a CPU build), so a meta model measures as the CPU one does."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+
+    on_cpu = Masked()
+    with torch.device("meta"):
+        on_meta = Masked()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    weight, x = mode.from_tensor(on_meta.linear.weight), mode.from_tensor(X[:8])
+    with mode, pytest.raises(FakeTensorDeviceMismatchError):
+        nn.functional.linear(x, weight)  # what a measurement that forgot to move its data would meet
+    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = memory.measure_step(on_cpu, X[:8], Y[:8], optimizer=sgd(on_cpu), accum_steps=4, fake=True).peak
+    assert memory.measure_step(on_meta, X[:8], Y[:8], optimizer=sgd(on_meta), accum_steps=4, fake=True).peak == expected
+    assert memory.check_fits(on_meta, sgd(on_meta), X[:8], Y[:8], loss_fn=None, accum_steps=4,
+                             budget_bytes=expected).peak == expected
+    assert memory.fit_batch(on_meta, (X[:1], Y[:1]), 32, expected).peak_bytes <= expected
