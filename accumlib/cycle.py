@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import math
 import numbers
+import _signal
 import signal
 import threading
 import warnings
@@ -222,12 +223,40 @@ def watched(watch: Callable):
 
 def _is_ddp(model) -> bool:
     """A DistributedDataParallel model, also inside torch.compile's wrapper (which keeps it as `_orig_mod`)."""
-    return isinstance(model, DistributedDataParallel) or isinstance(getattr(model, "_orig_mod", None),
+    return isinstance(model, DistributedDataParallel) or isinstance(model._modules.get("_orig_mod"),
                                                                     DistributedDataParallel)
 
 
-class _Applied:
-    result: CycleResult | None = None  # the step's result, once the optimizer has stepped
+class _Unit:
+    """One step's block of `_Step` (see there): SIGINT held from __enter__; an error after `result` is set (the
+    optimizer has stepped) carries it as `cycle_result`, and inside `until_recorded` waits for the record."""
+
+    __slots__ = ("step", "result")
+
+    def __init__(self, step: _Step):
+        self.step, self.result = step, None
+
+    def __enter__(self) -> _Unit:
+        step = self.step
+        if step.previous is None and threading.get_ident() == _MAIN_THREAD:
+            previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion, once per step
+            if previous is not None:  # None: a handler installed outside Python; left alone
+                _signal.signal(signal.SIGINT, step.hold)
+                step.previous = previous
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        step, swallowed = self.step, False
+        if error is not None and self.result is not None:  # the step was applied: whoever catches this records it
+            error.cycle_result = self.result
+            if step.depth:
+                step.error, swallowed = error, True  # raised once the step's record is made
+        if not step.depth:
+            step.release()
+        return swallowed
+
+
+_MAIN_THREAD = threading.main_thread().ident  # only the main thread receives signals
 
 
 class _Step(threading.local):
@@ -245,27 +274,9 @@ class _Step(threading.local):
         self.pending = None  # (signal number, frame) of a SIGINT that arrived meanwhile
         self.error = None  # an error raised after the optimizer step, waiting for the step's record
 
-    @contextlib.contextmanager
-    def unit(self):
-        """The step's block: yields an `_Applied` whose `result` the block sets once the optimizer has stepped."""
-        applied = _Applied()
-        if self.previous is None and threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if previous is not None:  # None: a handler installed outside Python; left alone
-                signal.signal(signal.SIGINT, self._hold)
-                self.previous = previous
-        try:
-            yield applied
-        except BaseException as error:
-            if applied.result is None:
-                raise  # before the step: nothing was applied
-            error.cycle_result = applied.result  # the step was applied: whoever catches this can record it
-            if not self.depth:
-                raise
-            self.error = error  # raised once the step's record is made
-        finally:
-            if not self.depth:
-                self._release()
+    def unit(self) -> _Unit:
+        """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
+        return _Unit(self)
 
     @contextlib.contextmanager
     def until_recorded(self):
@@ -277,18 +288,18 @@ class _Step(threading.local):
             self.depth -= 1
             error, self.error = self.error, None
             if not self.depth:
-                self._release()
+                self.release()
             if error is not None:
                 raise error
 
-    def _hold(self, signum, frame) -> None:
+    def hold(self, signum, frame) -> None:
         self.pending = (signum, frame)
 
-    def _release(self) -> None:
+    def release(self) -> None:
         if self.previous is None:
             return
         previous, self.previous = self.previous, None
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(signal.SIGINT, previous)
         pending, self.pending = self.pending, None
         if pending is not None and callable(previous):
             previous(*pending)  # Python's default handler raises KeyboardInterrupt here, after the unit
