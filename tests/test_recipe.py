@@ -143,3 +143,29 @@ def test_the_measurements_move_the_data_to_the_models_device():
     assert memory.check_fits(on_meta, sgd(on_meta), X[:8], Y[:8], loss_fn=None, accum_steps=4,
                              budget_bytes=expected).peak == expected
     assert memory.fit_batch(on_meta, (X[:1], Y[:1]), 32, expected).peak_bytes <= expected
+
+
+def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
+    """Issue 19: torch.compile(DDP(model)) is DDP: no_sync() on every micro-batch but the last (one all-reduce per
+    step), and the step equals the plain model's (one process, gloo: DDP's mean over one process is the gradient)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = nn.Linear(64, 10)
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(64, 10))
+        ddp.module.load_state_dict(plain.state_dict())
+        compiled = torch.compile(ddp, backend="eager")  # eager: no compiler needed, the wrapper is what matters
+        calls = []
+        real = ddp.no_sync
+        ddp.no_sync = lambda: calls.append(None) or real()
+        micro_batches = list(zip(X[:12].split(4), Y[:12].split(4)))
+        result = accumlib.accumulate_and_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.1),
+                                              micro_batches, [1 / 3] * 3)
+        reference = accumlib.accumulate_and_step(plain, torch.optim.SGD(plain.parameters(), lr=0.1), micro_batches,
+                                                 [1 / 3] * 3)
+        assert len(calls) == 2  # micro-batches 1 and 2 under no_sync, the last one all-reduces
+        assert result.loss == reference.loss and torch.equal(ddp.module.weight, plain.weight)
+    finally:
+        dist.destroy_process_group()
