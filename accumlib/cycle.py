@@ -50,7 +50,8 @@ class CycleResult(NamedTuple):
 
 def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_grad_norm, scaler, autocast_dtype,
                  scheduler, ddp_no_sync, on_nonfinite, check_gradients) -> None:
-    """accumulate_and_step's arguments, checked before anything changes (nothing is read from the device)."""
+    """accumulate_and_step's arguments, checked before anything changes (loss weights given as tensors are read
+    from the device once, together; nothing else is)."""
     _check_model(model)
     _check_optimizer(model, optimizer)  # one that holds some of the model's trainable parameters, without a closure
     for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
@@ -143,9 +144,9 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
     optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
     parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
-    the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone). Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so
-    a step is never torn; an error of the scheduler after the step is raised with the step applied, its result as
-    the error's `cycle_result`. The host reads the device once: the loss and the norm together. Every argument is
+    the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone).
+    Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
+    scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host reads the device once: the loss and the norm together. Every argument is
     checked first (types, one finite weight >= 0 per micro-batch, the micro-batches of a list on the model's device
     and not empty); `train`, which checks them itself before its first step, calls `accumulate_and_step.__wrapped__`.
     """
@@ -331,7 +332,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
 
     Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
     the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
-    return: the optimizer step then holds what memory.training_step, the step memory.measure_step measures, holds.
+    return, before the optimizer step.
     """
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping

@@ -1,7 +1,7 @@
 """What accumulation costs in time, measured and taken apart.
 
 `time_config` times whole optimizer steps of `train` (the median after warm-up steps). `decompose_time` says what
-that time is made of: it times every forward/backward pass of the hand-written loop at the micro-batch sizes that
+that time is made of: it times every forward/backward pass of train's cycle (`accumulate_and_step`) at the sizes that
 split one effective batch into 1, 2, 4, ... passes, and fits
 
     seconds of one pass = overhead_seconds + seconds_per_sample * micro_batch_size

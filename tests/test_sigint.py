@@ -150,7 +150,7 @@ def test_sigints_from_a_thread_at_times_spread_over_a_run(capsys):
             late += 1  # during train's checks, before anything changed, or after train returned
             timer.join()
         records = [r for r in holder if isinstance(r, accumlib.StepRecord)]  # what on_step saw
-        if holder and isinstance(holder[-1], accumlib.History):  # train returned: its records (on_step may have missed the last)
+        if holder and isinstance(holder[-1], accumlib.History):  # train returned: its records (on_step may miss one)
             history = holder[-1]
             assert history.records[:len(records)] == records and len(history.records) - len(records) <= 1
             records = history.records
