@@ -148,7 +148,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
     scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
     reads the device once: the loss and the norm together. Every argument is checked first (types, one finite
-    weight >= 0 per micro-batch, the micro-batches of a list on the model's device and not empty); `train`, which checks them itself before its first step, calls `accumulate_and_step.__wrapped__`.
+    weight >= 0 per micro-batch, the micro-batches of a list on the model's device and not empty); `train`, which
+    checks them itself before its first step, calls `accumulate_and_step.__wrapped__`.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = _is_ddp(model)
