@@ -154,7 +154,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = _is_ddp(model)
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
-    watch = _WATCHERS[-1] if _WATCHERS else _unwatched  # memory.measure_step's tracker, timing's clock; or nothing
+    watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
+    watch = watchers[-1] if watchers else _unwatched
     watch("start", model)
     with _Kept(model, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
@@ -204,7 +205,7 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return CycleResult(loss, grad_norm, lr, True)
 
 
-_WATCHERS: list[Callable] = []  # what measures the cycles run meanwhile (innermost last): watch(phase, model=None)
+_WATCHERS = threading.local()  # .stack: what measures this thread's cycles (innermost last): watch(phase, model=None)
 
 
 def _unwatched(phase: str, model=None) -> None:
@@ -213,14 +214,15 @@ def _unwatched(phase: str, model=None) -> None:
 
 @contextlib.contextmanager
 def watched(watch: Callable):
-    """Context manager: the cycles run inside call watch(phase) as each part begins: "start" (with the model),
-    "forward" and "backward" once per micro-batch, "read" (the norm and the one host read), "step", "end".
-    `memory` names the tensors each part creates with it and `timing` reads the clock."""
-    _WATCHERS.append(watch)
+    """Context manager: the cycles this thread runs inside call watch(phase) as each part begins: "start" (with
+    the model), "forward" and "backward" once per micro-batch, "read" (the norm and the one host read), "step",
+    "end". `memory` names the tensors each part creates with it and `timing` reads the clock."""
+    stack = _WATCHERS.__dict__.setdefault("stack", [])
+    stack.append(watch)
     try:
         yield
     finally:
-        _WATCHERS.remove(watch)
+        stack.remove(watch)
 
 
 def _is_ddp(model) -> bool:
@@ -258,6 +260,27 @@ class _Unit:
         return swallowed
 
 
+class _Recorded:
+    """`_Step.until_recorded`'s block: on leaving it the held SIGINT, or an error after the step, is raised."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: _Step):
+        self.step = step
+
+    def __enter__(self) -> None:
+        self.step.depth += 1
+
+    def __exit__(self, kind, error, traceback) -> None:
+        step = self.step
+        step.depth -= 1
+        waiting, step.error = step.error, None
+        if not step.depth:
+            step.release()
+        if waiting is not None:
+            raise waiting
+
+
 _MAIN_THREAD = threading.main_thread().ident  # only the main thread receives signals
 
 
@@ -280,19 +303,9 @@ class _Step(threading.local):
         """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
         return _Unit(self)
 
-    @contextlib.contextmanager
-    def until_recorded(self):
+    def until_recorded(self) -> _Recorded:
         """`train`: the unit lasts until this block (the cycle and its record) ends."""
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            error, self.error = self.error, None
-            if not self.depth:
-                self.release()
-            if error is not None:
-                raise error
+        return _Recorded(self)
 
     def hold(self, signum, frame) -> None:
         self.pending = (signum, frame)
