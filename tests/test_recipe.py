@@ -188,3 +188,28 @@ def test_a_measurement_watches_its_own_threads_cycles_only():
         assert phases == []
         run()
     assert phases == ["start", "forward", "backward", "forward", "backward", "read", "step", "end"]
+
+
+class Counting(nn.Module):
+    """A forward pass that changes a buffer that is not a norm layer's statistics (a count of the forward passes)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(64, 10)
+        self.register_buffer("passes", torch.zeros(()))
+
+    def forward(self, x):
+        self.passes += 1
+        return self.linear(x)
+
+
+def test_a_buffer_first_changed_in_a_skipped_cycle_is_named_and_kept_from_then_on():
+    model = Counting()
+    bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(RuntimeWarning, match="changed the buffer\\(s\\) passes, which were not copied"):
+        assert accumlib.accumulate_and_step(model, sgd, bad, [0.5, 0.5]).skipped
+    assert model.passes == 2  # said, not hidden: it could not be put back
+    assert accumlib.accumulate_and_step(model, sgd, bad, [0.5, 0.5]).skipped  # now it is copied: no warning
+    assert model.passes == 2
