@@ -9,15 +9,24 @@ but once, after its last backward(): on a GPU every such read makes the host wai
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import numbers
+import _signal
+import signal
+import threading
+import warnings
+import weakref
 from collections.abc import Sized
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn.modules.batchnorm import _NormBase
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
+from torch.utils._pytree import tree_leaves
 
 from ._validate import boolean, checked_by, function, one_of, positive_number
 from .i18n import _
@@ -41,9 +50,10 @@ class CycleResult(NamedTuple):
 
 def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_grad_norm, scaler, autocast_dtype,
                  scheduler, ddp_no_sync, on_nonfinite, check_gradients) -> None:
-    """accumulate_and_step's arguments, checked before anything changes (nothing is read from the device)."""
+    """accumulate_and_step's arguments, checked before anything changes (loss weights given as tensors are read
+    from the device once, together; nothing else is)."""
     _check_model(model)
-    _check_optimizer_type(optimizer)
+    _check_optimizer(model, optimizer)  # one that holds some of the model's trainable parameters, without a closure
     for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
         if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
             raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
@@ -53,11 +63,8 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_gr
     if len(micro_batches) != len(loss_weights):
         raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
                            "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
-    for weight in loss_weights:
-        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        if not (number and 0 <= weight < math.inf or isinstance(weight, torch.Tensor) and weight.dim() == 0):
-            raise ValueError(_("loss_weights must hold finite numbers >= 0 (or 0-d tensors), one per micro-batch; got "
-                               "{value!r}").format(value=weight))
+    _check_weights(loss_weights)
+    _check_micro_batches(model, micro_batches)
     function("loss_fn", loss_fn)
     if clip_grad_norm is not None:
         positive_number("clip_grad_norm", clip_grad_norm)
@@ -69,6 +76,43 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_gr
     boolean("ddp_no_sync", ddp_no_sync)
     one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
     boolean("check_gradients", check_gradients)
+
+
+def _check_weights(loss_weights) -> None:
+    """One finite number >= 0 per micro-batch: a Python number, a NumPy scalar or a 0-d real tensor. The tensors
+    are read together, in one host read, before anything changes."""
+    tensors = []
+    for i, weight in enumerate(loss_weights):
+        if isinstance(weight, torch.Tensor) and weight.dim() == 0 and not (weight.is_complex() or
+                                                                          weight.dtype == torch.bool):
+            tensors.append((i, weight))
+        elif not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 <= weight < math.inf:
+            raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or 0-d "
+                               "real tensors), one per micro-batch").format(i=i, value=weight))
+    if tensors:
+        values = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
+        for (i, weight), value in zip(tensors, values):
+            if not 0 <= value < math.inf:
+                raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or "
+                                   "0-d real tensors), one per micro-batch").format(i=i, value=weight))
+
+
+def _check_micro_batches(model: torch.nn.Module, micro_batches) -> None:
+    """Each micro-batch of a list or tuple (a lazy sequence is fetched by the cycle itself): no tensor in it empty
+    along its first dimension, every tensor on a device of the model's parameters."""
+    if not isinstance(micro_batches, (list, tuple)):
+        return
+    devices = {p.device for p in model.parameters()}
+    for i, batch in enumerate(micro_batches):
+        for tensor in (t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)):
+            if tensor.dim() and not len(tensor):
+                raise ValueError(_("micro_batches[{i}] holds a tensor of shape {shape}, without samples: an empty "
+                                   "micro-batch has no mean loss (NaN); leave it out of the cycle").format(
+                                       i=i, shape=tuple(tensor.shape)))
+            if tensor.device not in devices:
+                raise ValueError(_("micro_batches[{i}] holds a tensor on {device} but the model is on {model}: move "
+                                   "the micro-batches to the model's device first (x.to(device))").format(
+                                       i=i, device=tensor.device, model=", ".join(sorted(map(str, devices)))))
 
 
 @checked_by(_check_cycle)  # every argument, before anything changes
@@ -86,58 +130,199 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     loss_fn(model(x), y) must return a scalar tensor. clip_grad_norm: clip the accumulated gradient to this L2 norm.
     scaler: a GradScaler (fp16). autocast_dtype: run the forward passes under torch.autocast with this dtype.
     scheduler: stepped once after the optimizer; a ReduceLROnPlateau gets this cycle's loss.
-    ddp_no_sync: with a DistributedDataParallel model, all-reduce the gradients only on the last micro-batch.
-    on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip": no step, buffers such as BatchNorm's
-    running statistics put back as they were) or raises NonFiniteError ("raise"); with a scaler, only a non-finite
-    loss raises, as a gradient overflow is the scaler's routine (it skips that step and lowers its scale).
+    ddp_no_sync: with a DistributedDataParallel model (compiled or not), all-reduce the gradients only on the last
+    micro-batch.
+    on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip") or raises NonFiniteError ("raise"); with a
+    scaler, only a non-finite loss raises, as a gradient overflow is the scaler's routine (it skips that step and
+    lowers its scale).
     check_gradients: read the gradient's L2 norm every cycle, so that a NaN/inf gradient under a finite loss (a
     sqrt or log at 0 in backward) skips or raises too; False leaves the norm out unless clipping or a scaler needs
     it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
-    The norm and clipping cover exactly the optimizer's parameters. If a micro-batch raises, nothing is stepped and
-    the buffers are put back. The host reads the device once: the loss and the norm together. Every argument is
-    checked first (types, one finite weight >= 0 per micro-batch); `train`, which checks them itself before its
-    first step, calls the unchecked function, `accumulate_and_step.__wrapped__`.
+    The norm and clipping cover exactly the optimizer's parameters.
+    What it leaves: after a step, the weights and the optimizer stepped and every `.grad` of the optimizer's
+    parameters None (as zero_grad(set_to_none=True) leaves it: read grad_norm from the result). After a skipped
+    cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
+    optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
+    parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
+    the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone).
+    Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
+    scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
+    reads the device once: the loss and the norm together. Every argument is checked first (types, one finite
+    weight >= 0 per micro-batch, the micro-batches of a list on the model's device and not empty); `train`, which
+    checks them itself before its first step, calls `accumulate_and_step.__wrapped__`.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
-    ddp = isinstance(model, DistributedDataParallel)
+    ddp = _is_ddp(model)
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
-    optimizer.zero_grad(set_to_none=True)  # once per cycle: from here on, every backward() adds into .grad
-    with _BuffersKept(model) as buffers:  # BatchNorm's running statistics, put back if the cycle fails or is skipped
+    watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
+    watch = watchers[-1] if watchers else _unwatched
+    watch("start", model)
+    with _Kept(model, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
             sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else _NOTHING
+            watch("forward")
             with sync, autocast:
                 loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
-            (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
             total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
+            watch("backward")
+            (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
+        watch("read")
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
         # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
         # anyway, or with a scaler (a step it skips for an overflow must be recorded as skipped)
         with_norm = check_gradients or clip_grad_norm is not None or scaler is not None
         loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, ddp)  # the one host read
-    # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
-    skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
-    lr = float(optimizer.param_groups[0]["lr"])
-    if skipped:
-        buffers.restore()  # no step, the buffers put back: the model exactly as it was before the cycle
-    elif scaler:
-        scaler.step(optimizer)  # the one optimizer step of the cycle, through the scaler
-    else:
-        optimizer.step()  # the one optimizer step of the cycle
-    if scaler:
-        scaler.update()  # a lower scale after an overflow (a skipped step), a higher one after many good steps
-    if skipped:
-        if on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
-            raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}); the model was left as "
-                                   "it was").format(loss=loss, grad_norm=grad_norm))
-    elif isinstance(scheduler, ReduceLROnPlateau):
-        scheduler.step(loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
-    elif scheduler is not None:
-        scheduler.step()  # once per optimizer step, after it
-    return CycleResult(loss, grad_norm, lr, skipped)
+        # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
+        skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
+        lr = float(optimizer.param_groups[0]["lr"])
+        if skipped:
+            kept.restore()  # no step: .grad and the buffers as they were, the model exactly as the call found it
+            if scaler:
+                scaler.update()  # a lower scale after an overflow
+        else:
+            watch("step")
+            with STEP.unit() as step:  # Ctrl-C waits from here until the step (and, in train, its record) is made
+                scaler.step(optimizer) if scaler else optimizer.step()  # the one optimizer step of the cycle
+                step.result = CycleResult(loss, grad_norm, lr, False)  # from here an error comes after the record
+                kept.stepped()  # the gradients used: freed, so the next cycle holds no second copy
+                if scaler:
+                    scaler.update()  # a higher scale after many good steps
+                if isinstance(scheduler, ReduceLROnPlateau):
+                    scheduler.step(loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
+                elif scheduler is not None:
+                    scheduler.step()  # once per optimizer step, after it
+    watch("end")
+    if not skipped:
+        return step.result
+    if on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
+        raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}): no step was taken; the "
+                               "weights, buffers, optimizer and the optimizer's .grad are as they were before the "
+                               "cycle").format(loss=loss, grad_norm=grad_norm))
+    return CycleResult(loss, grad_norm, lr, True)
+
+
+_WATCHERS = threading.local()  # .stack: what measures this thread's cycles (innermost last): watch(phase, model=None)
+
+
+def _unwatched(phase: str, model=None) -> None:
+    """The watcher when nothing measures: the cycle's phases go unmarked."""
+
+
+@contextlib.contextmanager
+def watched(watch: Callable):
+    """Context manager: the cycles this thread runs inside call watch(phase) as each part begins: "start" (with
+    the model), "forward" and "backward" once per micro-batch, "read" (the norm and the one host read), "step",
+    "end". `memory` names the tensors each part creates with it and `timing` reads the clock."""
+    stack = _WATCHERS.__dict__.setdefault("stack", [])
+    stack.append(watch)
+    try:
+        yield
+    finally:
+        stack.remove(watch)
+
+
+def _is_ddp(model) -> bool:
+    """A DistributedDataParallel model, also inside torch.compile's wrapper (which keeps it as `_orig_mod`)."""
+    return isinstance(model, DistributedDataParallel) or isinstance(model._modules.get("_orig_mod"),
+                                                                    DistributedDataParallel)
+
+
+class _Unit:
+    """One step's block of `_Step` (see there): SIGINT held from __enter__; an error after `result` is set (the
+    optimizer has stepped) carries it as `cycle_result`, and inside `until_recorded` waits for the record."""
+
+    __slots__ = ("step", "result")
+
+    def __init__(self, step: _Step):
+        self.step, self.result = step, None
+
+    def __enter__(self) -> _Unit:
+        step = self.step
+        if step.previous is None and threading.get_ident() == _MAIN_THREAD:
+            previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion, once per step
+            if previous is not None:  # None: a handler installed outside Python; left alone
+                _signal.signal(signal.SIGINT, step.hold)
+                step.previous = previous
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        step, swallowed = self.step, False
+        if error is not None and self.result is not None:  # the step was applied: whoever catches this records it
+            error.cycle_result = self.result
+            if step.depth:
+                step.error, swallowed = error, True  # raised once the step's record is made
+        if not step.depth:
+            step.release()
+        return swallowed
+
+
+class _Recorded:
+    """`_Step.until_recorded`'s block: on leaving it the held SIGINT, or an error after the step, is raised."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: _Step):
+        self.step = step
+
+    def __enter__(self) -> None:
+        self.step.depth += 1
+
+    def __exit__(self, kind, error, traceback) -> None:
+        step = self.step
+        step.depth -= 1
+        waiting, step.error = step.error, None
+        if not step.depth:
+            step.release()
+        if waiting is not None:
+            raise waiting
+
+
+_MAIN_THREAD = threading.main_thread().ident  # only the main thread receives signals
+
+
+class _Step(threading.local):
+    """The optimizer step, the scaler's and scheduler's steps and (in `train`) the step's record, as one unit.
+
+    A SIGINT (Ctrl-C) that arrives inside waits and is delivered once the unit closes, so a step is never torn and
+    never left without its record (main thread only: only it receives signals). An error raised inside after the
+    optimizer step (a scheduler's) carries the step's result as `cycle_result`; inside `until_recorded` it is
+    raised after the record too. One per thread: a dashboard's training thread has its own.
+    """
+
+    def __init__(self):
+        self.depth = 0  # open `until_recorded` blocks of this thread
+        self.previous = None  # the SIGINT handler to give back, while the unit holds the signal
+        self.pending = None  # (signal number, frame) of a SIGINT that arrived meanwhile
+        self.error = None  # an error raised after the optimizer step, waiting for the step's record
+
+    def unit(self) -> _Unit:
+        """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
+        return _Unit(self)
+
+    def until_recorded(self) -> _Recorded:
+        """`train`: the unit lasts until this block (the cycle and its record) ends."""
+        return _Recorded(self)
+
+    def hold(self, signum, frame) -> None:
+        self.pending = (signum, frame)
+
+    def release(self) -> None:
+        if self.previous is None:
+            return
+        previous, self.previous = self.previous, None
+        _signal.signal(signal.SIGINT, previous)
+        pending, self.pending = self.pending, None
+        if pending is not None and callable(previous):
+            previous(*pending)  # Python's default handler raises KeyboardInterrupt here, after the unit
+        elif pending is not None and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+
+STEP = _Step()
 
 
 def _scalar_loss(loss) -> torch.Tensor:
@@ -161,7 +346,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
 
     Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
     the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
-    return: the optimizer step then holds what memory.training_step, the step memory.measure_step measures, holds.
+    return, before the optimizer step.
     """
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
@@ -177,35 +362,86 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
     if ddp:
         dist.all_reduce(values[:1])
         values[:1] /= dist.get_world_size()
+    if isinstance(values, FakeTensor):  # traced (memory.measure_step): no values; the cycle goes on as if finite
+        return 0.0, 0.0 if with_norm else None
     loss, *norms = values.tolist()
     return loss, math.hypot(*norms) if with_norm else None
 
 
 class _BuffersKept:
-    """Context manager: a copy of the model's buffers; restore() puts them back, and so does an exception."""
+    """Context manager: a copy of the buffers the forward pass changes; restore() puts them back, as does an error.
+
+    Copied: the running statistics of a norm layer that updates them (BatchNorm in training mode), and any buffer
+    a cycle was seen to change before (by its version counter). Any other buffer (a causal mask, a positional
+    table) is not copied, only its version noted: one that changes during a block that is put back cannot be, and a
+    warning names it (it is copied from then on).
+    """
 
     def __init__(self, model: torch.nn.Module):
-        modules, buffers = [model], []
+        self.saved, self.watched, self.model = [], [], model
+        modules = [model]
         for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
-            if module is not None:
-                if module._buffers:  # most modules have none
-                    buffers += module._buffers.values()
-                if module._modules:  # a leaf has none
-                    modules += module._modules.values()
-        self.buffers = [b for b in buffers if b is not None]
-        self.saved = [b.clone() for b in self.buffers]
+            if module._buffers:  # most modules have none
+                updates = isinstance(module, _NormBase) and module.training and module.track_running_stats
+                for buffer in module._buffers.values():
+                    if buffer is None:
+                        continue
+                    if updates or _CHANGED.get(id(buffer), _dead)() is buffer:
+                        self.saved.append((buffer, buffer.clone()))
+                    else:
+                        self.watched.append((buffer, buffer._version))
+            if module._modules:  # a leaf has none
+                modules += [child for child in module._modules.values() if child is not None]
 
     def __enter__(self) -> _BuffersKept:
         return self
 
     def restore(self) -> None:
         with torch.no_grad():
-            for buffer, saved in zip(self.buffers, self.saved):
+            for buffer, saved in self.saved:
                 buffer.copy_(saved)
+        changed = [buffer for buffer, version in self.watched if buffer._version != version]
+        for buffer in changed:
+            _CHANGED[id(buffer)] = weakref.ref(buffer)
+        if changed:
+            names = [name for name, b in self.model.named_buffers() if any(b is c for c in changed)]
+            warnings.warn(_("the forward pass changed the buffer(s) {names}, which were not copied before this "
+                            "cycle, so they could not be put back; from the next cycle on they are").format(
+                                names=", ".join(names)), RuntimeWarning, stacklevel=3)
 
     def __exit__(self, kind, error, traceback) -> None:
-        if error is not None:
+        if error is not None and not self.done:
             self.restore()
+
+    done = False  # True once a step has used what the block built: nothing is put back then
+
+
+def _dead():
+    return None
+
+
+_CHANGED: dict[int, weakref.ref] = {}  # buffers seen to change in a forward pass although no norm layer's statistics
+
+
+class _Kept(_BuffersKept):
+    """`_BuffersKept`, and the .grad of the optimizer's parameters set aside (None during the block): restore()
+    gives back the .grad found, stepped() frees the block's."""
+
+    def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]):
+        super().__init__(model)
+        self.grads = [(p, p.grad) for p in params]
+        for p in params:
+            p.grad = None  # once per cycle: from here on, every backward() adds into .grad
+
+    def restore(self) -> None:
+        super().restore()
+        for p, grad in self.grads:
+            p.grad = grad
+
+    def stepped(self) -> None:
+        self.done = True
+        for p, _grad in self.grads:
+            p.grad = None
 
 
 def _check_model(model) -> None:
@@ -218,6 +454,11 @@ def _check_optimizer_type(optimizer) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(_("optimizer must be a torch.optim.Optimizer, got {value!r} of type {type}").format(
             value=optimizer, type=type(optimizer).__name__))
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS
+        raise ValueError(_("optimizer is a {type}, whose step() needs a closure that computes the loss again; an "
+                           "accumulated step has none: use an optimizer whose step() takes no closure, such as SGD, "
+                           "Adam or AdamW").format(type=type(optimizer).__name__))
 
 
 def _check_scaler_type(scaler) -> None:

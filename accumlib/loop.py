@@ -23,13 +23,12 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import memory
-from .cycle import (NonFiniteError, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type, _check_scheduler,
-                    _scalar_loss, accumulate_and_step)
+from .cycle import (STEP, NonFiniteError, _BuffersKept, _is_ddp, _check_model, _check_optimizer, _check_scaler_type,
+                    _check_scheduler, _scalar_loss, accumulate_and_step)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int, positive_number
 from .i18n import _
 
@@ -179,7 +178,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
         max_steps = positive_int("max_steps", max_steps)
     max_skipped_steps = positive_int("max_skipped_steps", max_skipped_steps)
     resume_from_step = non_negative_int("resume_from_step", resume_from_step)
-    ddp = isinstance(model, DistributedDataParallel)
+    ddp = _is_ddp(model)  # torch.compile(DDP(model)) included
     world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
     device = _device(device)
     history = History()
@@ -220,8 +219,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     _check_run_scheduler(scheduler, optimizer, None if steps is None else steps - resume_from_step)
     if memory_budget is not None:
         x, y = source.example()
-        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn,
-                          accum_steps=accum_steps, budget_bytes=memory_budget)
+        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn, accum_steps=accum_steps,
+                          budget_bytes=memory_budget, clip_grad_norm=clip_grad_norm, check_gradients=check_gradients,
+                          on_nonfinite=on_nonfinite, ddp_no_sync=ddp_no_sync)
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
@@ -237,20 +237,24 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
                 terms, total = _cycle_terms(cycle, count, device, ddp, step) if count else (None, None)
                 weights = _loss_weights(normalize, reduction, cycle.sizes, cycle.samples, accum_steps, world,
                                         terms, total)
-                measure = measure_memory and (device.type == "cuda" or cycle.layout not in peaks)
+                # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
+                # creates it): one traced cycle per such layout
+                layout = (cycle.layout, bool(optimizer.state))
+                measure = measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
-                with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
-                    result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
-                        model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn,
-                        clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
-                        ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
-                if measure:
-                    peaks[cycle.layout] = peak.bytes
-                record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                    cycle.samples, result.loss, result.lr, result.grad_norm,
-                                    time.perf_counter() - started, peaks.get(cycle.layout) if measure_memory else None,
-                                    result.skipped)
-                history.records.append(record)
+                with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
+                    with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
+                        result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
+                            model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn,
+                            clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
+                            ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
+                    if measure:
+                        peaks[layout] = peak.bytes
+                    record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
+                                        cycle.samples, result.loss, result.lr, result.grad_norm,
+                                        time.perf_counter() - started, peaks.get(layout) if measure_memory else None,
+                                        result.skipped)
+                    history.records.append(record)
                 if on_step is not None:
                     on_step(record)
                 skips = skips + 1 if result.skipped else 0

@@ -15,16 +15,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
+import os
+import traceback
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeCopyMode,
+                                          FakeTensorMode)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import _validate
+from . import _validate, cycle
 from .i18n import N_, _
 
 TRACKER = "live tensor storages (TorchDispatchMode)"
@@ -49,7 +54,8 @@ class OutOfMemory(torch.OutOfMemoryError):
 # What each category holds (one line each); the order is that of the stacked bars: first what the model fixes,
 # then what one micro-batch brings.
 CATEGORY_DEFINITIONS = {
-    "parameters": N_("the model's weights; fixed by the model"),
+    "parameters": N_("the model's weights and buffers (BatchNorm's running statistics, a registered mask); fixed "
+                     "by the model"),
     "gradients": N_("the .grad of every trainable parameter, summed over the micro-batches of the step; fixed by "
                     "the model (during a step's first backward pass only the part built so far)"),
     "incoming gradients": N_("a parameter's gradient from the current micro-batch, computed by backward() and not "
@@ -65,8 +71,9 @@ CATEGORY_DEFINITIONS = {
     "activation gradients": N_("gradients with respect to the activations, which backward() computes layer by "
                                "layer on its way to the parameters; proportional to the micro-batch"),
     "other": N_("everything else alive at the peak: results of the forward pass that backward() does not need "
-                "(the loss, the logits while they live) and, with accumulation, the step's loss summed so far; on "
-                "CUDA also the allocator's rounding and workspaces"),
+                "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
+                "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
+                "rounding and workspaces"),
 }
 CATEGORIES = tuple(CATEGORY_DEFINITIONS)
 
@@ -112,12 +119,13 @@ class LiveTensorBytes(TorchDispatchMode):
         for t in tensors:
             self._track(t, category, final=True)
 
-    def tag(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        """Name what these live storages hold, unless they were adopted with `track` under a name of their own."""
+    def tag(self, tensors: Iterable[torch.Tensor], category: str, final: bool = False) -> None:
+        """Name what these live storages hold, unless they were adopted with `track` under a name of their own
+        (final=True: this name stays, as if adopted with it)."""
         for t in tensors:
             record = self._live.get(id(t.untyped_storage()))
             if record is not None and not record.final:
-                record.category = category
+                record.category, record.final = category, final
 
     def peak_categories(self) -> dict[str, int]:
         """Bytes by category of the storages alive at the peak; they add up to `peak`."""
@@ -172,7 +180,8 @@ class _Peak:
 
 @contextlib.contextmanager
 def step_peak(device: torch.device, params, optimizer):
-    """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included)."""
+    """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included; the
+    model's other parameters and its buffers too, adopted as each `accumulate_and_step` in the block starts)."""
     result = _Peak()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -182,9 +191,19 @@ def step_peak(device: torch.device, params, optimizer):
     else:
         tracker = LiveTensorBytes()
         tracker.track(_persistent_tensors(params, optimizer))
-        with tracker:
+
+        def watch(phase: str, model=None) -> None:
+            if phase == "start":  # what the model holds besides the optimizer's parameters, as measure_step counts it
+                tracker.track(_model_tensors(model), "parameters")
+
+        with tracker, cycle.watched(watch):
             yield result
         result.bytes = tracker.peak
+
+
+def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter (frozen ones too) and buffer of the model: what it holds on the card whatever the batch."""
+    return [*model.parameters(), *model.buffers()]
 
 
 @dataclass(frozen=True)
@@ -224,59 +243,64 @@ MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(f"    {name}: 
 def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn.Module,
                      copied: torch.nn.Module) -> torch.optim.Optimizer:
     """An optimizer of the same type and settings for `copied`, holding the copies of the parameters of `original`
-    that `optimizer` holds (a head being fine-tuned keeps state for the head alone); all trainable parameters when
-    it holds none of them (an optimizer built for another instance of the model) or is None (SGD, no state)."""
+    that `optimizer` holds, group by group with each group's settings (a head being fine-tuned keeps state for the
+    head alone); all trainable parameters, with the first group's settings, when it holds none of them (an
+    optimizer built for another instance of the model); SGD (no state) when it is None.
+
+    Rebuilt from what its constructor takes (its signature), not from `optimizer.defaults`, which may hold settings
+    the constructor does not take (AdamW's 'decoupled_weight_decay')."""
     trainable = [p for p in copied.parameters() if p.requires_grad]
     if optimizer is None:
         return torch.optim.SGD(trainable, lr=0.1)
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    mine = [c for o, c in zip(original.parameters(), copied.parameters()) if id(o) in held and c.requires_grad]
-    return type(optimizer)(mine or trainable, **optimizer.defaults)
+    copies = {id(o): c for o, c in zip(original.parameters(), copied.parameters())}
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [copies[id(p)] for p in group["params"] if id(p) in copies and copies[id(p)].requires_grad]}
+              for group in optimizer.param_groups]
+    groups = [group for group in groups if group["params"]] or [{**groups[0], "params": trainable}]
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    settings = {k: v for k, v in optimizer.defaults.items() if anything or k in accepted}
+    return type(optimizer)(groups, **settings)
 
 
-def training_step(model, optimizer, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_fn,
-                  mark: Callable[[str], None] = lambda phase: None) -> None:
-    """One optimizer step of the hand-written recipe: zero the gradients, one forward/backward pass per (x, y) in
-    micro_batches with the loss divided by their number, one optimizer step.
+class _Fetched:
+    """accum_steps copies of (x, y), made one at a time as the cycle reaches them, the way `train` fetches its
+    micro-batches (the previous one alive until the next is made), named "inputs"."""
 
-    mark(phase) is called as each part begins: "forward" and "backward" once per pass, "step", then "end";
-    `measure_step` names the tensors each part creates with it and `timing.decompose_time` reads the clock.
-    Raises ValueError when loss_fn does not return a scalar tensor.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    kept = None  # the divided losses summed, detached: accumlib.train keeps this sum on the device for its one read
-    for x, y in micro_batches:
-        mark("forward")
-        loss = loss_fn(model(x), y)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ValueError(f"loss_fn must return a scalar tensor (the mean loss of the micro-batch), got {shape}")
-        scaled = loss / len(micro_batches)
-        kept = scaled.detach() if kept is None else kept + scaled.detach()  # as many bytes as train's sum keeps
-        mark("backward")
-        scaled.backward()  # the unscaled loss stays alive through backward, as in a loop that logs it
-        del loss, scaled
-    mark("step")
-    optimizer.step()
-    mark("end")
+    def __init__(self, x, y, accum_steps: int, tracker: LiveTensorBytes):
+        self.x, self.y, self.accum_steps, self.tracker = x, y, accum_steps, tracker
+
+    def __len__(self) -> int:
+        return self.accum_steps
+
+    def __iter__(self):
+        for _ in range(self.accum_steps):
+            x, y = self.x.clone(), self.y.clone()
+            self.tracker.tag([x, y], "inputs", final=True)  # the micro-batch, also once saved for backward
+            yield x, y
 
 
-def _named_step(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes) -> None:
-    """`training_step` under `tracker`, naming what each new storage holds as the step goes."""
+def _named_cycle(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes, **options) -> None:
+    """One `accumulate_and_step` of accum_steps passes of (x, y), each weighted 1/accum_steps as `train` weighs a
+    full cycle, under `tracker`, naming what each new storage holds as the step goes (options: the cycle's own)."""
     hooks = []
     for p in model.parameters():
         if p.requires_grad:
             hooks.append(p.register_hook(lambda g: tracker.tag([g], "incoming gradients")))
             hooks.append(p.register_post_accumulate_grad_hook(lambda p: tracker.tag([p.grad], "gradients")))
 
-    def mark(phase: str) -> None:
+    def watch(phase: str, model=None) -> None:
+        if phase == "start":
+            tracker.track(_model_tensors(model), "parameters")
         tracker.phase = phase
         if phase == "end":
             tracker.tag(optimizer_state_tensors(optimizer), "optimizer state")
 
     try:
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t):
-            training_step(model, optimizer, [(x, y)] * accum_steps, loss_fn, mark)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t), \
+                cycle.watched(watch):
+            cycle.accumulate_and_step.__wrapped__(model, optimizer, _Fetched(x, y, accum_steps, tracker),
+                                                  [1 / accum_steps] * accum_steps, loss_fn=loss_fn, **options)
     finally:
         for hook in hooks:
             hook.remove()
@@ -311,21 +335,34 @@ def _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps) -> int:
 
 def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, optimizer=None,
                  loss_fn: Callable | None = None, accum_steps: int = 1, fake: bool = False,
-                 device=None) -> MemoryReport:
+                 device=None, **cycle_options) -> MemoryReport:
     """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
 
-    x, y: one micro-batch (tensors, same length). optimizer: its type and settings are copied, for the parameters
-    it holds (for every trainable one if it holds none of this model's); default SGD, which keeps no state.
+    The step is `train`'s own: one `accumulate_and_step` of accum_steps passes of (x, y), each weighted
+    1/accum_steps (cycle_options: its clip_grad_norm, check_gradients, on_nonfinite, ddp_no_sync), so its peak is
+    the one `train(..., measure_memory=True)` records for that step, byte for byte on the CPU.
+    x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`). optimizer: its type
+    and settings are copied, for the parameters it holds (for every trainable one if it holds none of this
+    model's); default SGD, which keeps no state. Any optimizer torch ships but the closure ones (LBFGS) is taken.
     loss_fn(model(x), y) -> scalar tensor (default: cross-entropy).
-    The optimizer's state is created first, so the step measured is a steady one (Adam's state exists, as from
-    step 2 on); on CUDA a whole warm-up step runs first.
+    The peak is that of the heavier of the run's first step (in which the optimizer creates its state) and a
+    later one (the state kept from before); the categories are those of that step. On CUDA a warm-up step runs first.
     fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed; it also measures a
-    model built on the meta device (weights without data). device: "cpu" or "cuda" (default: where the model
-    is); on CUDA the peak is the allocator's, over what was allocated before the call (not run on our CPUs).
+    model built on the meta device (weights without data). A forward pass that reads a tensor's value (`if
+    t.sum() > 0`, `.item()`) cannot be traced: a real model is then measured with the CPU tracker (exact for this
+    micro-batch; a warning names the model's line), one on the meta device is refused naming it. device: "cpu" or
+    "cuda" (default: where the model is); on CUDA the peak is the allocator's, over what was allocated before the
+    call: it counts the allocator's rounding of each block and the workspaces the step's libraries take (cuBLAS,
+    cuDNN), not the CUDA context itself (a few hundred MiB outside the allocator), which a real card's budget must
+    leave room for (not run on our CPUs).
     The model, its gradients, the optimizer and the global random state are left exactly as they were.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
     fake = _validate.boolean("fake", fake)
+    unknown = sorted(set(cycle_options) - CYCLE_OPTIONS)
+    if unknown:
+        raise TypeError(_("measure_step got {names}: the options of the cycle it takes are {valid}").format(
+            names=", ".join(unknown), valid=", ".join(sorted(CYCLE_OPTIONS))))
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     home = next(model.parameters()).device
     if home.type == "meta" and not fake:
@@ -336,20 +373,76 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     device = home if fake else resolve_device(model, device)
     with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the caller's random state
         if fake:
-            mode = FakeTensorMode(allow_non_fake_inputs=True)
-            with FakeCopyMode(mode):
-                copied = copy.deepcopy(model)
-            x, y = mode.from_tensor(x.to(device)), mode.from_tensor(y.to(device))
-            with mode:  # clones: storages of the micro-batch's own size, whatever x is a view of
-                return _measure(copied, _clone_optimizer(optimizer, model, copied), x.clone(), y.clone(), loss_fn,
-                                accum_steps, FAKE, "cpu (fake)")
+            try:
+                return _fake_measure(model, x, y, optimizer, loss_fn, accum_steps, device, cycle_options)
+            except _Untraceable as untraceable:
+                if home.type == "meta":
+                    raise ValueError(_("this training step cannot be traced without values: {line} reads a "
+                                       "tensor's value ({what}), and a model on the meta device has none to "
+                                       "measure with: build it on the CPU to measure a real step").format(
+                                           line=untraceable.line, what=untraceable.what)) from untraceable.error
+                warnings.warn(_("this training step cannot be traced without values: {line} reads a tensor's "
+                                "value ({what}); it was measured with a real step on the CPU instead (exact for "
+                                "this micro-batch; code that branches on values may need more on "
+                                "others)").format(line=untraceable.line, what=untraceable.what), RuntimeWarning,
+                              stacklevel=2)
+                device = torch.device("cpu")
         x, y = x.to(device, copy=True), y.to(device, copy=True)  # a slice would count its whole dataset otherwise
         copied = copy.deepcopy(model).to(device)
         if device.type == "cuda":
             return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, ALLOCATOR,
-                            torch.cuda.get_device_name(device), cuda=device)
+                            torch.cuda.get_device_name(device), cycle_options, cuda=device)
         return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, TRACKER,
-                        "cpu")
+                        "cpu", cycle_options)
+
+
+CYCLE_OPTIONS = {"clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync"}  # measure_step passes these on
+
+
+class _Untraceable(Exception):
+    """A step that FakeTensorMode cannot run: it reads a tensor's value. `line`: where, in the user's code (the
+    model's forward pass, loss_fn) or else in the optimizer's step."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error, self.what = error, type(error).__name__
+        frames = traceback.extract_tb(error.__traceback__)
+        mine = [f for f in frames if not _library_file(f.filename)]
+        optimizer = [f for f in frames if f"{os.sep}optim{os.sep}" in f.filename]
+        if mine:
+            self.line = _("the model or loss_fn ({file}, line {number}: {code})").format(
+                file=mine[-1].filename, number=mine[-1].lineno, code=mine[-1].line)
+        elif optimizer:
+            self.line = _("the optimizer's step ({file}, line {number}: {code})").format(
+                file=optimizer[-1].filename, number=optimizer[-1].lineno, code=optimizer[-1].line)
+        else:
+            self.line = _("a line of the step")
+
+
+def _library_file(filename: str) -> bool:
+    """A file of torch's or accumlib's (not the user's model)."""
+    return any(filename.startswith(os.path.dirname(m.__file__) + os.sep) for m in (torch, cycle))
+
+
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+def _fake_measure(model, x, y, optimizer, loss_fn, accum_steps, device, cycle_options) -> MemoryReport:
+    """measure_step under FakeTensorMode; _Untraceable when the forward pass reads a tensor's value."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with FakeCopyMode(mode):
+        copied = copy.deepcopy(model)
+    x, y = mode.from_tensor(x), mode.from_tensor(y)
+    try:
+        with mode:  # moved where the model is (a fake 'cuda' model too); clones: storages of the micro-batch's size
+            x, y = x.to(device), y.to(device)
+            return _measure(copied, _clone_optimizer(optimizer, model, copied), x.clone(), y.clone(), loss_fn,
+                            accum_steps, FAKE, f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)",
+                            cycle_options)
+    except ValueError as error:
+        if isinstance(error.__cause__, _DATA_DEPENDENT):
+            raise _Untraceable(error.__cause__) from None
+        raise
 
 
 @contextlib.contextmanager
@@ -365,37 +458,46 @@ def explained_failure(x: torch.Tensor, y: torch.Tensor):
                          f"model takes and y what loss_fn compares its output with") from error
 
 
-def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, cuda=None) -> MemoryReport:
-    """Create the optimizer's state (as after a first step), then track one step of accum_steps passes."""
+def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, options, cuda=None) -> MemoryReport:
+    """Track the run's first step (the optimizer creates its state in it) and, if it made state, a later one;
+    report the heavier. On CUDA a whole warm-up step runs first (the allocator's cache, the libraries' workspaces)."""
     params = list(model.parameters())
-    if cuda is not None:  # a whole warm-up step: the allocator's cache and the libraries' workspaces are set up too
+    if cuda is not None:
         with explained_failure(x, y):
-            training_step(model, opt, [(x, y)], loss_fn)
-    else:  # the state of a step on zero gradients has the shapes of any step's: no pass needed
-        for group in opt.param_groups:
-            for p in group["params"]:
-                p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    tracker = LiveTensorBytes()
-    tracker.track(params, "parameters")
-    tracker.track([p.grad for p in params if p.grad is not None], "gradients")
-    tracker.track(optimizer_state_tensors(opt), "optimizer state")
-    tracker.track([x, y], "inputs")
-    if cuda is not None:
-        torch.cuda.synchronize(cuda)
-        before = torch.cuda.memory_allocated(cuda) - tracker.current  # what the step itself does not hold
-        torch.cuda.reset_peak_memory_stats(cuda)
-    with tracker, explained_failure(x, y):
-        _named_step(model, opt, x, y, loss_fn, accum_steps, tracker)
-    categories, peak = tracker.peak_categories(), tracker.peak
-    if cuda is not None:
-        torch.cuda.synchronize(cuda)
-        peak = torch.cuda.max_memory_allocated(cuda) - before
-        categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding, workspaces
-    return MemoryReport(device=device_name, method=method, micro_batch_size=len(x), accum_steps=accum_steps,
-                        peak=peak, peak_phase=tracker.peak_phase,
-                        **{name.replace(" ", "_"): value for name, value in categories.items()})
+            cycle.accumulate_and_step.__wrapped__(model, opt, [(x, y)], [1.0], loss_fn=loss_fn, **options)
+    reports = []
+    while not reports or (len(reports) == 1 and cuda is None and optimizer_state_tensors(opt)):
+        tracker = LiveTensorBytes()
+        tracker.track(params, "parameters")
+        tracker.track([p.grad for p in params if p.grad is not None], "gradients")
+        tracker.track(optimizer_state_tensors(opt), "optimizer state")
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
+            before = torch.cuda.memory_allocated(cuda) - tracker.current  # what the step itself does not hold
+            torch.cuda.reset_peak_memory_stats(cuda)
+        with tracker, explained_failure(x, y):
+            _named_cycle(model, opt, x, y, loss_fn, accum_steps, tracker, **options)
+        categories, peak = tracker.peak_categories(), tracker.peak
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
+            peak = torch.cuda.max_memory_allocated(cuda) - before
+            categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding
+        reports.append(MemoryReport(device=device_name, method=method, micro_batch_size=len(x),
+                                    accum_steps=accum_steps, peak=peak, peak_phase=tracker.peak_phase,
+                                    **{name.replace(" ", "_"): value for name, value in categories.items()}))
+        _far_along(opt)
+    return max(reports, key=lambda report: report.peak)
+
+
+def _far_along(optimizer: torch.optim.Optimizer, steps: int = 10**4) -> None:
+    """Set the optimizer's step counts to `steps`, as far into a run: a later step is then measured as it is from
+    there on (RAdam, say, rectifies its update, with more temporaries, only from its 6th step on)."""
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            step.fill_(steps)
+        elif isinstance(step, (int, float)) and not isinstance(step, bool):
+            state["step"] = type(step)(steps)
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,7 +508,7 @@ def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[tor
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
 
 
-def _step_peak(model, optimizer, x, y, loss_fn, accum_steps: int) -> MemoryReport:
+def _step_peak(model, optimizer, x, y, loss_fn, accum_steps: int, **cycle_options) -> MemoryReport:
     """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
 
     Exact, not an estimate: from the second pass on every pass starts from the same live tensors (weights, the
@@ -414,16 +516,19 @@ def _step_peak(model, optimizer, x, y, loss_fn, accum_steps: int) -> MemoryRepor
     pass 2 does.
     """
     report = measure_step(model, x, y, optimizer=optimizer, loss_fn=loss_fn, accum_steps=min(accum_steps, 2),
-                          fake=True)
+                          fake=True, **cycle_options)
     return dataclasses.replace(report, accum_steps=accum_steps)
 
 
-def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_bytes: int) -> MemoryReport:
+def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_bytes: int,
+               **cycle_options) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
 
-    Measured under FakeTensorMode (see `_step_peak`); returns the MemoryReport of that step.
+    Measured under FakeTensorMode (see `_step_peak`), on the model's device, with `train`'s cycle (cycle_options:
+    the options train passes to accumulate_and_step); returns the MemoryReport of that step.
     """
-    report = _step_peak(model, optimizer, x.cpu(), y.cpu(), loss_fn, accum_steps)
+    report = _step_peak(model, optimizer, x, y, loss_fn or torch.nn.functional.cross_entropy, accum_steps,
+                        **cycle_options)
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
     return report
@@ -431,7 +536,16 @@ def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_byte
 
 @contextlib.contextmanager
 def cuda_budget(device: torch.device, budget_bytes: int | None):
-    """On CUDA, cap this process's allocator at `budget_bytes` for the block; its OOM becomes OutOfMemory."""
+    """On CUDA, cap this process's allocator at `budget_bytes` for the block; its OOM becomes OutOfMemory.
+
+    What counts against the cap is what PyTorch's caching allocator reserves: every block rounded up (to 512 bytes,
+    and small tensors share 2 MiB segments, large ones 20 MiB segments or their own size rounded to 2 MiB), the
+    cuBLAS/cuDNN workspaces the step's kernels take, and blocks cached from before the call. The CUDA context
+    (a few hundred MiB of driver and kernel images) lies outside the allocator and is not counted: a real card of
+    N bytes offers N minus the context. So a budget under the allocator's 2 MiB segment cannot be honoured on a
+    real card; the CPU tracker (and `check_fits`) count live tensor bytes alone, a lower bound of the allocator's.
+    (Not run on our CPU-only machines.)
+    """
     if device.type != "cuda" or budget_bytes is None:
         yield
         return

@@ -1,7 +1,7 @@
 """What accumulation costs in time, measured and taken apart.
 
 `time_config` times whole optimizer steps of `train` (the median after warm-up steps). `decompose_time` says what
-that time is made of: it times every forward/backward pass of the hand-written loop at the micro-batch sizes that
+that time is made of: it times every forward/backward pass of train's cycle (`accumulate_and_step`) at the sizes that
 split one effective batch into 1, 2, 4, ... passes, and fits
 
     seconds of one pass = overhead_seconds + seconds_per_sample * micro_batch_size
@@ -33,9 +33,8 @@ from typing import Callable
 
 import torch
 
-from . import _validate, memory
+from . import _validate, cycle, memory
 from .loop import train
-from .memory import training_step
 
 THREAD_CPU = "CPU time of the computing thread (time.thread_time)"
 WALL = "wall time (time.perf_counter)"
@@ -153,7 +152,7 @@ class TimeDecomposition:
     effective_batch: int  # samples per optimizer step, the same for every split
     overhead_seconds: float  # fixed seconds per pass (the fit's intercept)
     seconds_per_sample: float  # seconds each sample adds to a pass (the fit's slope)
-    optimizer_seconds: float  # median seconds of zero_grad + optimizer.step, once per effective batch
+    optimizer_seconds: float  # median seconds of the cycle outside its passes (.grad set aside, norm, read, step)
     passes: tuple[PassTiming, ...]  # one per micro-batch size, smallest first: the fitted points
     steps: tuple[StepTiming, ...]  # one per accum_steps, as asked
 
@@ -188,7 +187,7 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     data: (X, y) with at least effective_batch samples; every step trains on X[:effective_batch] split into
     accum_steps micro-batches of effective_batch // accum_steps (each must divide effective_batch; two or more
     distinct micro-batch sizes are needed for the fit). The loop is the hand-written recipe
-    (`memory.training_step`) on a copy of `model` (left untouched, as is the global random state); optimizer_fn
+    as `train` runs it (`accumulate_and_step`, each pass weighted 1/accum_steps) on a copy of `model` (left untouched, as is the global random state); optimizer_fn
     and loss_fn as for `time_config`. Rounds of one step per split, in alternating order (ABBA...) so that
     drift of the machine hits every split alike: `warmup` untimed rounds, then `repeats` timed ones.
     threads: CPU threads torch computes with during the measurement (restored afterwards); None keeps the current
@@ -247,7 +246,8 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
 def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: int, repeats: int, device,
                   clock: str):
     """Run the rounds of `decompose_time`; return (pass seconds by micro-batch size, step seconds by
-    accum_steps, seconds of zero_grad + optimizer.step), timed rounds only."""
+    accum_steps, seconds of the cycle's work outside the passes: setting .grad aside, the gradient norm, the one
+    host read and optimizer.step), timed rounds only."""
     splits = list(batches)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clock_now = time.thread_time if clock == THREAD_CPU else time.perf_counter
@@ -258,18 +258,18 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
         for k in splits if round_ % 2 == 0 else splits[::-1]:
             clock: list[tuple[str, float]] = []
 
-            def mark(phase: str) -> None:
+            def mark(phase: str, model=None) -> None:  # the cycle's watcher: the clock as each part begins
                 sync()
                 clock.append((phase, clock_now()))
 
-            mark("start")
-            training_step(model, optimizer, batches[k], loss_fn, mark)
+            with cycle.watched(mark):
+                cycle.accumulate_and_step.__wrapped__(model, optimizer, batches[k], [1 / k] * k, loss_fn=loss_fn)
             if round_ < warmup:
                 continue
-            starts = [t for phase, t in clock if phase in ("forward", "step")]  # a pass ends where the next part begins
+            starts = [t for phase, t in clock if phase in ("forward", "read")]  # a pass ends where the next begins
             passes[len(batches[k][0][0])] += [b - a for a, b in zip(starts, starts[1:])]
-            times = dict(clock)  # "start", "step" and "end" occur once
-            zeroing = clock[1][1] - times["start"]  # zero_grad, between "start" and the first "forward"
-            optimizer_seconds.append(times["end"] - times["step"] + zeroing)
+            times = dict(clock)  # "start", "read" and "end" occur once
+            zeroing = clock[1][1] - times["start"]  # .grad set aside, buffers copied: before the first "forward"
+            optimizer_seconds.append(times["end"] - times["read"] + zeroing)  # the norm, the read, the step
             steps[k].append(times["end"] - times["start"])
     return passes, steps, optimizer_seconds

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/run.py            # prints the tables, writes benchmarks/results.json
     .venv/bin/python benchmarks/run.py --quick    # 2 epochs of adjacent steps, 5 rounds, no nbval suite
     .venv/bin/python benchmarks/run.py --quick --epochs 10 --rounds 31   # the full measurements, no nbval suite
+    .venv/bin/python benchmarks/run.py --section 1   # section 1 alone (the overhead table), printed, nothing written
 
 accumlib's overhead is measured step by step: train's on_step runs a hand-written step (and a second one, and an
 Accelerate step) on twin models right after each of its own optimizer steps, in alternating order, so every pair
@@ -337,6 +338,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 rounds (unless --rounds), no nbval suite")
     parser.add_argument("--rounds", type=int, help="paired rounds of the fixed cost (default 31, --quick 5)")
     parser.add_argument("--epochs", type=int, help="epochs of adjacent steps per accum_steps (default 10, --quick 2)")
+    parser.add_argument("--section", type=int, choices=[1],
+                        help="run this section alone and print it; benchmarks/results.json is left as it is")
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 31)
     epochs = args.epochs or (2 if args.quick else 10)
@@ -347,13 +350,17 @@ def main() -> None:
     print(f"machine: {machine}\n")
     results = {"machine": machine}
     for device in devices:
-        results[device.type] = measure(device, rounds, epochs, quick=args.quick)
+        results[device.type] = measure(device, rounds, epochs, quick=args.quick, only_first=args.section == 1)
+    if args.section:
+        print("\nsection 1 alone: benchmarks/results.json is left as it was")
+        return
     (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\nwritten: benchmarks/results.json")
 
 
-def measure(device: torch.device, rounds: int, epochs: int, quick: bool) -> dict:
-    """Sections 1-4 on `device`; section 5 (the lessons, the DDP job: CPU) with the CPU."""
+def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_first: bool = False) -> dict:
+    """Sections 1-4 on `device`; section 5 (the lessons, the DDP job: CPU) with the CPU; only section 1 with
+    only_first."""
     print(f"== {device.type} ==")
     loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
     try:
@@ -382,6 +389,8 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool) -> dict
     traced, slower = traced_cycle_cost(device)
     print(f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
           f"{slower:.1f}x a normal cycle's time")
+    if only_first:
+        return {"overhead_ratio": table}
 
     reads = host_reads({name: loops[name] for name in ("hand-written", "accumlib", "accelerate") if name in loops},
                        device)

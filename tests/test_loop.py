@@ -1,5 +1,6 @@
 """accumlib.train, accumulate_and_step, gradient_gap and parameter_gap: exact equivalence, once-per-step work,
 NaN, interruption, and the valid set-ups that used to give silently wrong results. Bad input: test_hostile_train.py."""
+import copy
 import math
 
 import pytest
@@ -496,9 +497,14 @@ def test_parameter_gap_never_hides_a_nan():
     assert math.isnan(accumlib.parameter_gap(model, reference))
 
 
-def test_an_optimizer_whose_parameters_get_no_gradient_steps_nothing_and_records_a_zero_norm():
+def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_nothing_in_the_norm():
+    """A parameter the loss does not depend on (no .grad) beside the model's: untouched, and the norm is the
+    model's alone. (An optimizer holding none of the model's parameters is refused: tests/test_hostile_newer_cycle.py.)"""
     model = models.mlp(dtype=torch.float64)
     unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
-    result = accumlib.accumulate_and_step(model, torch.optim.SGD([unused], lr=0.5), [(X64[:8], Y64[:8])], [1.0])
-    assert (result.grad_norm, result.skipped) == (0.0, False)
-    assert torch.equal(unused, torch.ones(3, dtype=torch.float64))
+    twin = copy.deepcopy(model)
+    alone = accumlib.accumulate_and_step(twin, torch.optim.SGD(twin.parameters(), lr=0.5), [(X64[:8], Y64[:8])], [1.0])
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD([unused, *model.parameters()], lr=0.5),
+                                          [(X64[:8], Y64[:8])], [1.0])
+    assert (result.grad_norm, result.skipped) == (alone.grad_norm, False)
+    assert torch.equal(unused, torch.ones(3, dtype=torch.float64)) and unused.grad is None
