@@ -77,8 +77,8 @@ class _Card:
             raise _TooLong
         if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Integral) or \
                 not 1 <= micro_batch_size <= self.effective_batch:
-            raise ValueError(f"fits() takes a micro-batch size from 1 to {self.effective_batch} (the effective "
-                             f"batch), got {micro_batch_size!r}")
+            raise ValueError(_("fits() takes a micro-batch size, a whole number from 1 to {most} (the effective "
+                               "batch); it got {value!r}").format(most=self.effective_batch, value=micro_batch_size))
         return self.peak(int(micro_batch_size)) <= self.budget
 
     def best(self) -> int:
