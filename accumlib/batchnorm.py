@@ -14,12 +14,17 @@ many, of noisier statistics.
 Eval mode (`model.eval()`): BatchNorm normalises with the running statistics instead of the batch's, so a
 prediction no longer depends on the other samples; that is how a model is evaluated and used after training.
 
-Remedies, and what each fixes (`compare_remedies` measures both on held-out data):
-- GroupNorm normalises each sample over groups of its own channels, with no batch statistics: accumulation is
-  exact again (the same weights as one batch, up to float rounding), and eval mode changes nothing.
+Remedies, and what each fixes (`compare_micro_batches` measures them on held-out data, with the number of
+running-statistic updates held equal):
+- A larger micro-batch: less noisy statistics in training and in the running averages.
 - Re-estimating the running statistics after training (`reestimate`, PyTorch's `swa_utils.update_bn`) replaces
   them by averages over large batches of training data. It fixes only the statistics eval mode uses: the weights,
   trained with micro-batch statistics, stay exactly as they were.
+- GroupNorm normalises each sample over groups of its own channels, with no batch statistics: accumulation is
+  exact again (the same weights as one batch, up to float rounding), and eval mode changes nothing; but it is a
+  different model, to be checked on held-out data.
+- SyncBatchNorm computes the statistics over the micro-batches of all DDP processes in the same forward pass (not
+  over the micro-batches of a cycle); PyTorch runs it on GPUs only, so nothing here measures it.
 """
 from __future__ import annotations
 
@@ -131,6 +136,12 @@ def running_stats_error(model: nn.Module, x: torch.Tensor) -> list[LayerDeviatio
 
 def _running(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return {name: (layer.running_mean, layer.running_var) for name, layer in batchnorm_layers(model).items()}
+
+
+def running_statistics(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """A copy of every BatchNorm layer's (running_mean, running_var), by layer name: a snapshot to compare later."""
+    return {name: (mean.clone(), var.clone()) for name, (mean, var) in _running(model).items()
+            if mean is not None}
 
 
 def _divergence(stats: dict, reference: dict, scale: dict) -> list[LayerDeviation]:
@@ -248,7 +259,10 @@ def to_groupnorm(model: nn.Module, groups: int = 4) -> nn.Module:
             raise ValueError(f"groups={groups} must divide the {layer.num_features} channels of layer {name}")
     model = copy.deepcopy(model)
     for name, layer in list(batchnorm_layers(model).items()):
-        gn = nn.GroupNorm(groups, layer.num_features, eps=layer.eps, affine=layer.affine)
+        like = next(iter(layer.parameters()), None)
+        like = like if like is not None else layer.running_mean
+        gn = nn.GroupNorm(groups, layer.num_features, eps=layer.eps, affine=layer.affine,
+                          **({} if like is None else dict(dtype=like.dtype, device=like.device)))  # the layer's own
         if layer.affine:
             gn.load_state_dict({"weight": layer.weight.detach(), "bias": layer.bias.detach()})
         parent, _, child = name.rpartition(".")
@@ -296,128 +310,46 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss_fn: Cal
     return Evaluation(loss.item(), accuracy, stats)
 
 
+def gradient_size(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The largest |entry| of the gradient of loss_fn(model(x), y) (one batch, train mode): the scale against which
+    `accumlib.gradient_gap` is read. The model's parameters, buffers and `.grad` are left as they were."""
+    _validate.module("model", model)
+    _validate.samples("x", x, "y", y)
+    loss_fn = _validate.loss_function("loss_fn", loss_fn) or nn.functional.cross_entropy
+    model = copy.deepcopy(model).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss_fn(model(x), y), params, allow_unused=True, materialize_grads=True)
+    return max(g.abs().max().item() for g in grads)
+
+
 def _sgd(params) -> torch.optim.Optimizer:
     """SGD with lr=0.05, the default optimizer of the BatchNorm experiments."""
     return torch.optim.SGD(params, lr=0.05)
 
 
-def _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimizer_fn):
-    """Validate the arguments of the training experiments; return (X, y, m, k, epochs), X and y where the model is."""
+def _check_experiment(model, data, effective_batch, epochs, optimizer_fn):
+    """Validate the arguments of the training experiment; return (X, y, epochs), X and y where the model is."""
     _layers_with_running_stats(model)
     X, y = _validate.pair("data", data)
-    m = _validate.positive_int("micro_batch_size", micro_batch_size)
-    k = _validate.positive_int("accum_steps", accum_steps)
     epochs = _validate.positive_int("epochs", epochs)
-    if k < 2:
-        raise ValueError(f"accum_steps must be at least 2 to compare accumulation with one batch, got {k}")
-    if m * k > len(X):
-        raise ValueError(f"micro_batch_size * accum_steps = {m * k} exceeds the {len(X)} samples of data")
+    if effective_batch > len(X):
+        raise ValueError(f"effective_batch={effective_batch} exceeds the {len(X)} samples of data")
     if not callable(optimizer_fn) or isinstance(optimizer_fn, torch.optim.Optimizer):
         raise TypeError(f"optimizer_fn must be a function from parameters to an optimizer, e.g. "
                         f"lambda params: torch.optim.SGD(params, lr=0.05), got {type(optimizer_fn).__name__}")
     device = resolve_device(model, None)
-    return X.to(device), y.to(device), m, k, epochs
+    return X.to(device), y.to(device), epochs
 
 
-def _trained(model, X, y, m, k, epochs, optimizer_fn, snapshots: list | None = None) -> nn.Module:
-    """A copy of model trained by `train` on (X, y) in order (no shuffling); snapshots gets the parameters each
-    step used (the starting ones, then those after every step but the last)."""
+def _trained(model, X, y, m, k, epochs, optimizer_fn) -> nn.Module:
+    """A copy of model trained by `train` on (X, y) with (m, k), in order (no shuffling)."""
     model = copy.deepcopy(model)
     optimizer = optimizer_fn(model.parameters())
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer_fn must return a torch.optim.Optimizer, returned {type(optimizer).__name__}")
-
-    def weights() -> dict[str, torch.Tensor]:
-        return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-    if snapshots is not None:
-        snapshots.append(weights())
     train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, epochs=epochs, shuffle=False,
-          measure_memory=False, device=X.device,
-          on_step=None if snapshots is None else lambda record: snapshots.append(weights()))
-    if snapshots is not None:
-        snapshots.pop()  # the weights after the last step were used by no step
+          measure_memory=False, device=X.device)
     return model
-
-
-def _replay(model, snapshots, cycles: list[torch.Tensor], split: int, repeats: Callable[[int], int]) -> nn.Module:
-    """A copy of model whose running statistics come from train-mode forward passes of each cycle's samples with
-    that step's weights: the cycle in pieces of `split` samples, each fed repeats(len(cycle)) times."""
-    model = copy.deepcopy(model).train()
-    with torch.no_grad():
-        for weights, cycle in zip(snapshots, cycles):
-            for name, p in model.named_parameters():
-                p.copy_(weights[name])
-            for piece in cycle.split(split):
-                for _ in range(repeats(len(cycle))):
-                    model(piece)
-    return model
-
-
-@dataclass(frozen=True)
-class DivergenceCauses:
-    """Why the running statistics of an (m, k) run differ from those of an (m * k, 1) run, one cause at a time.
-
-    Both runs train copies of one model on the same samples in the same order. Replaying the forward passes with
-    each step's recorded weights, one thing is changed at a time, from the accumulated run to the one-batch run:
-      noise: micro-batches of m -> the whole cycle's batch of m * k, fed k times (same weights, same updates);
-      update_count: k updates per step -> one (same weights, same batch statistics);
-      weights: the accumulated run's weights -> the one-batch run's (same batches, same updates).
-    Each is a list of LayerDeviation relative to the one-batch run's running variance, like `total_divergence`.
-    They are the links of a chain from one run to the other, not parts of a sum: for every layer and statistic
-    the total is at most noise + update_count + weights (the triangle inequality), and the largest link is the
-    main cause. replay_gap checks the replay: the largest |replayed - recorded| running statistic of the two real
-    runs (0 up to float rounding).
-    """
-
-    micro_batch_size: int
-    accum_steps: int
-    updates_accumulated: int  # running-average updates per BatchNorm layer in the (m, k) run
-    updates_one_batch: int  # in the (m * k, 1) run
-    total_divergence: list[LayerDeviation]  # the (m, k) run against the (m * k, 1) run
-    noise: list[LayerDeviation]
-    update_count: list[LayerDeviation]
-    weights: list[LayerDeviation]
-    weight_gap: float  # max |parameter of the (m, k) run - that of the (m * k, 1) run|
-    replay_gap: float
-
-
-def divergence_causes(model: nn.Module, data, *, micro_batch_size: int, accum_steps: int, epochs: int = 1,
-                      optimizer_fn: Callable = _sgd) -> DivergenceCauses:
-    """Train copies of `model` (a BatchNorm model, left untouched) with (micro_batch_size, accum_steps) and with
-    one batch of micro_batch_size * accum_steps on `data` = (X, y), in order, and separate the three causes of the
-    difference between their running statistics (see DivergenceCauses). optimizer_fn(parameters) -> optimizer
-    (default SGD, lr=0.05). Deterministic on the CPU; about a second of CPU time for 512 digits at (4, 8).
-    """
-    X, y, m, k, epochs = _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimizer_fn)
-
-    def passes(n: int) -> int:  # micro-batches of m in a cycle of n samples
-        return -(-n // m)
-
-    with torch.random.fork_rng(devices=[]):
-        accumulated_weights, one_batch_weights = [], []
-        accumulated = _trained(model, X, y, m, k, epochs, optimizer_fn, accumulated_weights)
-        one_batch = _trained(model, X, y, m * k, 1, epochs, optimizer_fn, one_batch_weights)
-        cycles = list(X.split(m * k)) * epochs  # the samples of each step: train's order without shuffling
-        replays = {
-            "accumulated": _replay(model, accumulated_weights, cycles, m, lambda n: 1),
-            "whole batch, k updates": _replay(model, accumulated_weights, cycles, m * k, passes),
-            "whole batch, one update": _replay(model, accumulated_weights, cycles, m * k, lambda n: 1),
-            "one batch": _replay(model, one_batch_weights, cycles, m * k, lambda n: 1),
-        }
-    stats = {name: _running(replayed) for name, replayed in replays.items()}
-    scale = _scale(one_batch)
-    replay_gap = max((a - b).abs().max().item()
-                     for replayed, real in ((replays["accumulated"], accumulated), (replays["one batch"], one_batch))
-                     for pair in zip(_running(replayed).values(), _running(real).values()) for a, b in zip(*pair))
-    return DivergenceCauses(
-        micro_batch_size=m, accum_steps=k,
-        updates_accumulated=sum(passes(len(c)) for c in cycles), updates_one_batch=len(cycles),
-        total_divergence=_divergence(_running(accumulated), _running(one_batch), scale),
-        noise=_divergence(stats["accumulated"], stats["whole batch, k updates"], scale),
-        update_count=_divergence(stats["whole batch, k updates"], stats["whole batch, one update"], scale),
-        weights=_divergence(stats["whole batch, one update"], stats["one batch"], scale),
-        weight_gap=_parameter_gap(accumulated, one_batch), replay_gap=replay_gap)
 
 
 def _parameter_gap(model: nn.Module, reference: nn.Module) -> float:
@@ -427,53 +359,82 @@ def _parameter_gap(model: nn.Module, reference: nn.Module) -> float:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One trained model of `compare_remedies`, evaluated in eval mode on the held-out data."""
-
-    evaluation: Evaluation
-    weight_gap: float  # max |parameter - that of the same normalisation trained with one batch of m * k|
-
-
-@dataclass(frozen=True)
-class Remedies:
-    """BatchNorm and GroupNorm copies of one model, trained with (m, k) and with one batch of m * k, on held-out data.
-
-    batchnorm_reestimated and batchnorm_one_batch_reestimated are the two BatchNorm runs after `reestimate` on the
-    training data (all of it as one batch): reestimate_weight_change (max |parameter change| it caused) is 0.0, so
-    their weight_gap is that of the runs they came from: re-estimation fixes the statistics eval mode uses, not the
-    weights, and what still separates the two re-estimated runs is their weights. groupnorm_accumulated.weight_gap
-    is float rounding: with GroupNorm accumulation is exact.
-    """
+    """One model of `compare_micro_batches`, trained with (micro_batch_size, accum_steps) on the same samples."""
 
     micro_batch_size: int
     accum_steps: int
-    batchnorm_one_batch: Outcome
-    batchnorm_accumulated: Outcome
-    batchnorm_reestimated: Outcome
-    batchnorm_one_batch_reestimated: Outcome
-    groupnorm_one_batch: Outcome
-    groupnorm_accumulated: Outcome
+    training_updates: int  # running-statistic updates per BatchNorm layer that training made: one per micro-batch
+    weight_gap: float  # max |parameter - that of the same normalisation trained with the largest micro-batch|
+    settled: Evaluation  # on held-out data, running statistics from `updates` micro-batches of its own size
+    reestimated: Evaluation | None  # on held-out data, after `reestimate` on all the training data (None: GroupNorm)
+
+
+@dataclass(frozen=True)
+class MicroBatchComparison:
+    """BatchNorm trained at one effective batch split into micro-batches of each size; GroupNorm beside it.
+
+    Every run trains a copy of the same model on the same samples in the same order, for the same number of
+    optimizer steps. Training leaves each BatchNorm model with a different number of running-statistic updates
+    (one per micro-batch: `Outcome.training_updates`), so its running statistics are collected anew before
+    evaluation: `updates` train-mode passes of micro-batches of the model's own size, its weights fixed
+    (`collect_running_stats`). The same number of updates for every model, enough for the averages to settle
+    (`settled_fraction` of the way at the layers' momentum): what remains is the noise of the micro-batch.
+    `reestimated` then replaces them with statistics of all the training data; the weights do not change
+    (`reestimate_weight_change` is 0.0), so what still separates those rows is the weights, trained with the
+    micro-batch's statistics. GroupNorm keeps no statistics: its rows differ by float rounding only.
+    """
+
+    effective_batch: int
+    epochs: int
+    optimizer_steps: int  # per run
+    updates: int  # running-statistic updates of every settled evaluation
+    settled_fraction: float  # how far a running average moves in `updates` updates (running_average_moved)
+    batchnorm: list[Outcome]  # by micro-batch size, smallest first
+    groupnorm: list[Outcome]  # the two largest micro-batch sizes
     reestimate_weight_change: float
 
 
-def compare_remedies(model: nn.Module, data, held_out, *, micro_batch_size: int, accum_steps: int, epochs: int = 1,
-                     groups: int = 4, optimizer_fn: Callable = _sgd) -> Remedies:
-    """Train copies of `model` (a BatchNorm model, left untouched) and of its GroupNorm twin (`to_groupnorm`, same
-    starting weights) on `data` = (X, y), in order, with (micro_batch_size, accum_steps) and with one batch of
-    their product; re-estimate both BatchNorm copies on X; evaluate every copy in eval mode on
-    `held_out` = (X, y) (data none of them was trained or re-estimated on). Deterministic on the CPU.
+def compare_micro_batches(model: nn.Module, data, held_out, *, effective_batch: int,
+                          micro_batch_sizes: tuple[int, ...], epochs: int = 1, updates: int = 100, groups: int = 4,
+                          optimizer_fn: Callable = _sgd) -> MicroBatchComparison:
+    """Train copies of `model` (a BatchNorm model, left untouched) on `data` = (X, y), in order, with the effective
+    batch split into micro-batches of each size in micro_batch_sizes (each must divide effective_batch; two or
+    more); collect each copy's running statistics from `updates` micro-batches of its own size, then re-estimate
+    them on X; train its GroupNorm twin (`to_groupnorm`, the same starting weights) at the two largest sizes;
+    evaluate every model in eval mode on `held_out` = (X, y), data none of them saw (see MicroBatchComparison).
+    Deterministic on the CPU; in float64 the printed digits hold on every CPU.
     """
-    X, y, m, k, epochs = _check_experiment(model, data, micro_batch_size, accum_steps, epochs, optimizer_fn)
+    _layers_with_running_stats(model)
+    effective_batch = _validate.positive_int("effective_batch", effective_batch)
+    if not isinstance(micro_batch_sizes, (tuple, list)) or len(micro_batch_sizes) < 2:
+        raise TypeError(f"micro_batch_sizes must be a tuple of two or more sizes, got {micro_batch_sizes!r}")
+    sizes = sorted({_validate.positive_int("micro_batch_sizes", m) for m in micro_batch_sizes})
+    if len(sizes) < 2 or any(effective_batch % m for m in sizes):
+        raise ValueError(f"micro_batch_sizes must hold two or more different sizes that divide effective_batch="
+                         f"{effective_batch}, got {micro_batch_sizes!r}")
+    X, y, epochs = _check_experiment(model, data, effective_batch, epochs, optimizer_fn)
     held_x, held_y = (t.to(X.device) for t in _validate.pair("held_out", held_out))
+    updates = _validate.positive_int("updates", updates)
     grouped = to_groupnorm(model, groups)
+    runs, twins = {}, {}
     with torch.random.fork_rng(devices=[]):
-        runs = {(norm, split): _trained(net, X, y, *split, epochs, optimizer_fn)
-                for norm, net in (("batch", model), ("group", grouped)) for split in ((m, k), (m * k, 1))}
-    reestimated = {split: reestimate(copy.deepcopy(runs["batch", split]), X) for split in ((m, k), (m * k, 1))}
-
-    def outcome(net: nn.Module, norm: str) -> Outcome:
-        return Outcome(evaluate(net, held_x, held_y), _parameter_gap(net, runs[norm, (m * k, 1)]))
-
-    return Remedies(m, k, outcome(runs["batch", (m * k, 1)], "batch"), outcome(runs["batch", (m, k)], "batch"),
-                    outcome(reestimated[m, k], "batch"), outcome(reestimated[m * k, 1], "batch"),
-                    outcome(runs["group", (m * k, 1)], "group"), outcome(runs["group", (m, k)], "group"),
-                    max(_parameter_gap(reestimated[split], runs["batch", split]) for split in reestimated))
+        for m in sizes:
+            runs[m] = _trained(model, X, y, m, effective_batch // m, epochs, optimizer_fn)
+        for m in sizes[-2:]:
+            twins[m] = _trained(grouped, X, y, m, effective_batch // m, epochs, optimizer_fn)
+    largest = sizes[-1]
+    passes = -(-len(X) // effective_batch)  # optimizer steps per epoch; the last cycle may be short
+    change = 0.0
+    batchnorm = []
+    for m in sizes:
+        settled = collect_running_stats(runs[m], X, m, updates)
+        reestimated = reestimate(copy.deepcopy(runs[m]), X)
+        change = max(change, _parameter_gap(reestimated, runs[m]))
+        batchnorm.append(Outcome(m, effective_batch // m, epochs * -(-len(X) // m),
+                                 _parameter_gap(runs[m], runs[largest]), evaluate(settled, held_x, held_y),
+                                 evaluate(reestimated, held_x, held_y)))
+    groupnorm = [Outcome(m, effective_batch // m, 0, _parameter_gap(twins[m], twins[largest]),
+                         evaluate(twins[m], held_x, held_y), None) for m in sizes[-2:]]
+    moved = running_average_moved(model, updates)
+    return MicroBatchComparison(effective_batch, epochs, epochs * passes, updates, min(m.moved for m in moved),
+                                batchnorm, groupnorm, change)

@@ -39,7 +39,7 @@ ALL = [exercise for group in exercises.BY_LESSON.values() for exercise in group]
 STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-division"],
                  "the_loop": ["step-every-micro-batch", "missing-division"],
                  "last_cycle": ["leaked-tail", "tail-dropped"], "memory_plan": ["does-not-fit"],
-                 "time_cost": ["no-prediction"], "groupnorm": ["batchnorm-left"], "amp_loop": ["scaler-unused"],
+                 "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"], "amp_loop": ["scaler-unused"],
                  "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"],
                  "first_loop": ["step-every-micro-batch"]}
 
@@ -414,20 +414,45 @@ def test_the_prediction_is_compared_with_the_measurement():
     assert one[0] == many[0] and many[1] > 5 * one[1]  # the same arithmetic, many more operator calls
 
 
-# ---------------------------------------------------------------- lesson 7: GroupNorm
+# ---------------------------------------------------------------- lesson 7: the largest micro-batch that fits
 
 @pytest.mark.parametrize("body, name", [
-    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 10))",
-     "no-normalisation"),
-    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.Dropout(0.5), nn.Flatten(), "
-     "nn.Linear(16 * 64, 10))", "not-exact"),
-    ("nn.Sequential(nn.Flatten(), nn.Linear(64, 5))", "wrong-output"),
-    ("nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(3, 16))", "groupnorm-groups"),
-    ("'a model'", "not-a-model"),
-], ids=["removed", "dropout", "shape", "groups", "string"])
-def test_groupnorm_names_each_mistake(body, name):
-    function = defined(f"def build_model():\n    return {body}\n", "build_model")
-    assert exercises.groupnorm.verdict(function).names == [name]
+    ("return 8, 8", "wrong-product"),  # hard-coded: right for 64 on 0.5 MiB only, and the checker asks for several
+    ("return 8, effective_batch // 8", "smaller-than-needed"),  # a fixed size: 16 fits 96 on 1 MiB
+    ("return effective_batch, 1", "does-not-fit"),
+    ("m = 1\n    while fits(m * 2) and effective_batch % (m * 2) == 0:\n        m *= 2\n    return m, effective_batch // m",
+     "smaller-than-needed"),  # powers of two only: 10 fits and divides 60, 4 is returned
+    ("return fits(0)", "error"),  # fits() refuses sizes outside 1 .. effective_batch, in words
+    ("return [1, 2, 3]", "not-a-pair"),
+    ("return 'eight', 8", "not-a-pair"),
+    ("while True:\n        fits(1)", "too-long"),  # stopped by the call limit
+    ("raise KeyError('m')", "error"),
+], ids=["hard-coded", "fixed-size", "too-large", "powers-of-two", "bad-size", "three", "text", "endless", "raises"])
+def test_batchnorm_split_names_each_mistake(body, name):
+    function = defined(f"def choose_split(fits, effective_batch):\n    {body}\n", "choose_split")
+    result = exercises.batchnorm_split.verdict(function)
+    assert result.names == [name], result.text
+    assert "Traceback" not in result.text
+
+
+@pytest.mark.parametrize("body", [
+    "for m in range(effective_batch, 0, -1):\n        if effective_batch % m == 0 and fits(m):\n"
+    "            return float(m), effective_batch / m",  # floats with whole values
+    "best = max(m for m in range(1, effective_batch + 1) if effective_batch % m == 0 and fits(m))\n"
+    "    return torch.tensor(best), effective_batch // best",  # a 0-d tensor
+], ids=["floats", "tensor"])
+def test_batchnorm_split_accepts_unusual_valid_answers(body):
+    function = defined(f"def choose_split(fits, effective_batch):\n    {body}\n", "choose_split")
+    assert exercises.batchnorm_split.verdict(function).correct
+
+
+def test_batchnorm_split_stops_a_loop_that_never_calls_fits(monkeypatch):
+    from accumlib.lessons.exercises import normalization
+    monkeypatch.setattr(normalization, "TIME_LIMIT", 1)  # the limit itself, not its length, is under test
+    function = defined("def choose_split(fits, effective_batch):\n    while True:\n        pass\n", "choose_split")
+    result = exercises.batchnorm_split.verdict(function)
+    assert result.names == ["too-long"] and "Does every loop end?" in result.text
+
 
 
 # ---------------------------------------------------------------- issue 21: answers that try to fool or crash a check
@@ -589,9 +614,9 @@ def test_an_answer_that_tries_to_fool_or_crash_the_check_gets_its_verdict(name, 
 
 
 def test_every_exercise_meets_all_four_kinds_of_answer_and_the_table_of_verdicts():
-    """Every exercise but groupnorm (rebuilt by another helper) has the four cases; the table of their verdicts
-    (pytest -s prints it) is what the test above asserts, case by case."""
-    for name in (e.name for e in ALL if e.name != "groupnorm"):
+    """Every exercise has the four cases; the table of their verdicts (pytest -s prints it) is what the test above
+    asserts, case by case."""
+    for name in (e.name for e in ALL):
         assert {"hard-coded", "crashing", "non-terminating", "unusual valid"} <= set(CASES[name]), name
     print("\nexercise x case -> verdict")
     for name, cases in CASES.items():
@@ -630,16 +655,3 @@ def test_a_plan_that_fits_passes_and_names_the_fastest_one():
         result = exercises.memory_plan.verdict(*plan)
         assert result.correct, result.text
     assert "8 x 32" in exercises.memory_plan.verdict(4, 64).text
-
-
-def test_groupnorm_s_swapped_arguments_are_explained_in_the_learner_s_words():
-    function = defined("def build_model():\n    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), "
-                       "nn.GroupNorm(16, 4), nn.Flatten(), nn.Linear(16 * 64, 10))\n", "build_model")
-    result = exercises.groupnorm.verdict(function)
-    assert result.names == ["groupnorm-groups"] and "nn.GroupNorm(4, 16)" in result.text
-
-
-def test_groupnorm_runs_under_the_same_time_limit(short_time_limits):
-    """groupnorm (rebuilt by another helper) goes through the shared machinery too: its build_model() is stopped."""
-    function = cell("def build_model():\n" + FOREVER, "build_model")
-    assert exercises.groupnorm.verdict(function).names == ["time-limit"]

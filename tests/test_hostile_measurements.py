@@ -43,16 +43,11 @@ def decomposed(**kwargs):
     return timing.decompose_time(arguments.pop("model"), arguments.pop("data"), **arguments)
 
 
-def causes(**kwargs):
-    arguments = {"model": BN_NET, "data": (X, Y), "micro_batch_size": 4, "accum_steps": 2, **kwargs}
-    return batchnorm.divergence_causes(arguments.pop("model"), arguments.pop("data"), **arguments)
-
-
-def remedies(**kwargs):
-    arguments = {"model": BN_NET, "data": (X, Y), "held_out": (X, Y), "micro_batch_size": 4, "accum_steps": 2,
+def splits(**kwargs):
+    arguments = {"model": BN_NET, "data": (X, Y), "held_out": (X, Y), "effective_batch": 8, "micro_batch_sizes": (2, 8),
                  **kwargs}
-    return batchnorm.compare_remedies(arguments.pop("model"), arguments.pop("data"), arguments.pop("held_out"),
-                                      **arguments)
+    return batchnorm.compare_micro_batches(arguments.pop("model"), arguments.pop("data"), arguments.pop("held_out"),
+                                           **arguments)
 
 
 CASES = {  # id: (call, error type, the parameter its message must name)
@@ -138,17 +133,19 @@ CASES = {  # id: (call, error type, the parameter its message must name)
                                                 "reference"),
     "moved: updates 0": (lambda: batchnorm.running_average_moved(BN_NET, 0), ValueError, "updates"),
     "moved: no running statistics": (lambda: batchnorm.running_average_moved(NO_STATS, 3), ValueError, "model"),
-    "causes: accum_steps 1": (lambda: causes(accum_steps=1), ValueError, "accum_steps"),
-    "causes: effective batch larger than data": (lambda: causes(micro_batch_size=16, accum_steps=8), ValueError,
-                                                 "micro_batch_size"),
-    "causes: epochs 0": (lambda: causes(epochs=0), ValueError, "epochs"),
-    "causes: dict data": (lambda: causes(data={"x": X}), TypeError, "data"),
-    "causes: an optimizer instead of a function": (lambda: causes(optimizer_fn=ADAM), TypeError, "optimizer_fn"),
-    "causes: model without BatchNorm": (lambda: causes(model=NET), ValueError, "model"),
-    "remedies: dict held-out data": (lambda: remedies(held_out={"x": X}), TypeError, "held_out"),
-    "remedies: groups not dividing the channels": (lambda: remedies(groups=5), ValueError, "groups"),
     "evaluate: y shorter than x": (lambda: batchnorm.evaluate(BN_NET, X, Y[:3]), ValueError, "y"),
     "evaluate: loss class": (lambda: batchnorm.evaluate(BN_NET, X, Y, loss_fn=nn.CrossEntropyLoss), TypeError, "loss_fn"),
+    "splits: effective batch larger than data": (lambda: splits(effective_batch=128, micro_batch_sizes=(2, 128)),
+                                                  ValueError, "effective_batch"),
+    "splits: epochs 0": (lambda: splits(epochs=0), ValueError, "epochs"),
+    "splits: dict data": (lambda: splits(data={"x": X}), TypeError, "data"),
+    "splits: an optimizer instead of a function": (lambda: splits(optimizer_fn=ADAM), TypeError, "optimizer_fn"),
+    "splits: model without BatchNorm": (lambda: splits(model=NET), ValueError, "model"),
+    "splits: dict held-out data": (lambda: splits(held_out={"x": X}), TypeError, "held_out"),
+    "splits: groups not dividing the channels": (lambda: splits(groups=5), ValueError, "groups"),
+    "splits: updates 0": (lambda: splits(updates=0), ValueError, "updates"),
+    "splits: a size not dividing the effective batch": (lambda: splits(micro_batch_sizes=(3, 8)), ValueError,
+                                                         "micro_batch_sizes"),
     "groupnorm: no BatchNorm": (lambda: batchnorm.to_groupnorm(NET), ValueError, "model"),
     "groupnorm: groups 0": (lambda: batchnorm.to_groupnorm(BN_NET, groups=0), ValueError, "groups"),
     "cnn: unknown norm": (lambda: models.cnn(norm="bn"), ValueError, "norm"),

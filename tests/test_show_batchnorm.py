@@ -29,76 +29,58 @@ def test_deviation_does_not_claim_a_difference_it_did_not_measure(capsys):
     assert "Micro-batches of 2 stray no further from the statistics of the whole batch of 64" in capsys.readouterr().out
 
 
-def test_gradient_gaps_call_exact_only_what_rounding_explains(capsys):
+def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale(capsys):
     net = models.cnn(norm="batch")
     gaps = {name: accumlib.gradient_gap(model, torch.nn.functional.cross_entropy, X[:64], Y[:64], 8)
             for name, model in (("BatchNorm", net), ("GroupNorm", batchnorm.to_groupnorm(net)))}
-    assert show.gradient_gaps(gaps, micro_batch_size=8, accum_steps=8) == {"BatchNorm": False, "GroupNorm": True}
+    size = batchnorm.gradient_size(net, torch.nn.functional.cross_entropy, X[:64], Y[:64])
+    assert show.gradient_gaps(gaps, micro_batch_size=8, accum_steps=8, gradient_size=size) == {
+        "BatchNorm": False, "GroupNorm": True}
     out = capsys.readouterr().out
+    assert f"one batch of 64, whose largest entry is {size:.3f}:" in out
     assert "GroupNorm: below 1e-05: accumulation is exact up to float32 rounding." in out
-    assert f"BatchNorm: {gaps['BatchNorm']:.4f}: accumulation is not exact." in out
+    assert f"BatchNorm: {gaps['BatchNorm']:.3f}, {gaps['BatchNorm'] / size:.0%} of the largest entry: " in out
+    # float64 rounding is far smaller: a float32-sized gap is not exact there
+    assert show.gradient_gaps({"GroupNorm": 1e-7}, 8, 8, size, precision="float64") == {"GroupNorm": False}
 
 
 @pytest.fixture(scope="module")
-def causes():
-    fresh = models.cnn(norm="batch", seed=1)
-    result = batchnorm.divergence_causes(fresh, (X, Y), micro_batch_size=4, accum_steps=8)
-    moved = {n: batchnorm.running_average_moved(fresh, n)
-             for n in (result.updates_one_batch, result.updates_accumulated)}
-    return result, moved
+def splits():
+    X64, Y64 = data.digits(dtype=torch.float64)
+    return batchnorm.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64), (X64[:256], Y64[:256]),
+                                           (X64[1024:1280], Y64[1024:1280]), effective_batch=32,
+                                           micro_batch_sizes=(2, 32), epochs=1, updates=50)
 
 
-def test_causes_name_the_update_count_and_how_far_a_running_average_moves(causes, capsys):
-    result, moved = causes
-    assert (result.updates_accumulated, result.updates_one_batch) == (64, 8)
-    assert show.causes(result, moved) == "update_count"
+def test_micro_batches_print_the_confound_the_table_and_findings_that_follow_the_numbers(splits, capsys):
+    findings = show.micro_batches(splits)
     out = capsys.readouterr().out
-    assert ("Of the three, the number of updates alone makes about as large a difference as all causes "
-            "together") in out
-    assert "after 8 updates at momentum 0.1, a running average has moved 57.0% of the way" in out  # 1 - 0.9 ** 8
-    assert "(43.0% of the start remains)" in out
-
-
-def test_causes_without_a_dominant_one_only_name_the_largest(causes, capsys):
-    result, moved = causes
-    even = dataclasses.replace(result, noise=result.update_count, weights=result.update_count)
-    show.causes(even, moved)
-    out = capsys.readouterr().out
-    assert "alone accounts" not in out and "The largest cause is the noise of micro-batch statistics" in out
-
-
-def test_causes_need_the_moves_of_both_runs(causes):
-    result, moved = causes
-    with pytest.raises(ValueError, match="moved must hold batchnorm.running_average_moved\\(model, 64\\)"):
-        show.causes(result, {8: moved[8]})
-
-
-@pytest.fixture(scope="module")
-def remedies():
-    return batchnorm.compare_remedies(models.cnn(norm="batch", seed=1), (X, Y), HELD_OUT, micro_batch_size=4,
-                                      accum_steps=8)
-
-
-def test_remedies_say_what_each_fixes_as_measured(remedies, capsys):
-    findings = show.remedies(remedies)
+    assert "Training updated the running statistics once per micro-batch: 128 times at 2 × 16, 8 times at 32 × 1." in out
+    assert f"after 50 updates a running average has moved {1 - 0.9 ** 50:.3%} of the way" in out
+    errors = [o.settled.statistics_error_total for o in splits.batchnorm]
+    assert findings.noisiest_smallest == (errors[0] == max(errors))
+    losses = [o.reestimated.loss for o in splits.batchnorm]
+    assert findings.loss_falls_with_size == (losses[0] >= losses[1])
     assert findings.reestimate_kept_weights and findings.groupnorm_exact
-    assert findings.reestimate_lowered_error == all(
-        after.evaluation.statistics_error_total < before.evaluation.statistics_error_total
-        for before, after in ((remedies.batchnorm_accumulated, remedies.batchnorm_reestimated),
-                              (remedies.batchnorm_one_batch, remedies.batchnorm_one_batch_reestimated)))
+    assert findings.reestimate_helped == [o.micro_batch_size for o in splits.batchnorm
+                                          if o.reestimated.loss < o.settled.loss]
+    assert "none kept" in out and f"Lowest held-out loss: {findings.best}," in out
+
+
+def test_micro_batches_do_not_claim_noise_or_a_trend_they_did_not_measure(splits, capsys):
+    small, large = splits.batchnorm
+    quiet = dataclasses.replace(small, settled=dataclasses.replace(small.settled, statistics_error=[]),
+                                reestimated=dataclasses.replace(small.reestimated, loss=large.reestimated.loss - 1))
+    findings = show.micro_batches(dataclasses.replace(splits, batchnorm=[quiet, large]))
     out = capsys.readouterr().out
-    assert "GroupNorm, 4 × 8                  < 1e-05" in out  # rounding-level gaps are not printed digit by digit
-    assert "none kept" in out
-    higher = remedies.groupnorm_accumulated.evaluation.loss > remedies.batchnorm_reestimated.evaluation.loss
-    assert findings.groupnorm_higher_loss == higher
-    assert ("GroupNorm makes accumulation exact, not the model better" in out) == higher
+    assert not findings.noisiest_smallest and "are not the furthest" in out
+    assert not findings.loss_falls_with_size and "does not fall steadily" in out
 
 
-def test_remedies_call_groupnorm_better_only_when_its_held_out_loss_is_not_higher(remedies, capsys):
-    worse = dataclasses.replace(remedies.groupnorm_accumulated, evaluation=dataclasses.replace(
-        remedies.groupnorm_accumulated.evaluation, loss=remedies.batchnorm_reestimated.evaluation.loss + 1))
-    assert show.remedies(dataclasses.replace(remedies, groupnorm_accumulated=worse)).groupnorm_higher_loss
-    assert "GroupNorm makes accumulation exact, not the model better" in capsys.readouterr().out
-    better = dataclasses.replace(worse, evaluation=dataclasses.replace(worse.evaluation, loss=0.0))
-    assert not show.remedies(dataclasses.replace(remedies, groupnorm_accumulated=better)).groupnorm_higher_loss
-    assert "is not higher than re-estimated BatchNorm's" in capsys.readouterr().out
+def test_skipped_cycle_says_whether_the_statistics_were_put_back(capsys):
+    stats = {"1": (torch.zeros(2), torch.ones(2))}
+    assert show.skipped_cycle(True, stats, {"1": (torch.zeros(2), torch.ones(2))})
+    assert "exactly as before it" in capsys.readouterr().out
+    assert not show.skipped_cycle(True, stats, {"1": (torch.ones(2), torch.ones(2))})
+    assert "but the running statistics changed" in capsys.readouterr().out
+    assert not show.skipped_cycle(False, stats, stats)

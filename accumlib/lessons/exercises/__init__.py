@@ -24,7 +24,7 @@ and by how much (`fingerprint.py`); a right loop is then trained for real and co
     lesson 4  last_cycle           def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs)
     lesson 5  memory_plan          micro_batch_size, accum_steps = ...  (256 samples per step on 0.5 MiB)
     lesson 6  time_cost            arithmetic_ratio = ...  (predict, then run)
-    lesson 7  groupnorm            def build_model() -> the CNN with GroupNorm instead of BatchNorm
+    lesson 7  batchnorm_split      def choose_split(fits, effective_batch) -> the largest micro-batch that fits
     lesson 8  amp_loop             def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps)
               clip_after_unscale   def optimizer_step(model, optimizer, scaler, max_norm)
     lesson 9  no_sync              def accumulate(model, optimizer, loader, loss_fn, accum_steps), model under DDP
@@ -33,16 +33,16 @@ from .core import Exercise, Finding, Prediction, Verdict
 from .ddp import no_sync
 from .in_ten_minutes import first_loop
 from .loops import last_cycle, scale_loss, the_loop
-from .normalization import groupnorm
+from .normalization import batchnorm_split
 from .planning import largest_batch, memory_plan
 from .precision import amp_loop, clip_after_unscale
 from .predictions import time_cost
 
 BY_LESSON: dict[int, tuple[Exercise, ...]] = {
     1: (largest_batch,), 2: (scale_loss,), 3: (the_loop,), 4: (last_cycle,), 5: (memory_plan,),
-    6: (time_cost,), 7: (groupnorm,), 8: (amp_loop, clip_after_unscale), 9: (no_sync,)}
+    6: (time_cost,), 7: (batchnorm_split,), 8: (amp_loop, clip_after_unscale), 9: (no_sync,)}
 BY_LESSON = {0: (first_loop,), **BY_LESSON}  # lesson 0, the seed's lesson in ten minutes: the loop's step condition
 
 __all__ = ["BY_LESSON", "Exercise", "Finding", "Prediction", "Verdict", "largest_batch", "scale_loss",
-           "the_loop", "last_cycle", "memory_plan", "time_cost", "groupnorm", "amp_loop", "clip_after_unscale",
-           "no_sync"]
+           "the_loop", "last_cycle", "memory_plan", "time_cost", "batchnorm_split", "amp_loop", "clip_after_unscale",
+           "no_sync", "first_loop"]

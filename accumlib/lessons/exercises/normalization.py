@@ -1,96 +1,192 @@
-"""Exercise of lesson 7: swap BatchNorm for GroupNorm, checked with `accumlib.gradient_gap`.
+"""Exercise of lesson 7: the remedy the lesson measured best, the largest micro-batch that fits, as a rule.
 
-The learner's `build_model()` is built in float64 (seeded), put in training mode (what training uses), and its
-accumulated gradient over 8 micro-batches of 8 digits is compared with the gradient of one batch of 64.
+With BatchNorm, the larger the micro-batch, the less noisy the statistics it normalises with (lesson 7 measures it
+with the running-statistic updates held equal). The learner writes `choose_split(fits, effective_batch)`: the
+largest micro-batch that divides the effective batch and fits the card, and the accum_steps for the rest. The
+checker asks it for several cards and effective batches (a fixed answer fits one of them at most), measures every
+peak as `accumlib.train(memory_budget=...)` does (FakeTensorMode: byte-exact, the same on every machine), and stops
+an answer that runs too long or calls `fits` too often.
 """
 from __future__ import annotations
 
-import torch
-from torch import nn
+import contextlib
+import functools
+import numbers
+import signal
+import threading
 
-from .. import data
+import torch
+
+from ... import memory
+from ...batchnorm import micro_batch_deviation, total
+from .. import data, models
 from ...i18n import N_, _
-from ...loop import gradient_gap
 from .core import Exercise, Finding, Verdict, right, wrong
-from .fingerprint import EXACT, call_with, error_finding
+from .fingerprint import call_with, error_finding
 from .loops import not_a_function
 
-PER_SAMPLE_NORMS = (nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)
+TIME_LIMIT = 10  # seconds for one problem: the solution needs well under one (every peak it asks for is cached)
+CALL_LIMIT = 1000  # calls to fits() per problem: trying every size once needs at most effective_batch (<= 96)
 
 
-class GroupNormSwap(Exercise):
-    lesson, name, answer = 7, "groupnorm", ("build_model",)
-    batch, accum_steps = 64, 8
+@functools.lru_cache(maxsize=None)
+def step_peak(micro_batch_size: int, accumulated: bool) -> int:
+    """Peak bytes of one training step of models.cnn(norm="batch") with SGD on digits, in micro-batches of this size
+    (accumulated: accum_steps = 2, whose peak every accum_steps >= 2 shares; else one batch)."""
+    X, y = data.digits()
+    model = models.cnn(norm="batch")
+    return memory.measure_step(model, *memory.batch_of((X, y), micro_batch_size), accum_steps=2 if accumulated else 1,
+                               optimizer=torch.optim.SGD(model.parameters(), lr=0.05), fake=True).peak
+
+
+class _TooLong(Exception):
+    """The learner's function ran past the time limit or called fits() too often."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int):
+    """Raise _TooLong in the main thread after `seconds` (SIGALRM; elsewhere only the call limit of fits applies)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _TooLong
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _Card:
+    """fits(m) for one card and effective batch, counting its calls."""
+
+    def __init__(self, budget: int, effective_batch: int):
+        self.budget, self.effective_batch, self.calls = budget, effective_batch, 0
+
+    def peak(self, m: int) -> int:
+        return step_peak(m, m < self.effective_batch)
+
+    def __call__(self, micro_batch_size) -> bool:
+        self.calls += 1
+        if self.calls > CALL_LIMIT:
+            raise _TooLong
+        if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Integral) or \
+                not 1 <= micro_batch_size <= self.effective_batch:
+            raise ValueError(_("fits() takes a micro-batch size, a whole number from 1 to {most} (the effective "
+                               "batch); it got {value!r}").format(most=self.effective_batch, value=micro_batch_size))
+        return self.peak(int(micro_batch_size)) <= self.budget
+
+    def best(self) -> int:
+        return max(m for m in range(1, self.effective_batch + 1)
+                   if self.effective_batch % m == 0 and self.peak(m) <= self.budget)
+
+
+def _whole(value) -> int | None:
+    """value as an int when it is a number with an integral value (8, 8.0, torch.tensor(8)), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _bytes(size: int) -> str:
+    return f"{size:,}"
+
+
+class BatchNormSplit(Exercise):
+    lesson, name, answer = 7, "batchnorm_split", ("choose_split",)
+    problems = ((2**19, 64), (2**20, 96), (2**19, 60), (2**21, 48))  # (card bytes, effective batch)
     stub = '''\
-def build_model():
-    # models.cnn(norm="batch"), written out. Make accumulation exact again.
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 16, 10))
+def choose_split(fits, effective_batch):
+    # fits(m) is True when a training step of the BatchNorm CNN on micro-batches of m digits fits the card.
+    # Return (micro_batch_size, accum_steps) with micro_batch_size * accum_steps == effective_batch.
+    return 1, effective_batch  # micro-batches of 1 always fit
 
 
-exercises.groupnorm.check(build_model)
+exercises.batchnorm_split.check(choose_split)
 '''
     solution_code = '''\
-def build_model():
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(),  # 4 groups of 4 channels, per sample
-        nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 16, 10))
+def choose_split(fits, effective_batch):
+    for m in range(effective_batch, 0, -1):  # the largest micro-batch first
+        if effective_batch % m == 0 and fits(m):
+            return m, effective_batch // m
 
 
-exercises.groupnorm.check(build_model)
+exercises.batchnorm_split.check(choose_split)
 '''
-    hint_text = N_("nn.GroupNorm(groups, channels) normalises each sample on its own, over groups of channels, so it "
-                   "does not care which micro-batch a sample is in. The number of groups must divide the channels.")
+    hint_text = N_("Try the sizes from the effective batch downwards and return the first one that divides it and "
+                   "fits; accum_steps is then effective_batch // micro_batch_size.")
 
-    def verdict(self, build_model) -> Verdict:
-        if not callable(build_model):
-            return not_a_function("build_model")
-        X, y = data.digits(self.batch, dtype=torch.float64)
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                model = call_with(build_model, {})
-            if not isinstance(model, nn.Module):
-                return wrong([Finding("not-a-model", _("build_model() returned {kind}; it must return the model, an "
-                                                       "nn.Module.").format(kind=type(model).__name__))])
-            model = model.double().train()
-            with torch.no_grad():
-                shape = tuple(model(X[:2]).shape)
-            if shape != (2, 10):
-                return wrong([Finding("wrong-output", _(
-                    "For 2 digits the model returns a tensor of shape {shape}; it must return (2, 10): one score per "
-                    "class.").format(shape=shape))])
-            gap = gradient_gap(model, nn.functional.cross_entropy, X, y, self.accum_steps)
-        except Exception as error:  # the learner's code
-            return wrong([error_finding(error)])
-        micro = self.batch // self.accum_steps
-        batchnorms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, PER_SAMPLE_NORMS)})
-        if gap > EXACT:
-            if batchnorms:
-                return wrong([Finding("batchnorm-left", _(
-                    "Accumulation is not exact with this model: over {accum_steps} micro-batches of {micro}, the "
-                    "accumulated gradient differs from the gradient of one batch of {batch} by up to {gap:.3g}. "
-                    "Layers {layers} are BatchNorm, which normalises each micro-batch with that micro-batch's own "
-                    "mean and variance. Replace each with nn.GroupNorm(groups, channels).").format(
-                        accum_steps=self.accum_steps, micro=micro, batch=self.batch, gap=gap,
-                        layers=", ".join(batchnorms)))])
-            return wrong([Finding("not-exact", _(
-                "Over {accum_steps} micro-batches of {micro}, the accumulated gradient differs from the gradient of "
-                "one batch of {batch} by up to {gap:.3g}: something in the model depends on the other samples of the "
-                "micro-batch, or on chance (dropout).").format(accum_steps=self.accum_steps, micro=micro,
-                                                                batch=self.batch, gap=gap))])
-        if not norms:
-            return wrong([Finding("no-normalisation", _(
-                "Accumulation is exact now (largest difference {gap:.1e}), but the model has no normalisation layer "
-                "left: replace each BatchNorm2d with nn.GroupNorm rather than removing it.").format(gap=gap))])
-        return right(_("With {norms}, {accum_steps} accumulated micro-batches of {micro} give the gradient of one "
-                       "batch of {batch} (largest difference {gap:.1e}).").format(
-                           norms=", ".join(norms), accum_steps=self.accum_steps, micro=micro, batch=self.batch,
-                           gap=gap))
+    def verdict(self, choose_split) -> Verdict:
+        if not callable(choose_split):
+            return not_a_function("choose_split")
+        for budget, effective_batch in self.problems:
+            card = _Card(budget, effective_batch)
+            try:
+                with _time_limit(TIME_LIMIT):
+                    answer = call_with(choose_split, {"fits": card, "effective_batch": effective_batch})
+            except _TooLong:
+                return wrong([Finding("too-long", _(
+                    "For an effective batch of {batch} on a card of {card} bytes, choose_split ran past {seconds} "
+                    "seconds or called fits() more than {calls} times, and was stopped. Does every loop end? Try each "
+                    "size at most once.").format(batch=effective_batch, card=_bytes(budget), seconds=TIME_LIMIT,
+                                                 calls=CALL_LIMIT))])
+            except Exception as error:  # the learner's code
+                return wrong([error_finding(error)])
+            finding = self._judge(answer, card)
+            if finding:
+                return wrong([finding])
+        budget, effective_batch = self.problems[0]
+        return right(_("On every card, choose_split picked the largest micro-batch that divides the effective batch "
+                       "and fits (for {batch} on {card} bytes: {split}). With BatchNorm that is the least noisy split "
+                       "the card allows.").format(batch=effective_batch, card=_bytes(budget),
+                                                 split=f"{_Card(budget, effective_batch).best()} × "
+                                                       f"{effective_batch // _Card(budget, effective_batch).best()}"))
+
+    def _judge(self, answer, card: _Card) -> Finding | None:
+        batch, budget = card.effective_batch, card.budget
+        if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+            return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers: "
+                                           "(micro_batch_size, accum_steps).").format(value=answer))
+        m, k = (_whole(v) for v in answer)
+        if m is None or k is None or m < 1 or k < 1:
+            return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers of at "
+                                           "least 1: (micro_batch_size, accum_steps).").format(value=tuple(answer)))
+        if m * k != batch:
+            return Finding("wrong-product", _(
+                "For an effective batch of {batch}, choose_split returned micro_batch_size={m} and accum_steps={k}: "
+                "{product} samples per optimizer step, not {batch}. accum_steps must be effective_batch // "
+                "micro_batch_size, with a micro_batch_size that divides the effective batch.").format(
+                    batch=batch, m=m, k=k, product=m * k))
+        peak = card.peak(m)
+        if peak > budget:
+            return Finding("does-not-fit", _(
+                "For an effective batch of {batch}, micro-batches of {m} need {peak} bytes, more than the card's "
+                "{card}: accumlib.train(..., memory_budget={card_raw}) would refuse them. Return a size for which "
+                "fits() is True.").format(batch=batch, m=m, peak=_bytes(peak), card=_bytes(budget), card_raw=budget))
+        best = card.best()
+        if m < best:
+            X, _y = data.digits(batch)
+            net = models.cnn(norm="batch")
+            yours, largest = (total(micro_batch_deviation(net, X, size)) for size in (m, best))
+            return Finding("smaller-than-needed", _(
+                "For an effective batch of {batch} on a card of {card} bytes, micro-batches of {m} fit, but so do "
+                "micro-batches of {best}, which divide {batch} too. BatchNorm normalises with the statistics of each "
+                "micro-batch: measured on {batch} digits, micro-batches of {m} stray {yours:.3f} from the whole "
+                "batch's statistics, micro-batches of {best} {largest:.3f}. Return the largest size that divides the effective "
+                "batch and fits.").format(batch=batch, card=_bytes(budget), m=m, best=best, yours=yours,
+                                          largest=largest))
+        return None
 
 
-groupnorm = GroupNormSwap()
+batchnorm_split = BatchNormSplit()

@@ -1,5 +1,6 @@
-"""Lesson 7 (watch BatchNorm): what BatchNorm sees in a micro-batch, why accumulation stops being exact, why two
-runs' running statistics differ, and what each remedy fixes on held-out data (`accumlib.batchnorm`).
+"""Lesson 7 (watch BatchNorm): what BatchNorm sees in a micro-batch, why accumulation stops being exact, and what
+micro-batches of each size and each remedy do on held-out data, with the running-statistic updates held equal
+(`accumlib.batchnorm`).
 
 Deviations are relative (a mean's difference over the reference's standard deviation, a variance's difference
 over the reference variance, averaged over channels); `batchnorm.total` adds a layer list's mean and variance parts.
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .. import plots
-from ...batchnorm import DivergenceCauses, LayerDeviation, Outcome, Remedies, RunningAverageMove, total
-from ...i18n import _, ngettext
+from ...batchnorm import LayerDeviation, MicroBatchComparison, total
+from ...i18n import _
 from ._format import figure, table
 from .memory import split
 
-ROUNDING = 1e-5  # largest gradient difference float32 rounding explains for the lessons' CNN (measured: ~1e-6)
+ROUNDING = {"float32": 1e-5, "float64": 1e-12}  # largest gradient or weight difference rounding explains for the
+# lessons' CNN: measured about 1e-6 in float32 and 1e-16 in float64; the bounds leave a margin of 10 and 10,000
 
 
 def _layer_names(deviations: list[LayerDeviation]) -> list[str]:
@@ -61,148 +65,143 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, f
     return totals
 
 
-def gradient_gaps(gaps: dict[str, float], micro_batch_size: int, accum_steps: int) -> dict[str, bool]:
+def gradient_gaps(gaps: dict[str, float], micro_batch_size: int, accum_steps: int, gradient_size: float,
+                  precision: str = "float32") -> dict[str, bool]:
     """For each model (label -> `accumlib.gradient_gap` over accum_steps micro-batches of micro_batch_size): is the
-    accumulated gradient the full batch's up to float32 rounding (`ROUNDING`)? Prints one line each; returns it."""
+    accumulated gradient the full batch's up to rounding in `precision` (`ROUNDING`)? gradient_size, the largest
+    entry of the full batch's gradient (`batchnorm.gradient_size`), gives the scale. Prints one line each."""
+    rounding = ROUNDING[precision]
     exact = {}
     print(_("Largest difference between the gradient of {accum_steps} accumulated micro-batches of {micro} and the "
-            "gradient of one batch of {batch}:").format(accum_steps=accum_steps, micro=micro_batch_size,
-                                                        batch=micro_batch_size * accum_steps))
+            "gradient of one batch of {batch}, whose largest entry is {size:.3f}:").format(
+        accum_steps=accum_steps, micro=micro_batch_size, batch=micro_batch_size * accum_steps, size=gradient_size))
     for label, gap in gaps.items():
-        exact[label] = gap < ROUNDING
+        exact[label] = gap < rounding
         if exact[label]:
-            print("  " + _("{label}: below {rounding:.0e}: accumulation is exact up to float32 rounding.").format(
-                label=label, rounding=ROUNDING))
+            print("  " + _("{label}: below {rounding:.0e}: accumulation is exact up to {precision} rounding.").format(
+                label=label, rounding=rounding, precision=precision))
         else:
-            print("  " + _("{label}: {gap:.4f}: accumulation is not exact.").format(label=label, gap=gap))
+            print("  " + _("{label}: {gap:.3f}, {share:.0%} of the largest entry: accumulation is not exact.").format(
+                label=label, gap=gap, share=gap / gradient_size))
     return exact
 
 
-def _moved_line(moves: list[RunningAverageMove]) -> str:
-    move = moves[0]  # every layer of the lessons' CNN has the default momentum
-    momentum = _("momentum {momentum}").format(momentum=move.momentum) if move.momentum is not None else \
-        _("momentum None (a plain average)")
-    return ngettext("after {updates} update at {momentum}, a running average has moved {moved:.1%} of the way from "
-                    "its starting value to the statistics it is fed ({remaining:.1%} of the start remains)",
-                    "after {updates} updates at {momentum}, a running average has moved {moved:.1%} of the way from "
-                    "its starting value to the statistics it is fed ({remaining:.1%} of the start remains)",
-                    move.updates).format(updates=move.updates, momentum=momentum, moved=move.moved,
-                                         remaining=move.remaining)
+# Digits that hold on every CPU (measured under ATEN_CPU_CAPABILITY=default and avx512, float64): the starting
+# weights differ in their last float32 bit between CPUs, which moves the BatchNorm runs' held-out losses by at most
+# 2e-5 and the GroupNorm run's by about 1e-3; an accuracy moves by one digit (0.13%) in the 2 × 32 run.
+BATCHNORM_LOSS, GROUPNORM_LOSS = 3, 2
 
 
-def causes(result: DivergenceCauses, moved: dict[int, list[RunningAverageMove]]) -> str:
-    """Why the running statistics of the (m, k) run and of the one-batch run differ (`batchnorm.divergence_causes`),
-    cause by cause, with how far a running average moves in each run's number of updates
-    (`batchnorm.running_average_moved`, keyed by updates). Returns the name of the largest cause."""
-    if not isinstance(result, DivergenceCauses):
-        raise TypeError(f"result must be a DivergenceCauses (batchnorm.divergence_causes), got {type(result).__name__}")
-    for updates in (result.updates_one_batch, result.updates_accumulated):
-        if updates not in moved:
-            raise ValueError(f"moved must hold batchnorm.running_average_moved(model, {updates}) under the key "
-                             f"{updates} (the updates of one of the two runs); it has {sorted(moved)}")
-    m, k = result.micro_batch_size, result.accum_steps
-    runs = dict(accumulated=split(m, k), one=split(m * k, 1), updates_accumulated=result.updates_accumulated,
-                updates_one=result.updates_one_batch)
-    print(_("Running-statistic updates per BatchNorm layer: {updates_accumulated} in the {accumulated} run (one per "
-            "micro-batch), {updates_one} in the {one} run.").format(**runs))
-    links = {"noise": (_("the noise: micro-batches of {m} instead of the whole cycle").format(m=m),
-                       _("the noise of micro-batch statistics"), result.noise),
-             "update_count": (_("the updates: {updates_accumulated} instead of {updates_one}").format(**runs),
-                              _("the number of updates"), result.update_count),
-             "weights": (_("the weights: each run's own"), _("the different weights"), result.weights)}
-    totals = {name: total(deviations) for name, (_row_label, _name, deviations) in links.items()}
-    everything = total(result.total_divergence)
-    rows = [[_("all causes together"), f"{everything:.3f}"]]
-    rows += [[row_label, f"{totals[name]:.3f}"] for name, (row_label, _name, _deviations) in links.items()]
-    print(table([_("difference between the two runs' running statistics"), _("relative, summed over layers")], rows))
-    largest = max(totals, key=totals.get)
-    values = dict(cause=links[largest][1], value=totals[largest], total=everything)
-    if totals[largest] >= 0.9 * everything and all(v <= 0.1 * totals[largest] for n, v in totals.items()
-                                                   if n != largest):
-        print(_("Of the three, {cause} alone makes about as large a difference as all causes together: {value:.3f}, "
-                "against {total:.3f}; the other two barely matter.").format(**values))
-    else:
-        print(_("The largest cause is {cause}: {value:.3f}, against {total:.3f} for all causes together.").format(
-            **values))
-    print(_("In the {one} run, {line}.").format(one=runs["one"], line=_moved_line(moved[result.updates_one_batch])))
-    print(_("In the {accumulated} run, {line}.").format(accumulated=runs["accumulated"],
-                                                       line=_moved_line(moved[result.updates_accumulated])))
-    return largest
-
-
-def _row(label: str, outcome: Outcome) -> list[str]:
-    evaluation = outcome.evaluation
-    accuracy = "" if evaluation.accuracy is None else f"{evaluation.accuracy:.1%}"
+def _loss(evaluation, digits: int) -> list[str]:
     statistics = f"{evaluation.statistics_error_total:.3f}" if evaluation.statistics_error else _("none kept")
-    gap = f"{outcome.weight_gap:.2g}" if outcome.weight_gap == 0 or outcome.weight_gap >= ROUNDING else \
-        f"< {ROUNDING:.0e}"  # float32 rounding: its digits depend on the machine, not on the method
-    return [label, gap, f"{evaluation.loss:.3f}", accuracy, statistics]
+    return [statistics, f"{evaluation.loss:.{digits}f}", f"{evaluation.accuracy:.0%}"]
 
 
 @dataclass(frozen=True)
-class RemedyFindings:
-    """What `remedies` found, as the sentences it printed say it."""
+class MicroBatchFindings:
+    """What `micro_batches` found, as the sentences it printed say it."""
 
+    noisiest_smallest: bool  # the smallest micro-batch's settled statistics are the furthest from the held-out data's
+    loss_falls_with_size: bool  # re-estimated, the held-out loss never rises as the micro-batch grows
     reestimate_kept_weights: bool  # re-estimating changed no weight
-    reestimate_lowered_error: bool  # ... and lowered both BatchNorm runs' held-out statistics error
-    groupnorm_exact: bool  # GroupNorm's two splits trained the same weights up to float32 rounding
-    groupnorm_higher_loss: bool  # GroupNorm's held-out loss is above re-estimated BatchNorm's (accumulated run)
+    reestimate_helped: list[int]  # micro-batch sizes whose held-out loss re-estimating lowered
+    groupnorm_exact: bool  # GroupNorm's two splits trained the same weights up to rounding
+    best: str  # the row with the lowest held-out loss
 
 
-def remedies(result: Remedies) -> RemedyFindings:
-    """What re-estimating the running statistics and what GroupNorm fix, measured on held-out data
-    (`batchnorm.compare_remedies`): a table of every trained model, then one finding per remedy."""
-    if not isinstance(result, Remedies):
-        raise TypeError(f"result must be a Remedies (batchnorm.compare_remedies), got {type(result).__name__}")
-    m, k = result.micro_batch_size, result.accum_steps
-    runs = dict(accumulated=split(m, k), one=split(m * k, 1))
-    rows = [_row(_("BatchNorm, {one}").format(**runs), result.batchnorm_one_batch),
-            _row(_("BatchNorm, {accumulated}").format(**runs), result.batchnorm_accumulated),
-            _row(_("BatchNorm, {one}, re-estimated").format(**runs), result.batchnorm_one_batch_reestimated),
-            _row(_("BatchNorm, {accumulated}, re-estimated").format(**runs), result.batchnorm_reestimated),
-            _row(_("GroupNorm, {one}").format(**runs), result.groupnorm_one_batch),
-            _row(_("GroupNorm, {accumulated}").format(**runs), result.groupnorm_accumulated)]
-    print(table([_("model, micro-batch × accum_steps"), _("weights: largest difference from {one}").format(**runs),
-                 _("held-out loss"), _("held-out accuracy"), _("statistics error")], rows))
+def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> MicroBatchFindings:
+    """BatchNorm trained at one effective batch in micro-batches of each size, GroupNorm beside it
+    (`batchnorm.compare_micro_batches`): the confound held equal, a table, and one finding per question."""
+    if not isinstance(result, MicroBatchComparison):
+        raise TypeError(f"result must be a MicroBatchComparison (batchnorm.compare_micro_batches), got "
+                        f"{type(result).__name__}")
+    rounding = ROUNDING[precision]
+    bn, gn = result.batchnorm, result.groupnorm
+    print(_("Every run: an effective batch of {batch}, {steps} optimizer steps ({epochs} epochs), the same samples "
+            "in the same order.").format(batch=result.effective_batch, steps=result.optimizer_steps,
+                                         epochs=result.epochs))
+    print(_("Training updated the running statistics once per micro-batch: {counts}. Compared as training left them, "
+            "the runs would differ in their number of updates too.").format(
+        counts=", ".join(_("{updates} times at {split}").format(updates=f"{o.training_updates:,}",
+                                                               split=split(o.micro_batch_size, o.accum_steps))
+                         for o in bn)))
+    print(_("Held equal: each model's running statistics collected anew, weights fixed, from {updates} micro-batches "
+            "of its own size; after {updates} updates a running average has moved {moved:.3%} of the way, so every "
+            "one has settled.").format(updates=result.updates, moved=result.settled_fraction))
     print()
-    accumulated, reestimated = result.batchnorm_accumulated, result.batchnorm_reestimated
-    one, one_reestimated = result.batchnorm_one_batch, result.batchnorm_one_batch_reestimated
-    lowered = all(after.evaluation.statistics_error_total < before.evaluation.statistics_error_total
-                  for before, after in ((accumulated, reestimated), (one, one_reestimated)))
-    if result.reestimate_weight_change == 0 and lowered:
-        print(_("Re-estimating changed no weight. It replaced the running statistics that eval mode uses: on held-out "
-                "data their error went from {before:.3f} to {after:.3f} and the loss from {loss_before:.3f} to "
-                "{loss_after:.3f} ({accumulated}); from {one_before:.3f} to {one_after:.3f} and from "
-                "{one_loss_before:.3f} to {one_loss_after:.3f} ({one}). The two BatchNorm runs still differ in their "
-                "weights, by up to {gap:.2g}.").format(
-            before=accumulated.evaluation.statistics_error_total, after=reestimated.evaluation.statistics_error_total,
-            loss_before=accumulated.evaluation.loss, loss_after=reestimated.evaluation.loss,
-            one_before=one.evaluation.statistics_error_total,
-            one_after=one_reestimated.evaluation.statistics_error_total,
-            one_loss_before=one.evaluation.loss, one_loss_after=one_reestimated.evaluation.loss,
-            gap=reestimated.weight_gap, **runs))
-    elif result.reestimate_weight_change == 0:
-        print(_("Re-estimating changed no weight, but it did not lower the held-out statistics error of both "
-                "BatchNorm runs."))
+    rows = [[_("BatchNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)),
+             *_loss(o.settled, BATCHNORM_LOSS), *_loss(o.reestimated, BATCHNORM_LOSS)] for o in bn]
+    rows += [[_("GroupNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)),
+              *_loss(o.settled, GROUPNORM_LOSS), "", "", ""] for o in gn]
+    print(_("On the held-out digits, in eval mode. Left: the running statistics from the model's own "
+            "micro-batches; right: re-estimated on all the training digits."))
+    print(table([_("model, micro-batch × accum_steps"), _("statistics error"), _("loss"), _("accuracy"),
+                 _("re-estimated: statistics error"), _("loss"), _("accuracy")], rows))
+    print()
+    smallest, largest = bn[0], bn[-1]
+    errors = [o.settled.statistics_error_total for o in bn]
+    noisiest = errors[0] == max(errors)
+    values = dict(small=smallest.micro_batch_size, large=largest.micro_batch_size, small_error=errors[0],
+                  large_error=errors[-1])
+    if noisiest:
+        print(_("Noise: after the same number of updates, the running statistics from micro-batches of {small} are "
+                "the furthest from those of the held-out digits: error {small_error:.3f}, against {large_error:.3f} "
+                "from micro-batches of {large}.").format(**values))
+    else:
+        print(_("Noise: after the same number of updates, the running statistics from micro-batches of {small} are "
+                "not the furthest from those of the held-out digits: error {small_error:.3f}, against "
+                "{large_error:.3f} from micro-batches of {large}.").format(**values))
+    losses = [o.reestimated.loss for o in bn]
+    falls = all(a >= b for a, b in zip(losses, losses[1:]))
+    path = " → ".join(f"{o.reestimated.loss:.3f} ({o.micro_batch_size})" for o in bn)
+    if falls:
+        print(_("Weights: re-estimated on the same training digits, the held-out loss still falls as the micro-batch "
+                "grows: {path}. What is left is the weights, trained with the micro-batch's statistics.").format(
+            path=path))
+    else:
+        print(_("Weights: re-estimated on the same training digits, the held-out loss does not fall steadily as the "
+                "micro-batch grows: {path}.").format(path=path))
+    helped = [o.micro_batch_size for o in bn if o.reestimated.loss < o.settled.loss]
+    kept = result.reestimate_weight_change == 0
+    if kept:
+        print(_("Re-estimating changed no weight; it lowered the held-out loss at micro-batch sizes {helped} of "
+                "{sizes}.").format(helped=", ".join(map(str, helped)) or _("none"),
+                                   sizes=", ".join(str(o.micro_batch_size) for o in bn)))
     else:
         print(_("Re-estimating changed weights by up to {change:.2g}: it should change only the running "
                 "statistics.").format(change=result.reestimate_weight_change))
-    grouped = result.groupnorm_accumulated
-    if grouped.weight_gap < ROUNDING:
-        print(_("GroupNorm: {accumulated} and {one} trained the same weights (largest difference below {rounding:.0e}, "
-                "float32 rounding), and it keeps no running statistics: eval mode computes what training "
-                "computed.").format(rounding=ROUNDING, **runs))
+    exact = all(o.weight_gap < rounding for o in gn)
+    if exact:
+        print(_("GroupNorm: {splits} trained the same weights (largest difference below {rounding:.0e}): accumulation "
+                "is exact. Its held-out loss is {loss:.2f}.").format(
+            splits=_(" and ").join(split(o.micro_batch_size, o.accum_steps) for o in gn), rounding=rounding,
+            loss=gn[-1].settled.loss))
     else:
-        print(_("GroupNorm: {accumulated} and {one} trained weights that differ by up to {gap:.2g}.").format(
-            gap=grouped.weight_gap, **runs))
-    values = dict(grouped=grouped.evaluation.loss, batchnorm=reestimated.evaluation.loss, **runs)  # both accumulated
-    if grouped.evaluation.loss > reestimated.evaluation.loss:
-        print(_("GroupNorm makes accumulation exact, not the model better: here its held-out loss, {grouped:.3f}, is "
-                "higher than re-estimated BatchNorm's, {batchnorm:.3f} (both {accumulated}). A different normalisation "
-                "is a different model: check it on held-out data.").format(**values))
+        print(_("GroupNorm: {splits} trained weights that differ by up to {gap:.2g}.").format(
+            splits=_(" and ").join(split(o.micro_batch_size, o.accum_steps) for o in gn),
+            gap=max(o.weight_gap for o in gn)))
+    candidates = {_("BatchNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)):
+                  (o.settled.loss, BATCHNORM_LOSS) for o in bn}
+    candidates.update({_("BatchNorm, {split}, re-estimated").format(split=split(o.micro_batch_size, o.accum_steps)):
+                       (o.reestimated.loss, BATCHNORM_LOSS) for o in bn})
+    candidates.update({_("GroupNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)):
+                       (o.settled.loss, GROUPNORM_LOSS) for o in gn})
+    best = min(candidates, key=lambda name: candidates[name][0])
+    loss, digits = candidates[best]
+    print(_("Lowest held-out loss: {best}, {loss}.").format(best=best, loss=f"{loss:.{digits}f}"))
+    return MicroBatchFindings(noisiest, falls, kept, helped, exact, best)
+
+
+def skipped_cycle(skipped: bool, before: dict[str, tuple], after: dict[str, tuple]) -> bool:
+    """A cycle `accumlib.accumulate_and_step` skipped (a NaN): are the BatchNorm running statistics as they were
+    before it? before/after: layer -> (running_mean, running_var), copies taken around the call. Returns it."""
+    kept = before.keys() == after.keys() and all(
+        torch.equal(a, b) for layer in before for a, b in zip(before[layer], after[layer]))
+    if not skipped:
+        print(_("The cycle was not skipped: its loss and gradient were finite."))
+    elif kept:
+        print(_("The cycle was skipped (its loss is NaN), and the running statistics of every BatchNorm layer are "
+                "exactly as before it."))
     else:
-        print(_("Here GroupNorm's held-out loss, {grouped:.3f}, is not higher than re-estimated BatchNorm's, "
-                "{batchnorm:.3f} (both {accumulated}). A different normalisation is a different model: check it on "
-                "held-out data.").format(**values))
-    return RemedyFindings(result.reestimate_weight_change == 0, lowered, grouped.weight_gap < ROUNDING,
-                          grouped.evaluation.loss > reestimated.evaluation.loss)
+        print(_("The cycle was skipped (its loss is NaN), but the running statistics changed."))
+    return skipped and kept
