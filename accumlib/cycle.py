@@ -115,6 +115,13 @@ def _check_micro_batches(model: torch.nn.Module, micro_batches) -> None:
                                        i=i, device=tensor.device, model=", ".join(sorted(map(str, devices)))))
 
 
+class Inputs(NamedTuple):
+    """A micro-batch's model inputs that are not one tensor: the cycle calls model(*args, **kwargs)."""
+
+    args: tuple
+    kwargs: dict
+
+
 @checked_by(_check_cycle)  # every argument, before anything changes
 def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_weights: Sequence[float], *,
@@ -124,7 +131,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                         check_gradients: bool = True) -> CycleResult:
     """One optimizer step from a cycle of micro-batches: zero once, weight each loss, backward each, step once.
 
-    micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on iteration).
+    micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on iteration); x
+    is a tensor (model(x)) or `Inputs(args, kwargs)` for a model called as model(*args, **kwargs).
     loss_weights: one number per micro-batch, what its loss is multiplied by before backward(); for k micro-batches
     of a mean-reduced loss that is each one's share of the cycle's samples (1/k when they are equal).
     loss_fn(model(x), y) must return a scalar tensor. clip_grad_norm: clip the accumulated gradient to this L2 norm.
@@ -164,7 +172,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else _NOTHING
             watch("forward")
             with sync, autocast:
-                loss = _scalar_loss(loss_fn(model(x), y))  # checked without reading its value
+                output = model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x)  # the forward pass
+                loss = _scalar_loss(loss_fn(output, y))  # checked without reading its value
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
             total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
             watch("backward")

@@ -27,8 +27,8 @@ from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import memory
-from .cycle import (STEP, NonFiniteError, _BuffersKept, _is_ddp, _check_model, _check_optimizer, _check_scaler_type,
-                    _check_scheduler, _scalar_loss, accumulate_and_step)
+from .cycle import (STEP, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type,
+                    _check_scheduler, _is_ddp, _scalar_loss, accumulate_and_step)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int, positive_number
 from .i18n import _
 
@@ -227,7 +227,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
     step = -1
     try:
-        with memory.cuda_budget(device, memory_budget), _modes_kept(model), _inputs_expanded(model, source.calls):
+        with memory.cuda_budget(device, memory_budget), _modes_kept(model):
             for step, cycle in enumerate(itertools.islice(source.cycles(epochs), max_steps)):  # none past max_steps
                 seen += cycle.samples
                 if step < resume_from_step:
@@ -305,35 +305,6 @@ def _modes_kept(model: torch.nn.Module):
     finally:
         for module, training in modes:
             module.training = training
-
-
-class _Call(NamedTuple):
-    """A micro-batch's inputs that are not one tensor: the model is called as model(*args, **kwargs)."""
-
-    args: tuple
-    kwargs: dict
-
-
-def _expand(_module, args, kwargs):
-    """Forward pre-hook: model(_Call(args, kwargs)) runs as model(*args, **kwargs); any other call as it is."""
-    if len(args) == 1 and isinstance(args[0], _Call) and not kwargs:
-        return args[0].args, dict(args[0].kwargs)
-    return None
-
-
-@contextlib.contextmanager
-def _inputs_expanded(model: torch.nn.Module, needed: bool):
-    """For the block, model(_Call(...)) unpacks its inputs. accumulate_and_step calls model(x); a hook on the model
-    (the DDP wrapper itself, which then sees the real inputs) lets x be a tuple or a dict of inputs. Not `needed`
-    ((X, y) tensors): no hook, so the forward pass keeps PyTorch's fast path."""
-    if not needed:
-        yield
-        return
-    handle = model.register_forward_pre_hook(_expand, prepend=True, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def _own_loss(output, target):
@@ -495,14 +466,14 @@ def _to(value, device: torch.device):
 
 def _as_pair(batch):
     """A micro-batch as accumulate_and_step takes it, (model input, loss_fn target): tensor x as it is, other inputs
-    wrapped in a _Call that the model's hook unpacks; a dict batch is both the inputs and the target."""
+    as cycle.Inputs (the model is called with them unpacked); a dict batch is both the inputs and the target."""
     if isinstance(batch, Mapping):
-        return _Call((), batch), batch
+        return Inputs((), batch), batch
     x, y = batch
     if isinstance(x, Mapping):
-        return _Call((), x), y
+        return Inputs((), x), y
     if isinstance(x, (tuple, list)):
-        return _Call(tuple(x), {}), y
+        return Inputs(tuple(x), {}), y
     return x, y
 
 
@@ -514,7 +485,6 @@ class _Indexed:
             raise ValueError(_("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to "
                                "{n}").format(value=micro_batch_size, n=samples.n))
         self.samples, self.micro, self.device = samples, micro_batch_size, device
-        self.calls = samples.dataset is not None  # a Dataset's x may be a tuple or a dict: model(*x), model(**x)
         self.plan = functools.partial(_Plan, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle)
         self.effective = micro_batch_size * accum_steps * world
         if self.effective > samples.n:
@@ -607,7 +577,6 @@ class _Loader:
         self.data, self.accum_steps, self.world, self.rank, self.device, self.notes = (
             data, accum_steps, world, rank, device, notes)
         self.once = isinstance(data, _Iterator)  # a generator, say: read once
-        self.calls = True  # a batch's inputs may be a tuple or a dict
         try:
             self.length = len(data)
         except TypeError:  # no len(): a stream, or a DataLoader over an IterableDataset
