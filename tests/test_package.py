@@ -39,7 +39,8 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "accumlib").rglob("*")
                if path.is_file() and "__pycache__" not in path.parts}
     assert {"accumlib/lessons/quiz/__init__.py", "accumlib/lessons/quiz/questions.json", "accumlib/lessons/digits.bin.gz",
-            "accumlib/locale/hi/LC_MESSAGES/accumlib.mo"} <= sources
+            "accumlib/locale/hi/LC_MESSAGES/accumlib.mo", "accumlib/lessons/fonts/Lohit-Devanagari.ttf",
+            "accumlib/lessons/fonts/OFL.txt"} <= sources
     assert sources - shipped == set()
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
     requirements = [line.split(":", 1)[1].strip() for line in info.decode().splitlines()
@@ -47,6 +48,10 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     assert [r for r in requirements if "extra ==" not in r] == ["torch>=2.6"]
     lessons = " ".join(r for r in requirements if 'extra == "lessons"' in r)
     assert all(name in lessons for name in ("matplotlib", "ipywidgets", "jsonschema"))
+    # the project's URLs (the website's and the README's Binder, Colab and Kaggle buttons are built from Repository)
+    urls = dict(line.split(":", 1)[1].strip().split(", ", 1) for line in info.decode().splitlines()
+                if line.startswith("Project-URL:"))
+    assert urls["Repository"].startswith("https://github.com/") and {"Homepage", "Issues"} <= set(urls)
 
 
 def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
@@ -62,6 +67,8 @@ def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
         f"assert accumlib.__file__.startswith({str(target)!r}), accumlib.__file__",
         "assert len(data.digits()[0]) == 1797",
         "assert i18n.catalogue('hi') is not None",
+        "from accumlib.lessons import plots; assert plots.SHIPPED_FONT.is_file(), plots.SHIPPED_FONT",
+        "assert plots.SHIPPED_FONT.with_name('OFL.txt').read_text().count('SIL Open Font License') >= 1",
         "assert json.loads((resources.files('accumlib.lessons.quiz') / 'questions.json').read_text(encoding='utf-8'))",
         "print('ok')"])
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
