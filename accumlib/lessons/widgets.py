@@ -13,6 +13,7 @@ dashboard.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import functools
@@ -20,6 +21,7 @@ import html
 import math
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import ipywidgets as w
@@ -103,6 +105,19 @@ def _integer_from_to(name: str, value, low: int, high: int, note: str = "") -> i
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer from {low} to {high}{note}, got {value!r}")
     return value
+
+
+_LIVE: weakref.WeakSet[Dashboard] = weakref.WeakSet()  # dashboards that have started a background run
+
+
+@atexit.register
+def _stop_every_run() -> None:
+    """At interpreter exit (a script's end, a kernel's shutdown or restart) make every dashboard's run stale and wait
+    for it. The runs are daemon threads (a computing dashboard never keeps a process alive); one still inside torch
+    when the interpreter tears down aborts the process ("terminate called without an active exception", status
+    134). atexit runs before that teardown, while the threads still run; a stale run stops at its next check."""
+    for dashboard in list(_LIVE):
+        dashboard._stop()
 
 
 def _settings_line(settings: dict) -> str:
@@ -198,6 +213,16 @@ class Dashboard:
             previous = self._thread
             self._thread = threading.Thread(target=self._background, args=(job, previous), daemon=True)
             self._thread.start()
+        _LIVE.add(self)
+
+    def _stop(self, timeout: float = 60) -> None:
+        """At exit: make the run in progress stale (it stops at its next check, within one training step; it is
+        recorded as cancelled) and wait for it."""
+        with self._lock:
+            self._generation += 1
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _background(self, job: _Job, previous: threading.Thread | None) -> None:
         if previous is not None:
