@@ -37,7 +37,18 @@ from ..loop import StopTraining, train
 MICRO_BATCH_SIZES = (2, 4, 8, 16, 32, 64)
 MAX_ACCUM_STEPS = 16
 CARD_MIB = tuple(0.25 * i for i in range(1, 17))  # the memory dashboard's card sizes: 0.25 to 4 MiB
-STYLE = {"description_width": "initial"}
+STYLE = {"description_width": "initial"}  # a control's label as wide as its text
+
+
+def slider_layout() -> w.Layout:
+    """A slider's box: a row of its own on a phone (it keeps about 200 px of track at 390 px: over 12 px per
+    accum_steps step), two or three to a row on a desktop, growing to 36rem (about 28 px per step)."""
+    return w.Layout(flex="1 1 22rem", min_width="min(100%, 18rem)", max_width="36rem")
+
+
+def row_layout() -> w.Layout:
+    """A row of controls that wraps onto the next line instead of squeezing or cutting them off."""
+    return w.Layout(display="flex", flex_flow="row wrap", align_items="center", width="100%")
 
 
 @dataclass
@@ -138,20 +149,20 @@ class Dashboard:
         _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
         self.seed = non_negative_int("seed", seed)
         self.accum_steps = w.IntSlider(value=accum_steps, min=1, max=MAX_ACCUM_STEPS, description="accum_steps",
-                                       continuous_update=False, style=STYLE)
+                                       continuous_update=False, style=STYLE, layout=slider_layout())
         self.micro_batch_size = w.SelectionSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
                                                   description=_("micro-batch size"), continuous_update=False,
-                                                  style=STYLE)
-        self.effective = w.HTML(layout=w.Layout(margin="0 0 0 1em"))
+                                                  style=STYLE, layout=slider_layout())
+        self.effective = w.HTML(layout=w.Layout(flex="1 1 100%", min_width="0"))  # a line of its own, below the sliders
         self.task_list = w.HTML("<b>{}</b><ol>{}</ol>".format(
             html.escape(_("Try this:")), "".join(f"<li>{html.escape(_(task))}</li>" for task in self.tasks)))
         self.figures = w.Output(layout=w.Layout(min_height="340px"))
         self.settings = w.HTML()
         self.controls = [self.micro_batch_size, self.accum_steps, *extra_controls]
-        rows = [w.HBox(self.controls[:2] + [self.effective])]
+        rows = [w.HBox(self.controls[:2] + [self.effective], layout=row_layout())]
         if extra_controls:
             label = [w.HTML(html.escape(extra_label), layout=w.Layout(margin="0 1em 0 0"))] if extra_label else []
-            rows.append(w.HBox(label + list(extra_controls), layout=w.Layout(flex_flow="row wrap")))
+            rows.append(w.HBox(label + list(extra_controls), layout=row_layout()))
         self.widget = w.VBox([w.HTML(f"<h3>{html.escape(_(self.title))}</h3>"), self.task_list, *rows, self.figures,
                               self.settings])
         self.plots: list[plots.Plot] = []  # the figures shown, once final
@@ -501,7 +512,8 @@ class MemoryDashboard(Dashboard):
         if isinstance(budget_mib, bool) or budget_mib not in CARD_MIB:
             raise ValueError(f"budget_mib must be a multiple of 0.25 from 0.25 to 4, got {budget_mib!r}")
         self.budget = w.FloatSlider(value=budget_mib, min=CARD_MIB[0], max=CARD_MIB[-1], step=0.25,
-                                    description=_("card (MiB)"), continuous_update=False, style=STYLE)
+                                    description=_("card (MiB)"), continuous_update=False, style=STYLE,
+                                    layout=slider_layout())
         self._reports: dict[tuple[int, int], memory.MemoryReport] = {}
         super().__init__(extra_controls=[self.budget], **kwargs)
         self.model = models.cnn(seed=self.seed)
