@@ -27,11 +27,19 @@ $(SITE_VENV)/.installed: site/requirements.txt
 	$(SITE_VENV)/bin/python -m pip install -q -r site/requirements.txt
 	touch $@
 
-lab: $(VENV)/.installed  ## open the lessons in JupyterLab
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/$(EDITION)/01_large_batch_problem.ipynb
+# A learner works in a copy of the notebooks (my-notebooks/, ignored by git), so the tracked notebooks keep the
+# outputs nbval compares. The copy is made once: a later `make lab` keeps the learner's changes (cp -n); delete a
+# file there to get it back fresh (new lessons are copied in on the next run).
+WORK := my-notebooks
+COPY := mkdir -p $(WORK) && cp -Rn notebooks/en notebooks/hi $(WORK)/
 
-app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila
-	$(VENV)/bin/voila notebooks/$(EDITION)/dashboards.ipynb --port=$(PORT)
+lab: $(VENV)/.installed  ## open the lessons in JupyterLab (a working copy in my-notebooks/)
+	$(COPY)
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)/$(EDITION)/01_large_batch_problem.ipynb
+
+app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila (Voila saves nothing)
+	$(COPY)
+	$(VENV)/bin/voila $(WORK)/$(EDITION)/dashboards.ipynb --port=$(PORT)
 
 test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \
