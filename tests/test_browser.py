@@ -90,7 +90,7 @@ def dashboard_image(page) -> str:
     return page.locator(".widget-output img").first.get_attribute("src")
 
 
-def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int) -> None:
+def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int, label: str) -> None:
     """Type a new value into the first accum_steps slider's readout, as a learner can; the figure must change."""
     before = dashboard_image(page)
     slider = page.locator(".widget-slider", has=page.locator("label", has_text="accum_steps")).first
@@ -98,8 +98,9 @@ def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int) -> N
     page.keyboard.press("Control+A")
     page.keyboard.type(str(value))
     page.keyboard.press("Enter")
-    page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
-    assert f"accum_steps={value}, effective_batch={effective_batch}" in page.inner_text(".widget-html pre")
+    summary = page.locator(".widget-html pre", has_text=f"accum_steps={value}, effective_batch={effective_batch}")
+    summary.first.wait_for(timeout=30_000)
+    assert summary.first.inner_text().startswith(label)
     page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
                            timeout=30_000)
     assert_no_errors(page)
@@ -132,7 +133,7 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
         except Exception:
             page.screenshot(path=lessons / "failure.png")
             raise AssertionError(f"no dashboard figure; screenshot: {lessons / 'failure.png'}")
-        move_accum_steps_and_see_redraw(page, 2, effective_batch=16)
+        move_accum_steps_and_see_redraw(page, 2, effective_batch=16, label="latest run, after your change:")
     finally:
         stop(lab)
 
@@ -147,7 +148,11 @@ def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browse
         page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=120_000)
         page.locator(".widget-output img").first.wait_for(timeout=30_000)
         assert page.locator("label", has_text="accum_steps").count() == 3  # one per dashboard
-        move_accum_steps_and_see_redraw(page, 6, effective_batch=48)
+        # one summary per dashboard, in the dashboard, worded for the app; no cell output beside it
+        label = "the figure above, with these settings:"
+        assert page.locator(".widget-html pre", has_text=label).count() == 3
+        assert page.get_by_text("when this cell ran").count() == 0
+        move_accum_steps_and_see_redraw(page, 6, effective_batch=48, label=label)
     finally:
         stop(app)
 

@@ -19,6 +19,7 @@ import copy
 import functools
 import html
 import math
+import os
 import threading
 import time
 import weakref
@@ -118,6 +119,9 @@ def _integer_from_to(name: str, value, low: int, high: int, note: str = "") -> i
     return value
 
 
+# In a Voila app (which sets VOILA_SERVER_URL in its kernels' environment) no code and no cell output show: the
+# dashboard shows its one summary itself, worded for the app, and each run replaces it.
+IN_APP = "VOILA_SERVER_URL" in os.environ
 _LIVE: weakref.WeakSet[Dashboard] = weakref.WeakSet()  # dashboards that have started a background run
 
 
@@ -266,9 +270,11 @@ class Dashboard:
             self.plots, self._outputs, self.shown = figures, outputs, job.run.settings
             self.summary = f"{_settings_line(job.run.settings)}\n{finding}"
             self.figures.outputs = outputs
-            if len(self.runs) > 1:  # the first run's summary is the cell's printed output; later ones show here
-                self.settings.value = "<pre>{}\n{}</pre>".format(html.escape(_("latest run, after your change:")),
-                                                                 html.escape(self.summary))
+            # in a notebook the first run's summary is the cell's printed output and later ones show here; in the
+            # app every run's shows here
+            if IN_APP or len(self.runs) > 1:
+                label = _("the figure above, with these settings:") if IN_APP else _("latest run, after your change:")
+                self.settings.value = "<pre>{}\n{}</pre>".format(html.escape(label), html.escape(self.summary))
             job.run.outcome, job.run.seconds = "done", time.perf_counter() - job.started
 
     def wait(self, timeout: float = 120) -> None:
@@ -298,6 +304,8 @@ class Dashboard:
         if job.run.outcome == "failed":
             self._reported = len(self.runs)  # raised here, not again by wait()
             raise job.run.error
+        if IN_APP:  # the summary is in the dashboard (_execute); the app shows no cell output beside it
+            return
         print(_("when this cell ran (the dashboard above shows your later changes):"))
         print(self.summary)
 
