@@ -73,3 +73,51 @@ def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
         "print('ok')"])
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+STAND_IN = '''# A stand-in for Colab: /content exists for this venv's processes (the machine's / is untouched)
+import os.path
+_isdir = os.path.isdir
+os.path.isdir = lambda path: True if str(path) == "/content" else _isdir(path)
+'''
+
+
+@pytest.mark.parametrize("platform", [True, False])
+def test_the_notebooks_first_cell_installs_accumlib_on_colab_and_nothing_elsewhere(wheel, tmp_path, platform):
+    """tools/platform_cell.py's cell in a fresh venv that has the platform's packages (torch, matplotlib,
+    ipywidgets: this environment's, as Colab has its own) and no accumlib. With /content there it installs accumlib
+    alone and a Hindi figure draws; without it the cell does nothing. pip may not use an index here (PIP_NO_INDEX):
+    what it installs comes from the wheel or was there."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import platform_cell
+    finally:
+        sys.path.pop(0)
+    venv = tmp_path / "venv"
+    # no pip or setuptools of its own (an old setuptools would shadow the platform's): pip comes from the platform
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "platform-stack.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    if platform:
+        (site / "sitecustomize.py").write_text(STAND_IN)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env |= {"PIP_NO_INDEX": "1", "ACCUMLIB_INSTALL": f"accumlib[lessons] @ {wheel.as_uri()}", "OMP_NUM_THREADS": "1"}
+    lesson = ("import accumlib, importlib.metadata as m\n"
+              "accumlib.set_language('hi')\n"
+              "from accumlib.lessons import plots\n"
+              "curve = {'samples_seen': [32, 64], 'loss': [2.3, 1.7]}\n"
+              "assert plots.loss_curves({'पूरा batch': curve}, 'संचित gradient', 'वैकल्पिक पाठ').png()\n"
+              "print('accumlib', m.version('accumlib'), 'from', accumlib.__file__)")
+    done = subprocess.run([str(python), "-c", platform_cell.SOURCE + "\n" + lesson], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    installed = sorted(p.name for p in site.iterdir() if p.suffix == ".dist-info")
+    if platform:
+        assert done.returncode == 0, done.stderr
+        assert "installing accumlib[lessons]" in done.stdout
+        assert f"from {site}" in done.stdout
+        assert installed == ["accumlib-0.2.0.dist-info"]  # nothing else: the platform's packages were enough
+    else:
+        assert "ModuleNotFoundError: No module named 'accumlib'" in done.stderr  # nothing was installed
+        assert "installing" not in done.stdout and installed == []
