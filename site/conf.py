@@ -28,8 +28,6 @@ html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None
 html_theme_options = {
-    "repository_url": "https://github.com/accumlib/accumlib",
-    "use_repository_button": False,
     "use_download_button": False,
     "use_fullscreen_button": False,
     "home_page_in_toc": True,
