@@ -11,7 +11,7 @@ WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
 EDITION ?= en
 
-.PHONY: lab app test notebooks translations bench clean
+.PHONY: lab app test site notebooks translations bench clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,13 +20,28 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-lab: $(VENV)/.installed  ## open the lessons in JupyterLab
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/$(EDITION)/01_large_batch_problem.ipynb
+# The website's builder lives in its own venv: Sphinx, MyST-NB and the book theme are not in the lessons' stack.
+SITE_VENV := .venv-site
+$(SITE_VENV)/.installed: site/requirements.txt
+	test -x $(SITE_VENV)/bin/python || python3 -m venv $(SITE_VENV)
+	$(SITE_VENV)/bin/python -m pip install -q -r site/requirements.txt
+	touch $@
 
-app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila
-	$(VENV)/bin/voila notebooks/$(EDITION)/dashboards.ipynb --port=$(PORT)
+# A learner works in a copy of the notebooks (my-notebooks/, ignored by git), so the tracked notebooks keep the
+# outputs nbval compares. The copy is made once: a later `make lab` keeps the learner's changes (cp -n); delete a
+# file there to get it back fresh (new lessons are copied in on the next run).
+WORK := my-notebooks
+COPY := mkdir -p $(WORK) && cp -Rn notebooks/en notebooks/hi $(WORK)/
 
-test: $(VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
+lab: $(VENV)/.installed  ## open the lessons in JupyterLab (a working copy in my-notebooks/)
+	$(COPY)
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)/$(EDITION)/01_large_batch_problem.ipynb
+
+app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila (Voila saves nothing)
+	$(COPY)
+	$(VENV)/bin/voila $(WORK)/$(EDITION)/dashboards.ipynb --port=$(PORT)
+
+test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \
 		--nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
@@ -38,8 +53,11 @@ translations: $(VENV)/.installed  ## accumlib's catalogues (extract, merge, comp
 	$(PY) tools/catalogs.py
 	$(PY) tools/editions.py update build
 
+site: $(SITE_VENV)/.installed  ## the website, both editions, from the stored notebooks (offline): build/site/index.html
+	$(SITE_VENV)/bin/python tools/site.py --out build/site
+
 bench: $(VENV)/.installed  ## benchmark table (benchmarks/results.json)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SITE_VENV) build *.egg-info

@@ -90,7 +90,7 @@ def dashboard_image(page) -> str:
     return page.locator(".widget-output img").first.get_attribute("src")
 
 
-def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int) -> None:
+def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int, label: str) -> None:
     """Type a new value into the first accum_steps slider's readout, as a learner can; the figure must change."""
     before = dashboard_image(page)
     slider = page.locator(".widget-slider", has=page.locator("label", has_text="accum_steps")).first
@@ -98,8 +98,9 @@ def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int) -> N
     page.keyboard.press("Control+A")
     page.keyboard.type(str(value))
     page.keyboard.press("Enter")
-    page.get_by_text("latest run, after your change").first.wait_for(timeout=30_000)
-    assert f"accum_steps={value}, effective_batch={effective_batch}" in page.inner_text(".widget-html pre")
+    summary = page.locator(".widget-html pre", has_text=f"accum_steps={value}, effective_batch={effective_batch}")
+    summary.first.wait_for(timeout=30_000)
+    assert summary.first.inner_text().startswith(label)
     page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
                            timeout=30_000)
     assert_no_errors(page)
@@ -132,7 +133,7 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
         except Exception:
             page.screenshot(path=lessons / "failure.png")
             raise AssertionError(f"no dashboard figure; screenshot: {lessons / 'failure.png'}")
-        move_accum_steps_and_see_redraw(page, 2, effective_batch=16)
+        move_accum_steps_and_see_redraw(page, 2, effective_batch=16, label="latest run, after your change:")
     finally:
         stop(lab)
 
@@ -147,6 +148,86 @@ def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browse
         page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=120_000)
         page.locator(".widget-output img").first.wait_for(timeout=30_000)
         assert page.locator("label", has_text="accum_steps").count() == 3  # one per dashboard
-        move_accum_steps_and_see_redraw(page, 6, effective_batch=48)
+        # one summary per dashboard, in the dashboard, worded for the app; no cell output beside it
+        label = "the figure above, with these settings:"
+        assert page.locator(".widget-html pre", has_text=label).count() == 3
+        assert page.get_by_text("when this cell ran").count() == 0
+        move_accum_steps_and_see_redraw(page, 6, effective_batch=48, label=label)
+    finally:
+        stop(app)
+
+
+# ---- a phone (390 px) and a desktop (1280 px): the dashboards and the quiz in Voila ----
+LAYOUT = """() => {
+  const doc = document.documentElement, r = e => e.getBoundingClientRect();
+  const sliders = [...document.querySelectorAll('.widget-slider')].map(s => {
+    const track = s.querySelector('.slider-container');
+    const label = s.querySelector('label');
+    return {label: label ? label.textContent : '', track: track ? r(track).width : 0};
+  });
+  const controls = [...document.querySelectorAll('.widget-radio-box label, .widget-button, .widget-toggle-button, '
+                                                + '.widget-checkbox, .widget-slider, .widget-text, .widget-html')]
+    .filter(e => r(e).width > 0);
+  const overlaps = [];
+  for (let i = 0; i < controls.length; i++) for (let j = i + 1; j < controls.length; j++) {
+    const a = controls[i], b = controls[j];
+    if (a.contains(b) || b.contains(a)) continue;
+    const p = r(a), q = r(b);
+    if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1 && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
+      overlaps.push([a.textContent.slice(0, 30), b.textContent.slice(0, 30)]);
+  }
+  const clipped = controls.filter(e => r(e).right > doc.clientWidth + 1 || e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.className.slice(0, 40) + ': ' + e.textContent.slice(0, 30));
+  return {overflow: doc.scrollWidth - doc.clientWidth, sliders, overlaps: overlaps.slice(0, 5), clipped: clipped.slice(0, 5)};
+}"""
+
+
+def quiz_notebook(folder: Path) -> str:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell("from accumlib.lessons import quiz\nquiz.check(language='hi')")]
+    nbformat.write(notebook, folder / "quiz.ipynb")
+    return "quiz.ipynb"
+
+
+def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browser):
+    """At 390 px (a phone) and 1280 px: no horizontal scrolling, no control over another or cut off, every slider
+    with a usable track; accum_steps (1 to 16) moves at least 10 px per step on the phone and 20 px on the desktop
+    (measured before: tracks of 0 px at 390, about 7 px per step at 1280). The Hindi quiz (the longest texts) is
+    checked at every question. Screenshots: build/screenshots/voila-*.png."""
+    shots = ROOT / "build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    quiz = quiz_notebook(lessons)
+    port = free_port()
+    app = server([str(BIN / "voila"), str(lessons), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+                  "--ServerApp.allow_root=True"], lessons, f"http://127.0.0.1:{port}/")
+    try:
+        for width, per_step in ((390, 10), (1280, 20)):
+            page = browser.new_page(viewport={"width": width, "height": 844})
+            page.goto(f"http://127.0.0.1:{port}/voila/render/en/dashboards.ipynb", timeout=180_000)
+            page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=180_000)
+            page.locator(".widget-output img").first.wait_for(timeout=60_000)
+            page.locator(".widget-output img").nth(2).wait_for(timeout=60_000)  # the third dashboard's figure
+            m = page.evaluate(LAYOUT)
+            assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, m)
+            assert len(m["sliders"]) == 7 and min(s["track"] for s in m["sliders"]) >= 150, (width, m["sliders"])
+            for s in m["sliders"]:
+                if s["label"] == "accum_steps":
+                    assert s["track"] / 15 >= per_step, (width, s)
+            page.locator(".widget-vbox").filter(has=page.locator(".widget-slider")).first.screenshot(
+                path=str(shots / f"voila-dashboard-{width}.png"))
+            page.goto(f"http://127.0.0.1:{port}/voila/render/{quiz}", timeout=180_000)
+            page.locator(".widget-radio-box, .widget-text").first.wait_for(timeout=180_000)
+            questions = int(re.search(r"/ (\d+)", page.locator(".accumlib-quiz").inner_text()).group(1))
+            for number in range(1, questions + 1):
+                page.get_by_text(f"प्रश्न {number} / {questions}").wait_for(timeout=10_000)
+                m = page.evaluate(LAYOUT)
+                assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, number, m)
+                if number == 13:  # long options that wrap on a phone
+                    page.locator(".accumlib-quiz").screenshot(path=str(shots / f"voila-quiz-{width}.png"))
+                page.get_by_role("button", name="अगला").click()
+            page.close()
     finally:
         stop(app)

@@ -39,7 +39,8 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "accumlib").rglob("*")
                if path.is_file() and "__pycache__" not in path.parts}
     assert {"accumlib/lessons/quiz/__init__.py", "accumlib/lessons/quiz/questions.json", "accumlib/lessons/digits.bin.gz",
-            "accumlib/locale/hi/LC_MESSAGES/accumlib.mo"} <= sources
+            "accumlib/locale/hi/LC_MESSAGES/accumlib.mo", "accumlib/lessons/fonts/Lohit-Devanagari.ttf",
+            "accumlib/lessons/fonts/OFL.txt"} <= sources
     assert sources - shipped == set()
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
     requirements = [line.split(":", 1)[1].strip() for line in info.decode().splitlines()
@@ -47,6 +48,10 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     assert [r for r in requirements if "extra ==" not in r] == ["torch>=2.13"]
     lessons = " ".join(r for r in requirements if 'extra == "lessons"' in r)
     assert all(name in lessons for name in ("matplotlib", "ipywidgets", "jsonschema"))
+    # the project's URLs (the website's and the README's Binder, Colab and Kaggle buttons are built from Repository)
+    urls = dict(line.split(":", 1)[1].strip().split(", ", 1) for line in info.decode().splitlines()
+                if line.startswith("Project-URL:"))
+    assert urls["Repository"].startswith("https://github.com/") and {"Homepage", "Issues"} <= set(urls)
 
 
 def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
@@ -62,7 +67,57 @@ def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
         f"assert accumlib.__file__.startswith({str(target)!r}), accumlib.__file__",
         "assert len(data.digits()[0]) == 1797",
         "assert i18n.catalogue('hi') is not None",
+        "from accumlib.lessons import plots; assert plots.SHIPPED_FONT.is_file(), plots.SHIPPED_FONT",
+        "assert plots.SHIPPED_FONT.with_name('OFL.txt').read_text().count('SIL Open Font License') >= 1",
         "assert json.loads((resources.files('accumlib.lessons.quiz') / 'questions.json').read_text(encoding='utf-8'))",
         "print('ok')"])
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+STAND_IN = '''# A stand-in for Colab: /content exists for this venv's processes (the machine's / is untouched)
+import os.path
+_isdir = os.path.isdir
+os.path.isdir = lambda path: True if str(path) == "/content" else _isdir(path)
+'''
+
+
+@pytest.mark.parametrize("platform", [True, False])
+def test_the_notebooks_first_cell_installs_accumlib_on_colab_and_nothing_elsewhere(wheel, tmp_path, platform):
+    """tools/platform_cell.py's cell in a fresh venv that has the platform's packages (torch, matplotlib,
+    ipywidgets: this environment's, as Colab has its own) and no accumlib. With /content there it installs accumlib
+    alone and a Hindi figure draws; without it the cell does nothing. pip may not use an index here (PIP_NO_INDEX):
+    what it installs comes from the wheel or was there."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import platform_cell
+    finally:
+        sys.path.pop(0)
+    venv = tmp_path / "venv"
+    # no pip or setuptools of its own (an old setuptools would shadow the platform's): pip comes from the platform
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "platform-stack.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    if platform:
+        (site / "sitecustomize.py").write_text(STAND_IN)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env |= {"PIP_NO_INDEX": "1", "ACCUMLIB_INSTALL": f"accumlib[lessons] @ {wheel.as_uri()}", "OMP_NUM_THREADS": "1"}
+    lesson = ("import accumlib, importlib.metadata as m\n"
+              "accumlib.set_language('hi')\n"
+              "from accumlib.lessons import plots\n"
+              "curve = {'samples_seen': [32, 64], 'loss': [2.3, 1.7]}\n"
+              "assert plots.loss_curves({'पूरा batch': curve}, 'संचित gradient', 'वैकल्पिक पाठ').png()\n"
+              "print('accumlib', m.version('accumlib'), 'from', accumlib.__file__)")
+    done = subprocess.run([str(python), "-c", platform_cell.SOURCE + "\n" + lesson], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    installed = sorted(p.name for p in site.iterdir() if p.suffix == ".dist-info")
+    if platform:
+        assert done.returncode == 0, done.stderr
+        assert "installing accumlib[lessons]" in done.stdout
+        assert f"from {site}" in done.stdout
+        assert installed == ["accumlib-0.2.0.dist-info"]  # nothing else: the platform's packages were enough
+    else:
+        assert "ModuleNotFoundError: No module named 'accumlib'" in done.stderr  # nothing was installed
+        assert "installing" not in done.stdout and installed == []

@@ -1,6 +1,7 @@
 """Figures: Hindi text renders with a Devanagari font (no missing glyphs), Latin text keeps its usual font, every
 fixed label goes through the catalogue, axes are labelled and every figure has alt text."""
 import gettext
+from pathlib import Path
 import re
 import warnings
 
@@ -23,11 +24,10 @@ def glyph_warnings(caught) -> list[str]:
 
 @pytest.fixture
 def devanagari():
-    font = plots.devanagari_font()
-    if font is None:
-        pytest.fail("no Devanagari font for matplotlib: install fonts-lohit-deva "
-                    "(Debian/Ubuntu: apt-get install fonts-lohit-deva; .ci/run does) and rerun")
-    return font
+    return plots.devanagari_font()
+
+
+NO_DEVANAGARI = "DejaVu Sans"  # matplotlib's own font: Latin, Greek, Cyrillic, no Devanagari
 
 
 def test_hindi_title_axis_label_and_legend_render_without_missing_glyphs(devanagari):
@@ -44,7 +44,7 @@ def test_hindi_title_axis_label_and_legend_render_without_missing_glyphs(devanag
 
 def test_without_the_fallback_the_same_figure_misses_glyphs(devanagari, monkeypatch):
     """The check above can fail: drawn with the usual font alone, Devanagari has no glyphs."""
-    monkeypatch.setattr(plots, "devanagari_font", lambda: None)
+    monkeypatch.setattr(plots, "devanagari_font", lambda: NO_DEVANAGARI)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE))), HINDI_TITLE, "alt").png()
@@ -60,28 +60,69 @@ def test_latin_text_keeps_its_usual_font(devanagari, monkeypatch):
         return np.asarray(figure.figure.canvas.buffer_rgba()).copy()
 
     with_fallback = pixels()
-    monkeypatch.setattr(plots, "devanagari_font", lambda: None)
+    monkeypatch.setattr(plots, "devanagari_font", lambda: NO_DEVANAGARI)
     assert np.array_equal(with_fallback, pixels())
 
 
-def test_a_font_installed_after_matplotlib_cached_its_fonts_is_found(devanagari, monkeypatch):
+def test_without_an_installed_devanagari_font_the_shipped_one_is_registered(monkeypatch):
     manager = font_manager.fontManager
     monkeypatch.setattr(manager, "ttflist", [f for f in manager.ttflist if "Devanagari" not in f.name])
     plots.devanagari_font.cache_clear()
     try:
-        assert plots.devanagari_font() == devanagari
+        assert plots.devanagari_font() == "Lohit Devanagari"
+        found = font_manager.findfont(font_manager.FontProperties(family="Lohit Devanagari"), fallback_to_default=False)
+        assert Path(found).resolve() == plots.SHIPPED_FONT.resolve()
     finally:
         plots.devanagari_font.cache_clear()
 
 
-def test_hindi_without_a_devanagari_font_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(plots, "devanagari_font", lambda: None)
-    i18n.set_language("hi")
-    try:
-        with pytest.warns(UserWarning, match="fonts-lohit-deva"):
-            plots.bars(["a", "b"], [1.0, 2.0], "y (units)", "title", "alt")
-    finally:
-        i18n.set_language("en")
+HIDDEN_SYSTEM_FONTS = r"""
+import json, sys, warnings
+from pathlib import Path
+import matplotlib
+from matplotlib import font_manager
+# What a machine without a Devanagari font gives matplotlib: its own fonts (mpl-data/fonts) and nothing else.
+own = Path(matplotlib.get_data_path()).resolve()
+manager = font_manager.fontManager
+manager.ttflist = [f for f in manager.ttflist if Path(f.fname).resolve().is_relative_to(own)]
+manager._findfont_cached.cache_clear()
+before = sorted({f.name for f in manager.ttflist})
+from accumlib import i18n
+from accumlib.lessons import plots
+i18n.set_language("hi")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    curve = {"samples_seen": [32, 64, 96, 128], "loss": [2.3, 1.7, 1.2, 0.9]}
+    figure = plots.loss_curves({"32 का एक batch (पूरा batch)": curve, "8-8 के 4 micro-batches, संचित": curve},
+                               "संचित gradient पूरे batch के gradient के बराबर: क्षति घटती है", "वैकल्पिक पाठ")
+    png = figure.png()
+Path(sys.argv[1]).write_bytes(png)
+used = font_manager.findfont(font_manager.FontProperties(family=plots.devanagari_font()), fallback_to_default=False)
+print(json.dumps({"before": before, "used": used, "shipped": str(plots.SHIPPED_FONT),
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_a_hindi_figure_renders_with_the_systems_fonts_hidden(tmp_path):
+    """A fresh process (its own matplotlib cache) that sees only matplotlib's own fonts, as on Colab, Kaggle,
+    Windows or macOS without a Devanagari font: the Hindi figure finds every glyph in the shipped font.
+    The PNG is kept in build/screenshots/ to be looked at."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = Path(__file__).resolve().parents[1] / "build" / "screenshots" / "hindi-figure-no-system-font.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, MPLCONFIGDIR=str(tmp_path / "mplconfig"), PYTHONPATH=str(Path(plots.__file__).parents[2]))
+    run = subprocess.run([sys.executable, "-c", HIDDEN_SYSTEM_FONTS, str(out)], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not [name for name in result["before"] if "Devanagari" in name]  # the hiding worked
+    assert Path(result["used"]).resolve() == Path(result["shipped"]).resolve()
+    assert [w for w in result["warnings"] if "missing from font" in w] == []
+    assert out.read_bytes().startswith(b"\x89PNG")
 
 
 def test_fixed_labels_come_from_the_catalogue(monkeypatch):

@@ -4,9 +4,9 @@ styles and hatches, labelled axes with units, a title that states the finding, a
 
 Every fixed string a figure shows (axis labels, legends, memory categories) goes through `_()`, so a figure speaks
 the language chosen with `accumlib.set_language`. Titles and alt text come from the caller, formatted from measured
-values. Text is drawn in the usual font (rcParams["font.family"]) with an installed Devanagari font as fallback
-(Debian's fonts-lohit-deva: "Lohit Devanagari"), which matplotlib >= 3.11 shapes with its bundled libraqm: Latin
-text looks as always, Hindi text gets its matras and conjuncts right.
+values. Text is drawn in the usual font (rcParams["font.family"]) with a Devanagari font as fallback (an installed
+Lohit or Noto Sans Devanagari, else the Lohit Devanagari shipped in fonts/), which matplotlib >= 3.11 shapes with
+its bundled libraqm: Latin text looks as always, Hindi text gets its matras and conjuncts right.
 
 Figures use fixed margins instead of a layout engine (constrained layout doubled the drawing time of a dashboard
 figure); long titles and bar labels are wrapped to the axes' width.
@@ -19,7 +19,6 @@ import functools
 import io
 import threading
 import unicodedata
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -29,7 +28,7 @@ from matplotlib import font_manager, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..i18n import N_, _, language
+from ..i18n import N_, _
 
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 STACK_COLOURS = [*OKABE_ITO, "#999999"]  # nine memory categories: Okabe-Ito and a neutral grey
@@ -38,7 +37,8 @@ MARKERS = ["o", "s", "^", "D"]
 HATCHES = ["", "//", "..", "xx", "\\\\"]
 MIB = 2 ** 20
 DPI = 90
-DEVANAGARI_FONTS = ("Lohit Devanagari", "Noto Sans Devanagari")  # in order of preference
+DEVANAGARI_FONTS = ("Lohit Devanagari", "Noto Sans Devanagari")  # installed ones, in order of preference
+SHIPPED_FONT = Path(__file__).with_name("fonts") / "Lohit-Devanagari.ttf"  # used where none is installed
 TITLE_SIZE, LABEL_SIZE = 10, 9  # points
 # The memory categories of accumlib.memory (MemoryReport.categories() keys), as a figure's legend names them.
 CATEGORY_LABELS = {"parameters": N_("parameters"), "gradients": N_("gradients"),
@@ -51,21 +51,17 @@ _DRAWING = threading.RLock()  # rcParams are global: one figure is built or rend
 
 
 @functools.lru_cache(maxsize=None)
-def devanagari_font() -> str | None:
-    """The family name of an installed Devanagari font (one of DEVANAGARI_FONTS), or None when there is none.
-
-    matplotlib caches the system's fonts when it first runs; a font installed after that (fonts-lohit-deva on a
-    machine where matplotlib already ran) is missing from its cache, so font files named "*Devanagari*" in the
-    system's font folders are added to this process's font manager.
+def devanagari_font() -> str:
+    """The family name of the Devanagari font that figures fall back to: an installed one of DEVANAGARI_FONTS, or
+    else the Lohit Devanagari that ships with accumlib (fonts/, SIL Open Font License), registered with matplotlib
+    here, so Hindi figures render on Colab, Kaggle, Windows and macOS with no font installed.
     """
-    def known() -> set[str]:
-        return {entry.name for entry in font_manager.fontManager.ttflist}
-
-    if not known() & set(DEVANAGARI_FONTS):
-        for path in font_manager.findSystemFonts():
-            if "devanagari" in Path(path).name.lower():
-                font_manager.fontManager.addfont(path)
-    return next((name for name in DEVANAGARI_FONTS if name in known()), None)
+    known = {entry.name for entry in font_manager.fontManager.ttflist}
+    installed = next((name for name in DEVANAGARI_FONTS if name in known), None)
+    if installed is not None:
+        return installed
+    font_manager.fontManager.addfont(str(SHIPPED_FONT))
+    return font_manager.FontProperties(fname=SHIPPED_FONT).get_name()
 
 
 @contextlib.contextmanager
@@ -74,12 +70,7 @@ def drawing():
 
     Holds a lock, because rcParams are global and dashboards draw in background threads.
     """
-    fallback = devanagari_font()
-    if fallback is None and language() == "hi":
-        warnings.warn(_("Hindi text in figures needs a Devanagari font, and none is installed: install "
-                        "fonts-lohit-deva (apt-get install fonts-lohit-deva), then restart the kernel."), stacklevel=3)
-    with _DRAWING, matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"],
-                                                          *([fallback] if fallback else [])]}):
+    with _DRAWING, matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"], devanagari_font()]}):
         yield
 
 

@@ -13,13 +13,16 @@ dashboard.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import functools
 import html
 import math
+import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import ipywidgets as w
@@ -35,7 +38,18 @@ from ..loop import StopTraining, train
 MICRO_BATCH_SIZES = (2, 4, 8, 16, 32, 64)
 MAX_ACCUM_STEPS = 16
 CARD_MIB = tuple(0.25 * i for i in range(1, 17))  # the memory dashboard's card sizes: 0.25 to 4 MiB
-STYLE = {"description_width": "initial"}
+STYLE = {"description_width": "initial"}  # a control's label as wide as its text
+
+
+def slider_layout() -> w.Layout:
+    """A slider's box: a row of its own on a phone (it keeps about 200 px of track at 390 px: over 12 px per
+    accum_steps step), two or three to a row on a desktop, growing to 36rem (about 28 px per step)."""
+    return w.Layout(flex="1 1 22rem", min_width="min(100%, 18rem)", max_width="36rem")
+
+
+def row_layout() -> w.Layout:
+    """A row of controls that wraps onto the next line instead of squeezing or cutting them off."""
+    return w.Layout(display="flex", flex_flow="row wrap", align_items="center", width="100%")
 
 
 @dataclass
@@ -105,6 +119,22 @@ def _integer_from_to(name: str, value, low: int, high: int, note: str = "") -> i
     return value
 
 
+# In a Voila app (which sets VOILA_SERVER_URL in its kernels' environment) no code and no cell output show: the
+# dashboard shows its one summary itself, worded for the app, and each run replaces it.
+IN_APP = "VOILA_SERVER_URL" in os.environ
+_LIVE: weakref.WeakSet[Dashboard] = weakref.WeakSet()  # dashboards that have started a background run
+
+
+@atexit.register
+def _stop_every_run() -> None:
+    """At interpreter exit (a script's end, a kernel's shutdown or restart) make every dashboard's run stale and wait
+    for it. The runs are daemon threads (a computing dashboard never keeps a process alive); one still inside torch
+    when the interpreter tears down aborts the process ("terminate called without an active exception", status
+    134). atexit runs before that teardown, while the threads still run; a stale run stops at its next check."""
+    for dashboard in list(_LIVE):
+        dashboard._stop()
+
+
 def _settings_line(settings: dict) -> str:
     return _("settings: {settings}").format(settings=", ".join(f"{key}={value}" for key, value in settings.items()))
 
@@ -123,20 +153,20 @@ class Dashboard:
         _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
         self.seed = non_negative_int("seed", seed)
         self.accum_steps = w.IntSlider(value=accum_steps, min=1, max=MAX_ACCUM_STEPS, description="accum_steps",
-                                       continuous_update=False, style=STYLE)
+                                       continuous_update=False, style=STYLE, layout=slider_layout())
         self.micro_batch_size = w.SelectionSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
                                                   description=_("micro-batch size"), continuous_update=False,
-                                                  style=STYLE)
-        self.effective = w.HTML(layout=w.Layout(margin="0 0 0 1em"))
+                                                  style=STYLE, layout=slider_layout())
+        self.effective = w.HTML(layout=w.Layout(flex="1 1 100%", min_width="0"))  # a line of its own, below the sliders
         self.task_list = w.HTML("<b>{}</b><ol>{}</ol>".format(
             html.escape(_("Try this:")), "".join(f"<li>{html.escape(_(task))}</li>" for task in self.tasks)))
         self.figures = w.Output(layout=w.Layout(min_height="340px"))
         self.settings = w.HTML()
         self.controls = [self.micro_batch_size, self.accum_steps, *extra_controls]
-        rows = [w.HBox(self.controls[:2] + [self.effective])]
+        rows = [w.HBox(self.controls[:2] + [self.effective], layout=row_layout())]
         if extra_controls:
             label = [w.HTML(html.escape(extra_label), layout=w.Layout(margin="0 1em 0 0"))] if extra_label else []
-            rows.append(w.HBox(label + list(extra_controls), layout=w.Layout(flex_flow="row wrap")))
+            rows.append(w.HBox(label + list(extra_controls), layout=row_layout()))
         self.widget = w.VBox([w.HTML(f"<h3>{html.escape(_(self.title))}</h3>"), self.task_list, *rows, self.figures,
                               self.settings])
         self.plots: list[plots.Plot] = []  # the figures shown, once final
@@ -198,6 +228,16 @@ class Dashboard:
             previous = self._thread
             self._thread = threading.Thread(target=self._background, args=(job, previous), daemon=True)
             self._thread.start()
+        _LIVE.add(self)
+
+    def _stop(self, timeout: float = 60) -> None:
+        """At exit: make the run in progress stale (it stops at its next check, within one training step; it is
+        recorded as cancelled) and wait for it."""
+        with self._lock:
+            self._generation += 1
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _background(self, job: _Job, previous: threading.Thread | None) -> None:
         if previous is not None:
@@ -230,9 +270,11 @@ class Dashboard:
             self.plots, self._outputs, self.shown = figures, outputs, job.run.settings
             self.summary = f"{_settings_line(job.run.settings)}\n{finding}"
             self.figures.outputs = outputs
-            if len(self.runs) > 1:  # the first run's summary is the cell's printed output; later ones show here
-                self.settings.value = "<pre>{}\n{}</pre>".format(html.escape(_("latest run, after your change:")),
-                                                                 html.escape(self.summary))
+            # in a notebook the first run's summary is the cell's printed output and later ones show here; in the
+            # app every run's shows here
+            if IN_APP or len(self.runs) > 1:
+                label = _("the figure above, with these settings:") if IN_APP else _("latest run, after your change:")
+                self.settings.value = "<pre>{}\n{}</pre>".format(html.escape(label), html.escape(self.summary))
             job.run.outcome, job.run.seconds = "done", time.perf_counter() - job.started
 
     def wait(self, timeout: float = 120) -> None:
@@ -262,6 +304,8 @@ class Dashboard:
         if job.run.outcome == "failed":
             self._reported = len(self.runs)  # raised here, not again by wait()
             raise job.run.error
+        if IN_APP:  # the summary is in the dashboard (_execute); the app shows no cell output beside it
+            return
         print(_("when this cell ran (the dashboard above shows your later changes):"))
         print(self.summary)
 
@@ -476,7 +520,8 @@ class MemoryDashboard(Dashboard):
         if isinstance(budget_mib, bool) or budget_mib not in CARD_MIB:
             raise ValueError(f"budget_mib must be a multiple of 0.25 from 0.25 to 4, got {budget_mib!r}")
         self.budget = w.FloatSlider(value=budget_mib, min=CARD_MIB[0], max=CARD_MIB[-1], step=0.25,
-                                    description=_("card (MiB)"), continuous_update=False, style=STYLE)
+                                    description=_("card (MiB)"), continuous_update=False, style=STYLE,
+                                    layout=slider_layout())
         self._reports: dict[tuple[int, int], memory.MemoryReport] = {}
         super().__init__(extra_controls=[self.budget], **kwargs)
         self.model = models.cnn(seed=self.seed)

@@ -258,6 +258,25 @@ class Quiz:
         return self.text(message).format(**experiment())
 
 
+# The quiz's layout, from a phone's 390 px to a desktop: rows wrap, buttons are as wide as their text, and an option
+# longer than the line wraps onto more lines (ipywidgets gives each radio label one line's height, so a long option
+# ran over the Check button below it). Scoped to the quiz's box by its class.
+_LAYOUT_CSS = ("<style>"
+               ".accumlib-quiz .widget-radio-box label{height:auto;min-height:var(--jp-widgets-radio-item-height);"
+               "line-height:1.4;white-space:normal;padding:0.25em 0;display:flex;align-items:flex-start;gap:0.4em}"
+               ".accumlib-quiz .widget-radio-box input{order:-1;flex:none;float:none;margin:0.2em 0 0 1px}"
+               ".accumlib-quiz .widget-html-content{line-height:1.5;white-space:normal;overflow-wrap:anywhere}"
+               "</style>")
+
+
+def _button(**kwargs) -> w.Button:
+    return w.Button(layout=w.Layout(width="auto", min_width="8rem", max_width="100%"), **kwargs)
+
+
+def _row(children) -> w.HBox:
+    return w.HBox(children, layout=w.Layout(flex_flow="row wrap", max_width="100%"))
+
+
 class QuizWidget:
     """The quiz as ipywidgets: language switch, question, options or a number box, Check, Run (predict questions,
     enabled once answered), feedback, Back/Next and progress. Arguments as for `Quiz`."""
@@ -272,11 +291,11 @@ class QuizWidget:
                                         value=self.quiz.language, style={"description_width": "initial"})
         self.heading = w.HTML()
         self.prompt = w.HTML()
-        self.choices = w.RadioButtons(options=[], value=None, layout=w.Layout(width="auto"))
-        self.number = w.Text()
-        self.check = w.Button(button_style="primary")
-        self.run = w.Button()
-        self.previous, self.next = w.Button(), w.Button()
+        self.choices = w.RadioButtons(options=[], value=None, layout=w.Layout(width="auto", max_width="100%"))
+        self.number = w.Text(layout=w.Layout(width="100%", max_width="24rem"), style={"description_width": "initial"})
+        self.check = _button(button_style="primary")
+        self.run = _button()
+        self.previous, self.next = _button(), _button()
         self.feedback = w.HTML()
         self.run_output = w.HTML()
         self.progress = w.HTML()
@@ -285,9 +304,11 @@ class QuizWidget:
         self.run.on_click(lambda _: self.run_experiment())
         self.previous.on_click(lambda _: self.go(self.index - 1))
         self.next.on_click(lambda _: self.go(self.index + 1))
-        self.widget = w.VBox([self.language, self.heading, self.prompt, self.choices, self.number,
-                              w.HBox([self.check, self.run]), self.feedback, self.run_output,
-                              w.HBox([self.previous, self.next]), self.progress])
+        self.widget = w.VBox([w.HTML(_LAYOUT_CSS, layout=w.Layout(display="none")), self.language, self.heading,
+                              self.prompt, self.choices, self.number, _row([self.check, self.run]), self.feedback,
+                              self.run_output, _row([self.previous, self.next]), self.progress],
+                             layout=w.Layout(max_width="100%"))
+        self.widget.add_class("accumlib-quiz")
         self._render()
 
     @property

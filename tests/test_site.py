@@ -1,0 +1,199 @@
+"""The course's website (tools/site.py, `make site`): built offline from the stored notebooks, both editions, every
+page checked in Chromium at a phone's width.
+
+The build runs in the site's own venv (.venv-site, from site/requirements.txt: `make test` installs it first; it is
+not in the lessons' environment). Where that venv is missing the build tests fail and say how to make it; the
+browser checks skip without Chromium, as tests/test_browser.py does. Screenshots of a Hindi lesson and the
+dashboards page at 390 px and 1280 px are written to build/screenshots/ to be looked at.
+"""
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+SCREENSHOTS = ROOT / "build" / "screenshots"
+PHONE, DESKTOP = 390, 1280  # px: an iPhone 12-15's CSS width; a laptop's
+EDITIONS = ("en", "hi")
+
+
+def notebooks(lang):
+    return sorted(p.stem for p in (ROOT / "notebooks" / lang).glob("*.ipynb"))
+
+
+def widget_figures(path: Path) -> int:
+    """Figures a notebook stores: image outputs of its cells and of its Output widgets (counted from the JSON)."""
+    nb = json.loads(path.read_text())
+    count = sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+    state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    shown = {o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+             for c in nb["cells"] for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
+
+    def figures(ref):
+        entry = state.get(ref.removeprefix("IPY_MODEL_"))
+        if entry is None:
+            return 0
+        own = sum("image/png" in o.get("data", {}) for o in entry["state"].get("outputs", []))
+        return own + sum(figures(child) for child in entry["state"].get("children", []))
+    return count + sum(figures(ref) for ref in shown)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built from this checkout's notebooks into a temporary folder."""
+    if not SITE_PYTHON.exists():
+        pytest.fail("the site's builder is not installed: run `make .venv-site/.installed` (make test does)")
+    out = tmp_path_factory.mktemp("site") / "site"
+    subprocess.run([str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)], check=True, timeout=600,
+                   env=dict(os.environ, PYTHONPATH=""))
+    return out
+
+
+def test_every_notebook_has_a_page_in_each_edition(site):
+    for lang in EDITIONS:
+        pages = {p.stem for p in (site / lang).glob("*.html")}
+        assert set(notebooks(lang)) | {"index", "search"} <= pages, lang
+        assert (site / lang / "searchindex.js").exists()
+    assert (site / "index.html").exists()
+
+
+def test_nothing_is_loaded_from_elsewhere(site):
+    """Offline build, offline pages: no script, style sheet, font or image from another host."""
+    import re
+
+    external = re.compile(r'<(?:script|link|img|source|iframe)[^>]+(?:src|href)="(?:https?:)?//', re.I)
+    css_external = re.compile(r'url\(\s*["\']?(?:https?:)?//|@import\s+["\']?(?:url\()?["\']?(?:https?:)?//', re.I)
+    for page in site.rglob("*.html"):
+        assert not external.search(page.read_text()), page
+    for sheet in site.rglob("*.css"):
+        assert not css_external.search(sheet.read_text(errors="replace")), sheet
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    """The site on a local HTTP server (127.0.0.1, an ephemeral port), as GitHub Pages would serve it."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("browser checks need Debian's Chromium: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--no-first-run",
+                                           "--disable-background-networking", "--disable-component-update"])
+        yield chromium
+        chromium.close()
+
+
+MEASURE = """() => {
+  const doc = document.documentElement;
+  const figures = [...document.querySelectorAll('article img.lesson-figure')];
+  const wide = [...document.querySelectorAll('article *')].filter(e => {
+      const r = e.getBoundingClientRect();
+      return r.width > 0 && r.right > doc.clientWidth + 1 && !e.closest('.highlight') && !e.closest('pre');
+    }).map(e => e.tagName + '.' + e.className).slice(0, 5);
+  return {
+    scrollWidth: doc.scrollWidth, clientWidth: doc.clientWidth, wide,
+    figures: figures.length, broken: figures.filter(i => !(i.complete && i.naturalWidth > 0)).length,
+    noAlt: figures.filter(i => !i.alt.trim()).length,
+    launch: [...document.querySelectorAll('.lesson-bar a.launch-button')].map(a => [a.textContent, a.href]),
+    switch: [...document.querySelectorAll('.lesson-bar a.language-switch')].map(a => a.getAttribute('href')),
+    lang: doc.lang,
+    needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
+    dashboards: document.querySelectorAll('.static-dashboard').length,
+  };
+}"""
+
+
+def test_every_page_in_chromium_at_a_phones_width(served, browser):
+    """Figures load and have alt text, the launch buttons and the language switch are there and lead to the same
+    lesson in the other edition, and nothing is wider than a 390 px screen."""
+    import urllib.request
+
+    page = browser.new_page(viewport={"width": PHONE, "height": 844})
+    outside = []
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(served) and not r.url.startswith("data:") else None)
+    checked = 0
+    for lang in EDITIONS:
+        other = "hi" if lang == "en" else "en"
+        for stem in [*notebooks(lang), "index"]:
+            page.goto(f"{served}/{lang}/{stem}.html", wait_until="load")
+            m = page.evaluate(MEASURE)
+            where = f"{lang}/{stem}"
+            assert m["lang"] == lang, where
+            assert m["scrollWidth"] <= m["clientWidth"], (where, m["scrollWidth"], m["wide"])
+            assert m["switch"] == [f"../{other}/{stem}.html"], where
+            urllib.request.urlopen(f"{served}/{other}/{stem}.html").close()  # the other edition's page exists
+            if stem == "index":
+                continue
+            expected = widget_figures(ROOT / "notebooks" / lang / f"{stem}.ipynb")
+            assert m["figures"] == expected and m["broken"] == 0 and m["noAlt"] == 0, (where, m)
+            hosts = [href.split("/")[2] for _, href in m["launch"]]
+            assert {"mybinder.org", "colab.research.google.com", "kaggle.com"} <= set(hosts), where
+            assert any(f"notebooks%2F{lang}%2F{stem}.ipynb" in href or f"notebooks/{lang}/{stem}.ipynb" in href
+                       for _, href in m["launch"]), where
+            # a page with a dashboard links the Voila app and says, at each dashboard, that it needs a kernel
+            assert ("voila" in " ".join(h for _, h in m["launch"])) == (m["dashboards"] > 0), where
+            assert m["needsKernel"] == m["dashboards"], where
+            checked += 1
+    assert checked == len(notebooks("en")) + len(notebooks("hi"))
+    assert outside == [], outside[:5]  # every request went to the site itself
+
+
+def test_the_dashboards_page_shows_each_dashboards_stored_figure(served, browser):
+    page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
+    for lang in EDITIONS:
+        page.goto(f"{served}/{lang}/dashboards.html", wait_until="load")
+        dashboards = page.locator(".static-dashboard")
+        assert dashboards.count() == 3, lang  # loss, memory, BatchNorm
+        for i in range(3):
+            assert dashboards.nth(i).locator("img.lesson-figure").count() >= 1
+            assert dashboards.nth(i).locator("input[type=range]").count() >= 2  # micro-batch size, accum_steps
+
+
+def test_search_finds_a_lesson_in_each_edition(served, browser):
+    page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
+    # a Hindi word too: Sphinx has no Hindi splitter, and its index and its search split a word the same way
+    for lang, word, lesson in (("en", "BatchNorm", "07_batchnorm"), ("hi", "BatchNorm", "07_batchnorm"),
+                               ("hi", "प्रश्नोत्तरी", "10_recap_and_quiz")):
+        page.goto(f"{served}/{lang}/search.html?q={word}", wait_until="load")
+        page.wait_for_selector("#search-results ul li a", timeout=20000)
+        hits = page.locator("#search-results ul li a").evaluate_all("l => l.map(a => a.getAttribute('href'))")
+        assert any(lesson in h for h in hits), (lang, word, hits)
+
+
+def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
+    """Screenshots to look at (build/screenshots/): the Hindi lesson 7 and the English dashboards page."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for width in (PHONE, DESKTOP):
+        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 900})
+        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("dashboards", "en/dashboards.html"),
+                           ("hi-dashboards", "hi/dashboards.html")):
+            page.goto(f"{served}/{path}", wait_until="load")
+            page.evaluate("document.fonts.ready")
+            page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}.png"))
+            dashboard = page.locator(".static-dashboard").first
+            if dashboard.count():
+                dashboard.scroll_into_view_if_needed()
+                dashboard.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-dashboard.png"))
+        page.close()
+    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 6

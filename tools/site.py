@@ -1,0 +1,291 @@
+"""Build the course's website: both editions, from the stored notebooks (never executed), offline.
+
+    python tools/site.py [--out build/site]          (`make site` runs it in .venv-site, site/requirements.txt)
+
+Layout of the result (publish the folder as it is, e.g. with GitHub Pages):
+    build/site/index.html          choose a language (a link to each edition's home page)
+    build/site/en/index.html       English home page: what the course is, the table of contents
+    build/site/en/<lesson>.html    one page per notebook in notebooks/en/, in file-name order, dashboards last
+    build/site/hi/...              the same for notebooks/hi/ (Hindi)
+
+Each edition is one Sphinx project (MyST-NB reads the notebooks, the book theme lays them out; site/conf.py), built
+with its own language, so its search index, its theme's labels and its `lang` attribute are its language's.
+
+What the page shows of a notebook is what is stored in it. Widgets have no kernel on a static page, so each stored
+widget is drawn here as plain HTML from the notebook's widget state: its text, its controls as they were set
+(disabled) and its figures; a dashboard and a quiz say that they need a kernel and how to open one. No script of
+the widgets' manager is loaded (it would come from a CDN). Every figure is an <img> with the alt text its notebook
+stores.
+
+The page's own strings (buttons, notices) are English msgids translated in translations/site/<lang>.po.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import html
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from urllib.parse import quote
+
+from babel.messages.pofile import read_po
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+SITE = ROOT / "site"
+LANGUAGES = {"en": "English", "hi": "हिन्दी"}  # each edition's folder under notebooks/ and its name in itself
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+SLIDERS = {"IntSliderModel", "FloatSliderModel", "SelectionSliderModel", "FloatLogSliderModel", "IntRangeSliderModel",
+           "FloatRangeSliderModel", "SelectionRangeSliderModel"}
+
+
+def repository() -> tuple[str, str]:
+    """(owner, name) of the GitHub repository named in pyproject.toml's [project.urls] Repository."""
+    url = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    owner, name = url.rstrip("/").split("/")[-2:]
+    return owner, name
+
+
+def catalogue(lang: str):
+    """gettext for the site's strings in `lang` (English msgids: English needs no catalogue)."""
+    path = ROOT / "translations" / "site" / f"{lang}.po"
+    if not path.exists():
+        return lambda text, context=None: text
+    with path.open("rb") as f:
+        po = read_po(f)
+
+    def gettext(text: str, context: str | None = None) -> str:
+        message = po.get(text, context)
+        if message is None or not message.string or message.fuzzy:
+            raise KeyError(f"{path}: no translation of {text!r} (context {context!r})")
+        return message.string
+    return gettext
+
+
+def lessons(lang: str) -> list[Path]:
+    """The edition's notebooks, in the order of the table of contents: lessons by file name, then the dashboards."""
+    found = sorted(NOTEBOOKS.glob(f"{lang}/*.ipynb"), key=lambda p: (p.stem == "dashboards", p.name))
+    if not found:
+        raise SystemExit(f"no notebooks in {NOTEBOOKS / lang}")
+    return found
+
+
+def launch_links(lang: str, stem: str, has_dashboard: bool) -> list[tuple[str, str]]:
+    """(label msgid, URL) of each button that opens this notebook live."""
+    owner, name = repository()
+    path = f"notebooks/{lang}/{stem}.ipynb"
+    binder = f"https://mybinder.org/v2/gh/{owner}/{name}/HEAD?urlpath="
+    github = f"https://github.com/{owner}/{name}/blob/main/{path}"
+    links = [("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe=""))]
+    if has_dashboard:  # Voila shows the dashboards notebook as an app: its controls and figures, no code
+        links.append(("Binder (Voila app)", binder + quote(f"voila/render/notebooks/{lang}/dashboards.ipynb", safe="")))
+    links.append(("Colab", f"https://colab.research.google.com/github/{owner}/{name}/blob/main/{path}"))
+    links.append(("Kaggle", "https://kaggle.com/kernels/welcome?src=" + quote(github, safe="")))
+    return links
+
+
+# ---- widgets drawn as static HTML from the stored widget state ----
+
+class StaticWidgets:
+    """Draws a notebook's stored widgets as HTML: what a learner saw when the notebook was executed."""
+
+    def __init__(self, state: dict):
+        self.state = state  # model id -> {"model_name": ..., "state": {...}}
+
+    def model(self, ref: str) -> dict | None:
+        return self.state.get(ref.removeprefix("IPY_MODEL_"))
+
+    def contains(self, ref: str, names: set[str]) -> bool:
+        entry = self.model(ref)
+        if entry is None:
+            return False
+        return entry["model_name"] in names or any(self.contains(child, names)
+                                                   for child in entry["state"].get("children", []))
+
+    def draw(self, ref: str) -> str:
+        entry = self.model(ref)
+        if entry is None:
+            return ""
+        name, s = entry["model_name"], entry["state"]
+        description = s.get("description") or ""
+        label = f'<span class="sw-label">{html.escape(description)}</span>' if description else ""
+        if name in ("VBoxModel", "BoxModel", "GridBoxModel", "HBoxModel"):
+            kind = "sw-hbox" if name == "HBoxModel" else "sw-vbox"
+            return f'<div class="{kind}">' + "".join(self.draw(c) for c in s.get("children", [])) + "</div>"
+        if name in ("HTMLModel", "HTMLMathModel"):
+            return f'<div class="sw-html">{label}{s.get("value", "")}</div>' if s.get("value") or label else ""
+        if name == "LabelModel":
+            return f'<div class="sw-html">{html.escape(str(s.get("value", "")))}</div>'
+        if name == "OutputModel":
+            return '<div class="sw-output">' + "".join(output_html(o) for o in s.get("outputs", [])) + "</div>"
+        if name in SLIDERS:
+            if name == "SelectionSliderModel":
+                labels = s.get("_options_labels", [])
+                index = s.get("index", 0)
+                low, high, value, shown = 0, max(len(labels) - 1, 0), index, labels[index] if labels else ""
+            else:
+                low, high, value = s.get("min", 0), s.get("max", 100), s.get("value", 0)
+                shown = value
+            return (f'<label class="sw-slider">{label}<input type="range" disabled min="{low}" max="{high}" '
+                    f'value="{value}" step="{s.get("step", 1) or 1}"><output>{html.escape(str(shown))}</output></label>')
+        if name == "CheckboxModel":
+            checked = " checked" if s.get("value") else ""
+            return f'<label class="sw-check"><input type="checkbox" disabled{checked}>{html.escape(description)}</label>'
+        if name in ("RadioButtonsModel", "ToggleButtonsModel", "DropdownModel", "SelectModel"):
+            index = s.get("index")
+            options = "".join(
+                f'<label class="sw-option"><input type="radio" disabled{" checked" if i == index else ""}>'
+                f'{html.escape(str(text))}</label>' for i, text in enumerate(s.get("_options_labels", [])))
+            kind = "sw-toggles" if name == "ToggleButtonsModel" else "sw-options"
+            return f'<fieldset class="{kind}" disabled>{f"<legend>{html.escape(description)}</legend>" if description else ""}{options}</fieldset>'
+        if name == "ButtonModel":
+            return f'<button class="sw-button" type="button" disabled>{html.escape(description)}</button>'
+        if name in ("TextModel", "TextareaModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel",
+                    "BoundedFloatTextModel"):
+            return (f'<label class="sw-text">{label}<input type="text" disabled value="{html.escape(str(s.get("value", "")))}"'
+                    f' placeholder="{html.escape(str(s.get("placeholder") or ""))}"></label>')
+        if name in ("IntProgressModel", "FloatProgressModel"):
+            return (f'<label class="sw-progress">{label}<progress max="{s.get("max", 100)}" value="{s.get("value", 0)}">'
+                    f'</progress></label>')
+        return ""  # layout and style models, and widgets with nothing to show
+
+
+def figure_html(png: str, alt: str) -> str:
+    return (f'<img class="lesson-figure" src="data:image/png;base64,{png.strip()}" alt="{html.escape(alt.strip())}">')
+
+
+def output_html(output: dict) -> str:
+    """One stored output (of a cell or of an Output widget) as HTML."""
+    if output.get("output_type") == "stream":
+        return f'<pre class="sw-stream">{html.escape("".join(output.get("text", "")))}</pre>'
+    if output.get("output_type") == "error":
+        return f'<pre class="sw-stream">{html.escape(output.get("ename", ""))}: {html.escape(output.get("evalue", ""))}</pre>'
+    data = output.get("data", {})
+    if "image/png" in data:
+        alt = output.get("metadata", {}).get("image/png", {}).get("alt") or "".join(data.get("text/plain", ""))
+        return figure_html(data["image/png"], alt)
+    if "text/html" in data:
+        return "".join(data["text/html"])
+    if "text/plain" in data:
+        return f'<pre class="sw-stream">{html.escape("".join(data["text/plain"]))}</pre>'
+    return ""
+
+
+def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
+    """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard."""
+    _ = catalogue(lang)
+    notebook = copy.deepcopy(notebook)
+    state = notebook.get("metadata", {}).pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    widgets = StaticWidgets(state)
+    has_dashboard = False
+    for cell in notebook["cells"]:
+        outputs = []
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if WIDGET_VIEW in data:
+                ref = data[WIDGET_VIEW]["model_id"]
+                if widgets.model(ref) is None:  # no state stored: what the notebook shows without a kernel
+                    outputs.append(output | {"data": {"text/plain": data.get("text/plain", "")}})
+                    continue
+                if widgets.contains(ref, SLIDERS):
+                    has_dashboard = True
+                    notice = _("This dashboard needs a running Python kernel. This page shows the figure stored "
+                               "for the settings below; to move the controls, open the notebook live with a button "
+                               "at the top of the page.")
+                    kind = "dashboard"
+                elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}):
+                    notice = _("This quiz needs a running Python kernel to check your answers. This page shows it "
+                               "as stored, at its first question; open the notebook live with a button at the top of "
+                               "the page to answer every question.")
+                    kind = "quiz"
+                else:
+                    notice, kind = "", "widget"
+                note = f'<p class="needs-kernel">{html.escape(notice)}</p>' if notice else ""
+                body = f'<div class="static-widget static-{kind}">{note}{widgets.draw(ref)}</div>'
+                outputs.append({"output_type": "display_data", "metadata": {}, "data": {"text/html": body}})
+            elif "image/png" in data:
+                outputs.append({"output_type": "display_data", "metadata": {},
+                                "data": {"text/html": f'<div class="lesson-figure-box">{output_html(output)}</div>'}})
+            else:
+                outputs.append(output)
+        if cell["cell_type"] == "code":
+            cell["outputs"] = outputs
+    notebook.setdefault("metadata", {})["accumlib_site"] = {"stem": stem}
+    return notebook, has_dashboard
+
+
+# ---- the build ----
+
+def prepare(lang: str, source: Path) -> dict:
+    """Write the edition's Sphinx source folder; returns what site/conf.py needs to know of each page."""
+    _ = catalogue(lang)
+    if source.exists():
+        shutil.rmtree(source)
+    source.mkdir(parents=True)
+    pages = {}
+    entries = []
+    for path in lessons(lang):
+        notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem)
+        (source / path.name).write_text(json.dumps(notebook, ensure_ascii=False))
+        pages[path.stem] = {"launch": [[_(label), url] for label, url in launch_links(lang, path.stem, has_dashboard)],
+                            "dashboard": has_dashboard}
+        entries.append(path.stem)
+    home = (SITE / "home" / f"{lang}.md").read_text()
+    toctree = "```{toctree}\n:maxdepth: 1\n:caption: " + _("Lessons") + "\n\n" + "\n".join(entries) + "\n```\n"
+    (source / "index.md").write_text(home.replace("{toctree}", toctree))
+    pages["index"] = {"launch": [], "dashboard": False}
+    return pages
+
+
+def build(out: Path, sphinx: list[str]) -> None:
+    work = out.parent / (out.name + "-src")
+    shutil.rmtree(work, ignore_errors=True)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for lang in LANGUAGES:
+        pages = prepare(lang, work / lang)
+        other = {code: {"name": catalogue(code)("English", "language name"),
+                        "label": catalogue(code)("Read this page in {language}").format(
+                            language=catalogue(code)("English", "language name")),
+                        "pages": sorted(p.stem for p in lessons(code)) + ["index"]}
+                 for code in LANGUAGES if code != lang}
+        _ = catalogue(lang)
+        config = {"language": lang, "pages": pages, "other": other,
+                  "labels": {"open live": _("Open live:"), "home": _("Gradient accumulation, seen and measured")}}
+        (work / f"{lang}.json").write_text(json.dumps(config, ensure_ascii=False))
+        env = dict(os.environ, ACCUMLIB_SITE=str(work / f"{lang}.json"))
+        # MyST-NB writes its copies of the notebooks beside the output folder: built in the work folder, then moved
+        html_dir = work / f"{lang}-html" / lang
+        subprocess.run([*sphinx, "-b", "html", "-q", "-W", "--keep-going", "-c", str(SITE), "-D", f"language={lang}",
+                        "-d", str(work / f"{lang}-doctrees"), str(work / lang), str(html_dir)], check=True, env=env)
+        shutil.rmtree(html_dir / "_sources", ignore_errors=True)  # html_copy_source is off: nothing to serve there
+        shutil.move(html_dir, out / lang)
+    choices = "".join(f'<li><a lang="{code}" href="{code}/index.html">{html.escape(catalogue(code)("Gradient accumulation, seen and measured"))}'
+                      f' ({html.escape(name)})</a></li>' for code, name in LANGUAGES.items())
+    (out / "index.html").write_text(
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1"><title>accumlib</title>'
+        '<style>body{font-family:system-ui,sans-serif;max-width:40rem;margin:2rem auto;padding:0 1rem;'
+        'line-height:1.6}a{font-size:1.2rem}</style></head>'
+        f'<body><h1>accumlib</h1><ul>{choices}</ul></body></html>\n')
+    (out / ".nojekyll").write_text("")  # GitHub Pages: serve the _static folders as they are
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
+    args = parser.parse_args()
+    build(args.out.resolve(), [sys.executable, "-m", "sphinx"])
+    print(f"site: {args.out / 'index.html'}")
+
+
+if __name__ == "__main__":
+    main()
