@@ -54,6 +54,7 @@ WIDTH = 120  # PO line width
 CLOSE = 0.6  # text similarity above which a deleted cell's translation is offered to a new cell, fuzzy
 WORD_LIST_LESSON = "10_recap_and_quiz"  # the last lesson: its edition ends with the word list
 WORD_LIST_ID = "word-list"  # id of that cell, reserved like the language cell's
+PLATFORM_CELL = "platform-setup"  # id of the Colab/Kaggle set-up cell (tools/platform_cell.py): first in every edition
 WORD_LIST_INTRO = {"hi": "## शब्दावली: हिन्दी और English\n\nइस पाठ्यक्रम के हिन्दी शब्द और उनके English नाम, ताकि आप "
                          "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) "
                          "भी पढ़ और खोज सकें। "
@@ -379,6 +380,8 @@ def edition(english, catalog: Catalog, language: str, stored=None) -> nbformat.N
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
         cells.append(cell)
+    if len(cells) > 1 and cells[1].id == PLATFORM_CELL:  # Colab/Kaggle: accumlib is installed before it is imported
+        cells[0], cells[1] = cells[1], cells[0]
     if catalog.domain == WORD_LIST_LESSON:
         cells.append(word_list_cell(language))
     metadata = copy.deepcopy(english.metadata)
