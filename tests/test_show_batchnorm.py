@@ -1,6 +1,7 @@
 """accumlib.lessons.show.batchnorm (lesson 7): every finding's wording follows the measurement it is given; measured on small
 runs of the lesson's BatchNorm CNN, and on hand-made results where a branch needs data the CNN does not give."""
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -36,7 +37,8 @@ def test_gradient_gaps_call_exact_only_what_rounding_explains(capsys):
     assert show.gradient_gaps(gaps, micro_batch_size=8, accum_steps=8) == {"BatchNorm": False, "GroupNorm": True}
     out = capsys.readouterr().out
     assert "GroupNorm: below 1e-05: accumulation is exact up to float32 rounding." in out
-    assert f"BatchNorm: {gaps['BatchNorm']:.4f}: accumulation is not exact." in out
+    # two significant digits: float32 results move in the third or fourth from one CPU or thread count to another
+    assert f"BatchNorm: {gaps['BatchNorm']:#.2g}: accumulation is not exact." in out
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,10 @@ def test_remedies_say_what_each_fixes_as_measured(remedies, capsys):
         for before, after in ((remedies.batchnorm_accumulated, remedies.batchnorm_reestimated),
                               (remedies.batchnorm_one_batch, remedies.batchnorm_one_batch_reestimated)))
     out = capsys.readouterr().out
-    assert "GroupNorm, 4 × 8                  < 1e-05" in out  # rounding-level gaps are not printed digit by digit
+    # rounding-level gaps are not printed digit by digit; the column is numeric, right-aligned
+    assert re.search(r"\nGroupNorm, 4 × 8 +< 1e-05  ", out)
+    loss = remedies.batchnorm_accumulated.evaluation.loss  # float32 results print to two significant digits
+    assert re.search(rf"\nBatchNorm, 4 × 8 .* {loss:#.2g}  ", out) and f"{loss:.3f}" not in out
     assert "none kept" in out
     higher = remedies.groupnorm_accumulated.evaluation.loss > remedies.batchnorm_reestimated.evaluation.loss
     assert findings.groupnorm_higher_loss == higher

@@ -3,7 +3,9 @@ runs' running statistics differ, and what each remedy fixes on held-out data (`a
 
 Deviations are relative (a mean's difference over the reference's standard deviation, a variance's difference
 over the reference variance, averaged over channels); `batchnorm.total` adds a layer list's mean and variance parts.
-Everything printed is computed from the results passed in; on the CPU they are the same on every run.
+Everything printed is computed from the results passed in. They come from float32 training, which another CPU
+(AVX-512, AVX2 or neither), thread count or device moves in the third or fourth digit: values print to two
+significant digits (`_format.measured`), verdicts compare the unrounded values.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from .. import plots
 from ...batchnorm import DivergenceCauses, LayerDeviation, Outcome, Remedies, RunningAverageMove, total
 from ...i18n import _, ngettext
-from ._format import figure, table
+from ._format import figure, measured, table
 from .memory import split
 
 ROUNDING = 1e-5  # largest gradient difference float32 rounding explains for the lessons' CNN (measured: ~1e-6)
@@ -33,19 +35,19 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, f
     header = [_("micro-batch")]
     for layer in layers:
         header += [_("layer {layer}: mean").format(layer=layer), _("layer {layer}: variance").format(layer=layer)]
-    rows = [[str(m), *(f"{value:.3f}" for d in drift[m] for value in (d.mean, d.variance))] for m in sizes]
+    rows = [[str(m), *(measured(value) for d in drift[m] for value in (d.mean, d.variance))] for m in sizes]
     print(table(header, rows))
     totals = {m: total(drift[m]) for m in sizes}
     smallest, largest = sizes[0], sizes[-1]
-    values = dict(small=smallest, large=largest, batch=batch, small_total=totals[smallest],
-                  large_total=totals[largest], times=f"{totals[smallest] / totals[largest]:.1f}")
+    values = dict(small=smallest, large=largest, batch=batch, small_total=measured(totals[smallest]),
+                  large_total=measured(totals[largest]), times=f"{totals[smallest] / totals[largest]:.1f}")
     if totals[smallest] > totals[largest]:
         finding = _("Micro-batches of {small} stray {times} times as far from the statistics of the whole batch of "
-                    "{batch} as micro-batches of {large} ({small_total:.3f} against {large_total:.3f}, summed over "
+                    "{batch} as micro-batches of {large} ({small_total} against {large_total}, summed over "
                     "layers).")
     else:
         finding = _("Micro-batches of {small} stray no further from the statistics of the whole batch of {batch} than "
-                    "micro-batches of {large} ({small_total:.3f} against {large_total:.3f}, summed over layers).")
+                    "micro-batches of {large} ({small_total} against {large_total}, summed over layers).")
     print(finding.format(**values))
     parts = {"mean": _("mean"), "variance": _("variance")}
     series = {_("layer {layer}: {part}").format(layer=layer, part=name): (
@@ -55,7 +57,7 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, f
               "{large}").format(**values) if totals[smallest] > totals[largest] else finding.format(**values)
     alt = _("Lines, log scale: the deviation of each micro-batch's BatchNorm mean and variance from those of the whole "
             "batch of {batch}, per layer, at micro-batch sizes {sizes}: summed over layers {totals}.").format(
-        batch=batch, sizes=", ".join(map(str, sizes)), totals=", ".join(f"{totals[m]:.3f}" for m in sizes))
+        batch=batch, sizes=", ".join(map(str, sizes)), totals=", ".join(measured(totals[m]) for m in sizes))
     figure(plots.lines(series, _("micro-batch size (samples)"), _("deviation from the whole batch (relative)"), title,
                        alt, logy=True))
     return totals
@@ -74,7 +76,7 @@ def gradient_gaps(gaps: dict[str, float], micro_batch_size: int, accum_steps: in
             print("  " + _("{label}: below {rounding:.0e}: accumulation is exact up to float32 rounding.").format(
                 label=label, rounding=ROUNDING))
         else:
-            print("  " + _("{label}: {gap:.4f}: accumulation is not exact.").format(label=label, gap=gap))
+            print("  " + _("{label}: {gap}: accumulation is not exact.").format(label=label, gap=measured(gap)))
     return exact
 
 
@@ -112,17 +114,17 @@ def causes(result: DivergenceCauses, moved: dict[int, list[RunningAverageMove]])
              "weights": (_("the weights: each run's own"), _("the different weights"), result.weights)}
     totals = {name: total(deviations) for name, (_row_label, _name, deviations) in links.items()}
     everything = total(result.total_divergence)
-    rows = [[_("all causes together"), f"{everything:.3f}"]]
-    rows += [[row_label, f"{totals[name]:.3f}"] for name, (row_label, _name, _deviations) in links.items()]
+    rows = [[_("all causes together"), measured(everything)]]
+    rows += [[row_label, measured(totals[name])] for name, (row_label, _name, _deviations) in links.items()]
     print(table([_("difference between the two runs' running statistics"), _("relative, summed over layers")], rows))
     largest = max(totals, key=totals.get)
-    values = dict(cause=links[largest][1], value=totals[largest], total=everything)
+    values = dict(cause=links[largest][1], value=measured(totals[largest]), total=measured(everything))
     if totals[largest] >= 0.9 * everything and all(v <= 0.1 * totals[largest] for n, v in totals.items()
                                                    if n != largest):
-        print(_("Of the three, {cause} alone makes about as large a difference as all causes together: {value:.3f}, "
-                "against {total:.3f}; the other two barely matter.").format(**values))
+        print(_("Of the three, {cause} alone makes about as large a difference as all causes together: {value}, "
+                "against {total}; the other two barely matter.").format(**values))
     else:
-        print(_("The largest cause is {cause}: {value:.3f}, against {total:.3f} for all causes together.").format(
+        print(_("The largest cause is {cause}: {value}, against {total} for all causes together.").format(
             **values))
     print(_("In the {one} run, {line}.").format(one=runs["one"], line=_moved_line(moved[result.updates_one_batch])))
     print(_("In the {accumulated} run, {line}.").format(accumulated=runs["accumulated"],
@@ -132,11 +134,11 @@ def causes(result: DivergenceCauses, moved: dict[int, list[RunningAverageMove]])
 
 def _row(label: str, outcome: Outcome) -> list[str]:
     evaluation = outcome.evaluation
-    accuracy = "" if evaluation.accuracy is None else f"{evaluation.accuracy:.1%}"
-    statistics = f"{evaluation.statistics_error_total:.3f}" if evaluation.statistics_error else _("none kept")
+    accuracy = "" if evaluation.accuracy is None else f"{evaluation.accuracy:.0%}"
+    statistics = measured(evaluation.statistics_error_total) if evaluation.statistics_error else _("none kept")
     gap = f"{outcome.weight_gap:.2g}" if outcome.weight_gap == 0 or outcome.weight_gap >= ROUNDING else \
         f"< {ROUNDING:.0e}"  # float32 rounding: its digits depend on the machine, not on the method
-    return [label, gap, f"{evaluation.loss:.3f}", accuracy, statistics]
+    return [label, gap, measured(evaluation.loss), accuracy, statistics]
 
 
 @dataclass(frozen=True)
@@ -171,15 +173,15 @@ def remedies(result: Remedies) -> RemedyFindings:
                   for before, after in ((accumulated, reestimated), (one, one_reestimated)))
     if result.reestimate_weight_change == 0 and lowered:
         print(_("Re-estimating changed no weight. It replaced the running statistics that eval mode uses: on held-out "
-                "data their error went from {before:.3f} to {after:.3f} and the loss from {loss_before:.3f} to "
-                "{loss_after:.3f} ({accumulated}); from {one_before:.3f} to {one_after:.3f} and from "
-                "{one_loss_before:.3f} to {one_loss_after:.3f} ({one}). The two BatchNorm runs still differ in their "
+                "data their error went from {before} to {after} and the loss from {loss_before} to "
+                "{loss_after} ({accumulated}); from {one_before} to {one_after} and from "
+                "{one_loss_before} to {one_loss_after} ({one}). The two BatchNorm runs still differ in their "
                 "weights, by up to {gap:.2g}.").format(
-            before=accumulated.evaluation.statistics_error_total, after=reestimated.evaluation.statistics_error_total,
-            loss_before=accumulated.evaluation.loss, loss_after=reestimated.evaluation.loss,
-            one_before=one.evaluation.statistics_error_total,
-            one_after=one_reestimated.evaluation.statistics_error_total,
-            one_loss_before=one.evaluation.loss, one_loss_after=one_reestimated.evaluation.loss,
+            before=measured(accumulated.evaluation.statistics_error_total), after=measured(reestimated.evaluation.statistics_error_total),
+            loss_before=measured(accumulated.evaluation.loss), loss_after=measured(reestimated.evaluation.loss),
+            one_before=measured(one.evaluation.statistics_error_total),
+            one_after=measured(one_reestimated.evaluation.statistics_error_total),
+            one_loss_before=measured(one.evaluation.loss), one_loss_after=measured(one_reestimated.evaluation.loss),
             gap=reestimated.weight_gap, **runs))
     elif result.reestimate_weight_change == 0:
         print(_("Re-estimating changed no weight, but it did not lower the held-out statistics error of both "
@@ -195,14 +197,14 @@ def remedies(result: Remedies) -> RemedyFindings:
     else:
         print(_("GroupNorm: {accumulated} and {one} trained weights that differ by up to {gap:.2g}.").format(
             gap=grouped.weight_gap, **runs))
-    values = dict(grouped=grouped.evaluation.loss, batchnorm=reestimated.evaluation.loss, **runs)  # both accumulated
+    values = dict(grouped=measured(grouped.evaluation.loss), batchnorm=measured(reestimated.evaluation.loss), **runs)  # both accumulated
     if grouped.evaluation.loss > reestimated.evaluation.loss:
-        print(_("GroupNorm makes accumulation exact, not the model better: here its held-out loss, {grouped:.3f}, is "
-                "higher than re-estimated BatchNorm's, {batchnorm:.3f} (both {accumulated}). A different normalisation "
+        print(_("GroupNorm makes accumulation exact, not the model better: here its held-out loss, {grouped}, is "
+                "higher than re-estimated BatchNorm's, {batchnorm} (both {accumulated}). A different normalisation "
                 "is a different model: check it on held-out data.").format(**values))
     else:
-        print(_("Here GroupNorm's held-out loss, {grouped:.3f}, is not higher than re-estimated BatchNorm's, "
-                "{batchnorm:.3f} (both {accumulated}). A different normalisation is a different model: check it on "
+        print(_("Here GroupNorm's held-out loss, {grouped}, is not higher than re-estimated BatchNorm's, "
+                "{batchnorm} (both {accumulated}). A different normalisation is a different model: check it on "
                 "held-out data.").format(**values))
     return RemedyFindings(result.reestimate_weight_change == 0, lowered, grouped.weight_gap < ROUNDING,
                           grouped.evaluation.loss > reestimated.evaluation.loss)
