@@ -9,7 +9,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # The suite runs on the CPU, on purpose, also on a machine with a GPU: the stored notebook outputs are the CPU's
 # (a GPU's kernels give other last digits and other memory numbers), and the tests assert CPU behaviour.
 # CUDA_VISIBLE_DEVICES= hides every NVIDIA GPU; ACCUMLIB_DEVICE=cpu makes the lessons' device choice
-# (accumlib.lessons.device) the CPU on an Apple GPU too. benchmarks/gpu_check.py is the GPU run.
+# (accumlib.lessons.devices) the CPU on an Apple GPU too. benchmarks/gpu_check.py is the GPU run.
 TEST_ENV := OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= ACCUMLIB_DEVICE=cpu
 WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi

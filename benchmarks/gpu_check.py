@@ -5,7 +5,7 @@ a CUDA machine). On a machine without one it runs what the CPU can and says what
     python benchmarks/gpu_check.py --json out.json  # the same, and the results as JSON
     python benchmarks/gpu_check.py --notebooks      # also execute the lessons on the CPU (nbval already does)
 
-The checks, each on the device `accumlib.lessons.device.pick()` chooses (ACCUMLIB_DEVICE, else CUDA, else CPU):
+The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUMLIB_DEVICE, else CUDA, else CPU):
 1. lessons: every notebook of notebooks/en (the ten lessons and the dashboards) executed top to bottom in a fresh
    kernel with ACCUMLIB_DEVICE set to that device; an error in any cell fails it (outputs are not compared: they
    are the CPU's). On the CPU this is `make test`'s nbval run, skipped here unless --notebooks.
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import accumlib  # noqa: E402
 from accumlib import memory  # noqa: E402
-from accumlib.lessons import data, device as lesson_device, models  # noqa: E402
+from accumlib.lessons import data, devices, models  # noqa: E402
 
 MIB = 2**20
 CHECKS = []
@@ -78,7 +78,7 @@ def lessons(device: torch.device, options) -> tuple[str, list[str]]:
         import nbformat
     except ImportError as error:
         return "skipped", [f"nbclient/nbformat missing ({error}): pip install -r requirements.txt"]
-    os.environ[lesson_device.VARIABLE] = str(device)  # the kernels inherit it
+    os.environ[devices.VARIABLE] = str(device)  # the kernels inherit it
     notebooks = sorted((ROOT / "notebooks" / "en").glob("*.ipynb"))
 
     def run(path: Path) -> tuple[str, str]:
@@ -264,7 +264,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--notebooks", action="store_true", help="execute the lessons on the CPU too")
     options = parser.parse_args()
-    device = lesson_device.pick()
+    device = devices.pick()
     torch.manual_seed(0)
     name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"gpu_check on {device}{name}; torch {torch.__version__}, CUDA "

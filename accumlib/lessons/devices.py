@@ -1,4 +1,4 @@
-"""The one device a lesson runs on, chosen once in its first code cell: `device = lessons.device.choose()`; every
+"""The one device a lesson runs on, chosen once in its first code cell: `device = devices.choose()` (`from accumlib.lessons import devices`); every
 tensor, model and measurement of the lesson then uses `device`.
 
 The choice: the `ACCUMLIB_DEVICE` environment variable where it is set ("cpu", "cuda", "cuda:1", "mps"), else the

@@ -1,4 +1,4 @@
-"""One device for a lesson (accumlib.lessons.device), and the library's measurements moving their data to the
+"""One device for a lesson (accumlib.lessons.devices), and the library's measurements moving their data to the
 model's device. No GPU here: FakeTensorMode accepts `cuda` tensors in this CPU build of torch, computes nothing,
 and raises FakeTensorDeviceMismatchError where an operation mixes devices, so a device mix-up is caught on the CPU.
 Autograd on a fake CUDA tensor aborts a CPU build, so only forward passes are checked this way."""
@@ -8,19 +8,19 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTen
 
 import accumlib
 from accumlib import batchnorm
-from accumlib.lessons import data, device
+from accumlib.lessons import data, devices
 
 
 def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert device.choose({}) == torch.device("cpu")
+    assert devices.choose({}) == torch.device("cpu")
     assert capsys.readouterr().out == "This lesson runs on the CPU.\n"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA T4")
-    assert device.choose({}) == torch.device("cuda")
+    assert devices.choose({}) == torch.device("cuda")
     assert capsys.readouterr().out == "This lesson runs on the GPU: NVIDIA T4 (cuda).\n"
     # the test suite's setting: the CPU even where there is a GPU, so the stored outputs are the CPU's
-    assert device.choose({"ACCUMLIB_DEVICE": "cpu"}) == torch.device("cpu")
+    assert devices.choose({"ACCUMLIB_DEVICE": "cpu"}) == torch.device("cpu")
 
 
 @pytest.mark.parametrize("asked, message", [("cuda", "ACCUMLIB_DEVICE='cuda' but this machine has no CUDA GPU"),
@@ -29,7 +29,7 @@ def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
 def test_an_unusable_choice_is_refused_with_its_name(monkeypatch, asked, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        device.pick({"ACCUMLIB_DEVICE": asked})
+        devices.pick({"ACCUMLIB_DEVICE": asked})
 
 
 X, Y = data.digits(16, flat=True)
