@@ -6,12 +6,16 @@ PORT ?= 8866
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # One thread per process: two test workers each running a kernel share the cores instead of oversubscribing them
 # (measured: the notebook suite took 220 s with two workers at default threads, 59 s with one thread each).
-TEST_ENV := OMP_NUM_THREADS=1
+# The suite runs on the CPU, on purpose, also on a machine with a GPU: the stored notebook outputs are the CPU's
+# (a GPU's kernels give other last digits and other memory numbers), and the tests assert CPU behaviour.
+# CUDA_VISIBLE_DEVICES= hides every NVIDIA GPU; ACCUMLIB_DEVICE=cpu makes the lessons' device choice
+# (accumlib.lessons.devices) the CPU on an Apple GPU too. benchmarks/gpu_check.py is the GPU run.
+TEST_ENV := OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= ACCUMLIB_DEVICE=cpu
 WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
 EDITION ?= en
 
-.PHONY: lab app test site notebooks translations bench clean
+.PHONY: lab app test test-portable site notebooks translations bench gpu-check clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,7 +39,7 @@ COPY := mkdir -p $(WORK) && cp -Rn notebooks/en notebooks/hi $(WORK)/
 
 lab: $(VENV)/.installed  ## open the lessons in JupyterLab (a working copy in my-notebooks/)
 	$(COPY)
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)/$(EDITION)/01_large_batch_problem.ipynb
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)/$(EDITION)/00_in_ten_minutes.ipynb
 
 app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila (Voila saves nothing)
 	$(COPY)
@@ -44,6 +48,20 @@ app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila (
 test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \
 		--nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+
+# The notebooks' stored outputs on every kind of CPU a learner has: torch's kernels without vector extensions
+# (default), with AVX2 and, where this CPU has it, with AVX-512, each at one thread and at two; every run is reported
+# and any failure fails the target. `make test-portable CAPABILITIES=default THREADS=1` runs one of them.
+CAPABILITIES ?= default avx2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),avx512)
+THREADS ?= 1 2
+NBVAL := $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg \
+	-p no:cacheprovider -q
+test-portable: $(VENV)/.installed  ## the notebook suite (nbval, both editions) under each CPU capability, at 1 and 2 threads
+	@failed=""; for cap in $(CAPABILITIES); do for threads in $(THREADS); do \
+		echo "== nbval: ATEN_CPU_CAPABILITY=$$cap OMP_NUM_THREADS=$$threads"; \
+		ATEN_CPU_CAPABILITY=$$cap $(TEST_ENV) OMP_NUM_THREADS=$$threads $(NBVAL) || failed="$$failed $$cap/$$threads"; \
+	done; done; \
+	if [ -n "$$failed" ]; then echo "test-portable failed for:$$failed"; exit 1; fi; echo "test-portable: all passed"
 
 # One thread per kernel here too: the stored outputs are computed as nbval recomputes them in `make test`.
 notebooks: $(VENV)/.installed  ## regenerate notebooks/hi from notebooks/en + translations/lessons, run both editions in fresh kernels, store outputs and widget state
@@ -58,6 +76,9 @@ site: $(SITE_VENV)/.installed  ## the website, both editions, from the stored no
 
 bench: $(VENV)/.installed  ## benchmark table (benchmarks/results.json)
 	$(PY) benchmarks/run.py
+
+gpu-check: $(VENV)/.installed  ## the GPU run (benchmarks/gpu_check.py): on a machine without one it says what it skipped
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) $(SITE_VENV) build *.egg-info

@@ -74,6 +74,11 @@ def _layers_with_running_stats(model: nn.Module, name: str = "model") -> dict[st
     return layers
 
 
+def _on_model(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x moved to where the model's weights are (as `train` moves its micro-batches): one device for a measurement."""
+    return x.to(resolve_device(model, None))
+
+
 def _check_samples(name: str, x, at_least: int = 1) -> None:
     _validate.samples(name, x)
     if len(x) < at_least:
@@ -103,6 +108,7 @@ def micro_batch_deviation(model: nn.Module, x: torch.Tensor, micro_batch_size: i
     micro_batch_size = _validate.positive_int("micro_batch_size", micro_batch_size)
     if micro_batch_size > len(x):
         raise ValueError(f"micro_batch_size must be between 1 and {len(x)} (the batch), got {micro_batch_size}")
+    x = _on_model(model, x)
     result = []
     for name, inputs in _bn_inputs(model, x).items():
         mean, var = _channel_stats(inputs)
@@ -124,6 +130,7 @@ def running_stats_error(model: nn.Module, x: torch.Tensor) -> list[LayerDeviatio
     """
     layers = _layers_with_running_stats(model)
     _check_samples("x", x, 2)
+    x = _on_model(model, x)
     result = []
     for name, inputs in _bn_inputs(model, x).items():
         mean, var = _channel_stats(inputs, unbiased=True)
@@ -226,7 +233,7 @@ def collect_running_stats(model: nn.Module, x: torch.Tensor, batch_size: int, up
     model = copy.deepcopy(model).train()
     for layer in batchnorm_layers(model).values():
         layer.reset_running_stats()
-    batches = torch.split(x, batch_size)
+    batches = torch.split(_on_model(model, x), batch_size)
     with torch.no_grad():
         for i in range(updates):
             model(batches[i % len(batches)])
@@ -244,7 +251,8 @@ def reestimate(model: nn.Module, x: torch.Tensor, batch_size: int | None = None)
     batch_size = len(x) if batch_size is None else _validate.positive_int("batch_size", batch_size)
     if batch_size > len(x):
         raise ValueError(f"batch_size must be between 1 and {len(x)} (the samples of x), got {batch_size}")
-    torch.optim.swa_utils.update_bn(DataLoader(TensorDataset(x), batch_size=batch_size), model)
+    torch.optim.swa_utils.update_bn(DataLoader(TensorDataset(x), batch_size=batch_size), model,
+                                    device=resolve_device(model, None))  # each batch moved to the model's device
     return model
 
 
@@ -293,6 +301,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss_fn: Cal
     _validate.module("model", model)
     _validate.samples("x", x, "y", y)
     loss_fn = _validate.loss_function("loss_fn", loss_fn) or nn.functional.cross_entropy
+    x, y = _on_model(model, x), _on_model(model, y)
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()

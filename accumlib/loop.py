@@ -793,6 +793,7 @@ def gradient_gap(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(_("model has no trainable parameters (requires_grad=True): there is no gradient to compare"))
+    x, y = x.to(params[0].device), y.to(params[0].device)  # where the model is, as train moves its micro-batches
 
     def gradient(xs, ys, share):
         loss = _scalar_loss(loss_fn(model(xs), ys)) * share

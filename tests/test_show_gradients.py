@@ -52,6 +52,8 @@ def test_gap_table_sees_k_times_the_gradient_only_where_accumulation_is_exact(mo
     assert gradients.gap_table(gaps, full_batch) is True
     out = capsys.readouterr().out
     assert "every gap is float rounding" in out and "each gap is accum_steps - 1 times" in out
+    bound = gradients.ROUNDING * max(g.abs().max().item() for g in full_batch)  # printed instead of rounding digits
+    assert out.count(f"< {bound:.1e}") == 3 and f"(at most {bound:.1e})" in out
     assert "\n          8" in out and "7.000" in out
     # BatchNorm: each micro-batch normalised on its own, so neither column is what the full batch gives
     digits = data.digits(32, dtype=torch.float64)

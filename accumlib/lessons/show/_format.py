@@ -10,6 +10,24 @@ from IPython.display import display
 
 from ..plots import Plot
 
+# The largest weight difference that is float64 rounding, not a different computation, for the lessons' small
+# float64 models: their weights are of order 1, so one rounding is about 2.2e-16 (float64's epsilon) and a few hundred
+# steps of a few thousand operations each stay many orders below this bound (measured: at most 2.2e-16).
+FLOAT64_ROUNDING = 1e-12
+
+
+def rounding_or_gap(gap: float, rounding: float) -> str:
+    """A difference as a table cell: "< {rounding}" where it is at most `rounding` (float rounding: its own digits
+    depend on the CPU's kernels, AVX-512, AVX2 or neither, on the thread count and on the device, so the lesson
+    prints the bound it passed), else the difference to two significant digits."""
+    return f"< {rounding:.1e}" if gap <= rounding else f"{gap:.1e}"
+
+
+def measured(value: float) -> str:
+    """A result of float32 training (a loss, a statistic) to two significant digits: such runs differ from one CPU,
+    thread count or device to another in the third or fourth digit (measured: 9.300 against 9.308)."""
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:#.2g}"
+
 
 def width(text: str) -> int:
     """Columns `text` takes in a monospaced font: non-spacing marks (the Devanagari nukta, the virama, vowel signs
@@ -28,7 +46,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: s
 
     def numeric(i: int) -> bool:
         return numbers == "right" and all(
-            row[i].replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
+            row[i].removeprefix("< ").replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
             .replace("e", "").replace("+", "").strip().isdigit() for row in cells[1:] if row[i])
 
     right = [numeric(i) for i in range(columns)]

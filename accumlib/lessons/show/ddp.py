@@ -10,7 +10,7 @@ from IPython.display import display
 
 from ...i18n import _, ngettext
 from ...loop import parameter_gap
-from ._format import table
+from ._format import FLOAT64_ROUNDING, table
 
 
 def effective_batch(*, micro_batch_size: int, accum_steps: int, processes: int, samples: int) -> int:
@@ -109,8 +109,13 @@ def same_weights(results: dict, single) -> dict[bool, float]:
     model or state dict); prints the largest differences and returns {no_sync: difference}."""
     gaps = {no_sync: parameter_gap(result.state, single) for no_sync, result in results.items()}
     result = results[True]
-    print(_("Largest weight difference from one process trained on batches of {batch}: {without:.1e} without "
-            "no_sync(), {with_no_sync:.1e} with it.").format(
-                batch=result.micro_batch_size * result.accum_steps * result.world_size, without=gaps[False],
-                with_no_sync=gaps[True]))
+    batch = result.micro_batch_size * result.accum_steps * result.world_size
+    if all(gap <= FLOAT64_ROUNDING for gap in gaps.values()):  # the bound, not the digits: they vary with the CPU
+        print(_("Without no_sync() and with it, the DDP run ends with the weights of one process trained on batches "
+                "of {batch}: they differ by at most {gap:.1e} (float64 rounding).").format(batch=batch,
+                                                                                        gap=FLOAT64_ROUNDING))
+    else:
+        print(_("Largest weight difference from one process trained on batches of {batch}: {without:.1e} without "
+                "no_sync(), {with_no_sync:.1e} with it.").format(batch=batch, without=gaps[False],
+                                                                 with_no_sync=gaps[True]))
     return gaps

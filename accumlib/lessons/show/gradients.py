@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ...i18n import _
-from ._format import table
+from ._format import rounding_or_gap, table
 
 ROUNDING = 1e-12  # relative to the largest gradient entry: a difference this small is float rounding, not a bug
 
@@ -42,9 +42,10 @@ def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tens
     proportional = (a - ratio * f).abs().max().item() <= ROUNDING * max(largest_entry, abs(ratio) * largest_entry)
     result = GradientComparison(largest_difference, largest_entry, ratio, proportional)
     if result.equal:
+        # the bound it passed, not the difference: a rounding difference's digits depend on the CPU and threads
         print(_("The accumulated gradient equals the full-batch gradient: no entry differs by more than {gap:.1e} "
                 "(float rounding), where the largest entry is {largest:.4f}.").format(
-                    gap=largest_difference, largest=largest_entry))
+                    gap=ROUNDING * largest_entry, largest=largest_entry))
     elif proportional:
         print(_("Every entry of the accumulated gradient is {ratio:.3f} times the full-batch entry: the largest "
                 "difference is {gap:.4f}, where the largest entry is {largest:.4f}.").format(
@@ -68,14 +69,15 @@ def gap_table(gaps: Mapping[int, Mapping[str, float]], full_batch: Sequence[torc
     if not largest_entry > 0:
         raise ValueError("full_batch: the full-batch gradient is zero everywhere (or empty): nothing to measure "
                          "the gaps against")
-    rows = [[k, f"{g['steps']:.1e}", f"{g['none']:.4f}", f"{g['none'] / largest_entry:.3f}"] for k, g in gaps.items()]
+    bound = ROUNDING * largest_entry  # what float rounding explains; the gaps below it print as "< bound"
+    rows = [[k, rounding_or_gap(g["steps"], bound), f"{g['none']:.4f}", f"{g['none'] / largest_entry:.3f}"]
+            for k, g in gaps.items()]
     print(table(["accum_steps", _("gap, loss / accum_steps"), _("gap, no division"),
                  _("gap without division / largest entry")], rows))
-    rounding = all(g["steps"] <= ROUNDING * largest_entry for g in gaps.values())
+    rounding = all(g["steps"] <= bound for g in gaps.values())
     k_times = all(abs(g["none"] / largest_entry - (k - 1)) <= 1e-9 * k for k, g in gaps.items())
     if rounding:
-        print(_("With the division, every gap is float rounding (at most {gap:.1e}).").format(
-            gap=max(g["steps"] for g in gaps.values())))
+        print(_("With the division, every gap is float rounding (at most {gap:.1e}).").format(gap=bound))
     else:
         print(_("With the division, some gaps are larger than float rounding (up to {gap:.1e}).").format(
             gap=max(g["steps"] for g in gaps.values())))

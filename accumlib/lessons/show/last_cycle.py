@@ -11,9 +11,7 @@ from .. import data
 from ...i18n import N_, _, ngettext
 from ...loop import History, parameter_gap
 from ..pitfalls import LAST_CYCLE_CHOICES, ClassicStep, loss_weights
-from ._format import table
-
-ROUNDING = 1e-12  # largest weight difference that is float64 rounding, not a different computation
+from ._format import FLOAT64_ROUNDING as ROUNDING, rounding_or_gap, table
 
 
 def _fraction(weight: float) -> str:
@@ -76,7 +74,8 @@ def last_cycles(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]
     gaps["accumlib.train"] = parameter_gap(model, reference)
     print(table([_("last cycle"), _("optimizer steps"), _("micro-batches per step"),
                  _("weight difference from one batch per cycle")],
-                [[name, len(held[name]), ", ".join(map(str, sorted(set(held[name])))), f"{gaps[name]:.1e}"]
+                [[name, len(held[name]), ", ".join(map(str, sorted(set(held[name])))),
+                  rounding_or_gap(gaps[name], ROUNDING)]
                  for name in held]))
     exact = [name for name in held if gaps[name] <= ROUNDING]
     others = [gaps[name] for name in held if name not in exact]
@@ -87,7 +86,7 @@ def last_cycles(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]
     else:
         print(_("Only {exact} give the weights of training with one batch per cycle, up to rounding (at most "
                 "{gap:.1e}); the others are off by {smallest:.1e} to {largest:.1e}.").format(
-                    exact=", ".join(exact), gap=max(gaps[name] for name in exact), smallest=min(others),
+                    exact=", ".join(exact), gap=ROUNDING, smallest=min(others),
                     largest=max(others)))
     return gaps
 
@@ -129,11 +128,11 @@ def tokens(runs: Mapping[str, torch.nn.Module], reference: torch.nn.Module) -> d
         raise ValueError(f"runs: unknown normalisations {unknown}; valid: {', '.join(TOKEN_RUNS)}")
     gaps = {name: parameter_gap(model, reference) for name, model in runs.items()}
     print(table([_("loss"), _("weight difference from one batch per cycle")],
-                [[_(TOKEN_RUNS[name]), f"{gap:.1e}"] for name, gap in gaps.items()]))
+                [[_(TOKEN_RUNS[name]), rounding_or_gap(gap, ROUNDING)] for name, gap in gaps.items()]))
     for name, gap in gaps.items():
         if gap <= ROUNDING:
-            print(_("{loss}: the weights of one batch per cycle, up to rounding ({gap:.1e}).").format(
-                loss=_(TOKEN_RUNS[name]), gap=gap))
+            print(_("{loss}: the weights of one batch per cycle, up to rounding (at most {gap:.1e}).").format(
+                loss=_(TOKEN_RUNS[name]), gap=ROUNDING))
         else:
             print(_("{loss}: off by up to {gap:.1e}.").format(loss=_(TOKEN_RUNS[name]), gap=gap))
     return gaps

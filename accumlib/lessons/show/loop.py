@@ -12,9 +12,7 @@ import torch
 from ...i18n import N_, _, ngettext
 from ...loop import History, parameter_gap
 from ..pitfalls import ClassicStep
-from ._format import table
-
-ROUNDING = 1e-12  # largest weight difference that is float64 rounding, not a different computation
+from ._format import FLOAT64_ROUNDING as ROUNDING, rounding_or_gap, table
 
 # pitfalls.classic_train's switches for a misplaced line ("" for none), as the table names them
 MISTAKES = {"": N_("the six-line loop"), "zero_every_micro_batch": N_("zero_grad() before every backward()"),
@@ -23,8 +21,10 @@ MISTAKES = {"": N_("the six-line loop"), "zero_every_micro_batch": N_("zero_grad
 
 def _say_gap(gap: float, exact: str, rounding: str, different: str) -> None:
     """Print which of three catalogue messages (marked N_) a weight difference calls for: none at all, float64
-    rounding (at most ROUNDING) or a different computation; the last two get the difference as {gap}."""
-    print(_(exact) if gap == 0 else _(rounding if gap <= ROUNDING else different).format(gap=gap))
+    rounding (at most ROUNDING) or a different computation. A different computation gets the difference as {gap};
+    rounding gets the bound it passed, since a rounding difference's digits depend on the CPU and the threads."""
+    print(_(exact) if gap == 0 else _(rounding).format(gap=ROUNDING) if gap <= ROUNDING else
+          _(different).format(gap=gap))
 
 
 def one_cycle(cycle_model: torch.nn.Module, full_model: torch.nn.Module) -> float:
@@ -38,6 +38,20 @@ def one_cycle(cycle_model: torch.nn.Module, full_model: torch.nn.Module) -> floa
              N_("One cycle of micro-batches and one step on the whole batch end with different weights: they "
                 "differ by up to {gap:.2e}."))
     return gap
+
+
+def returned(result: tuple) -> str:
+    """Print what `accumulate_and_step` returned (a CycleResult, or any NamedTuple) as its repr with every float to
+    5 significant digits, and return that text. A float64's 17 digits end in ones that depend on the CPU's kernels
+    (AVX-512, AVX2 or neither) and the thread count: printed in full, the lesson would show one machine's digits."""
+    if not hasattr(result, "_fields"):
+        raise TypeError(f"result must be what accumulate_and_step returned (a CycleResult), got {type(result).__name__}")
+    fields = ", ".join(f"{name}={value:.5g}" if isinstance(value, float) else f"{name}={value!r}"
+                       for name, value in zip(result._fields, result))
+    text = f"{type(result).__name__}({fields})"
+    print(_("accumulate_and_step returned (floats to 5 significant digits):"))
+    print(text)
+    return text
 
 
 def same_weights(hand_written: torch.nn.Module, library: torch.nn.Module, history: History) -> float:
@@ -85,7 +99,8 @@ def misplaced(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]],
             raise ValueError(f"runs[{name!r}]: no optimizer step was recorded; pass on_step=steps.append")
         gaps[name] = parameter_gap(model, reference)
         held = sorted({step.micro_batches for step in steps})
-        rows.append([_(MISTAKES[name]), len(steps), ", ".join(map(str, held)), f"{gaps[name]:.1e}"])
+        rows.append([_(MISTAKES[name]), len(steps), ", ".join(map(str, held)),
+                     f"{0:.1e}" if gaps[name] == 0 else rounding_or_gap(gaps[name], ROUNDING)])
     print(table([_("loop"), _("optimizer steps"), _("micro-batches in a step's gradient"),
                  _("weight difference from accumlib.train")], rows))
     for name, (model, steps) in runs.items():
@@ -93,8 +108,8 @@ def misplaced(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]],
         if gaps[name] == 0:
             print(_("{loop}: exactly the weights of accumlib.train.").format(loop=_(MISTAKES[name])))
         elif gaps[name] <= ROUNDING:
-            print(_("{loop}: the weights of accumlib.train, up to rounding ({gap:.1e}).").format(
-                loop=_(MISTAKES[name]), gap=gaps[name]))
+            print(_("{loop}: the weights of accumlib.train, up to rounding (at most {gap:.1e}).").format(
+                loop=_(MISTAKES[name]), gap=ROUNDING))
         elif held < accum_steps:
             print(ngettext("{loop}: every step's gradient holds {held} micro-batch, not {accum_steps}: {steps} steps, "
                            "weights off by {gap:.2f}.",

@@ -1,0 +1,87 @@
+"""One device for a lesson (accumlib.lessons.devices), and the library's measurements moving their data to the
+model's device. No GPU here: FakeTensorMode accepts `cuda` tensors in this CPU build of torch, computes nothing,
+and raises FakeTensorDeviceMismatchError where an operation mixes devices, so a device mix-up is caught on the CPU.
+Autograd on a fake CUDA tensor aborts a CPU build, so only forward passes are checked this way."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+
+import accumlib
+from accumlib import batchnorm
+from accumlib.lessons import data, devices
+
+
+def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.choose({}) == torch.device("cpu")
+    assert capsys.readouterr().out == "This lesson runs on the CPU.\n"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA T4")
+    assert devices.choose({}) == torch.device("cuda")
+    assert capsys.readouterr().out == "This lesson runs on the GPU: NVIDIA T4 (cuda).\n"
+    # the test suite's setting: the CPU even where there is a GPU, so the stored outputs are the CPU's
+    assert devices.choose({"ACCUMLIB_DEVICE": "cpu"}) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("asked, message", [("cuda", "ACCUMLIB_DEVICE='cuda' but this machine has no CUDA GPU"),
+                                            ("cuda:3", "no CUDA GPU"), ("tpu", "ACCUMLIB_DEVICE='tpu'"),
+                                            ("gpu please", "is not a device; valid: cpu, cuda, cuda:N, mps")])
+def test_an_unusable_choice_is_refused_with_its_name(monkeypatch, asked, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        devices.pick({"ACCUMLIB_DEVICE": asked})
+
+
+X, Y = data.digits(16, flat=True)
+
+
+def fake_cuda_model(mode):
+    """A small BatchNorm model whose weights and buffers are fake tensors on cuda:0 (values never computed)."""
+    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                              torch.nn.Linear(16, 10))
+    with mode:
+        for module in net.modules():
+            for name, p in list(module._parameters.items()):
+                # no gradient: autograd on a fake CUDA tensor aborts a CPU build (its device guard)
+                module._parameters[name] = torch.nn.Parameter(torch.empty(p.shape, device="cuda:0"), False)
+            for name, b in list(module._buffers.items()):
+                if b is not None:
+                    module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="cuda:0")
+    return net
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # a deepcopy of the fake model
+@pytest.mark.parametrize("measure", [
+    lambda net: batchnorm.micro_batch_deviation(net, X, 4),
+    lambda net: batchnorm.running_stats_error(net, X),
+    lambda net: batchnorm.evaluate(net, X, Y),
+], ids=["micro_batch_deviation", "running_stats_error", "evaluate"])  # reestimate reads a value before its forward
+def test_batchnorm_measurements_run_where_the_model_is_given_data_on_the_cpu(measure):
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    net = fake_cuda_model(mode)
+    seen = []
+    net[1].register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    with mode:
+        with pytest.raises(FakeTensorDeviceMismatchError):
+            net(X)  # the mix-up this test would catch: CPU data into a CUDA model
+        seen.clear()
+        try:
+            measure(net)
+        except FakeTensorDeviceMismatchError:
+            raise
+        except Exception:  # noqa: BLE001 - a fake tensor has no value: the first host read (.item()) stops here
+            pass
+    assert seen and set(seen) == {torch.device("cuda:0")}  # every forward pass ran on the model's device
+
+
+def test_gradient_gap_computes_where_the_model_is_given_data_on_the_cpu():
+    # Autograd on a fake CUDA tensor aborts a CPU build; the meta device (shapes, no values) stands in for the GPU:
+    # mixing it with CPU data raises as CUDA would, and the value read at the end is where meta must stop.
+    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10)).to("meta")
+    with pytest.raises(RuntimeError, match="not on the expected device"):
+        net(X)  # the mix-up this test would catch
+    seen = []
+    net[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):  # the final host read
+        accumlib.gradient_gap(net, torch.nn.functional.cross_entropy, X, Y, 2)
+    assert len(seen) == 3 and set(seen) == {torch.device("meta")}  # the full batch and both micro-batches
