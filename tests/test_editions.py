@@ -77,10 +77,12 @@ def code_differences(english_nb, hindi_nb, path: Path) -> list[str]:
     execution times aside), the language cell that is not first or not what it must be, and code cells missing or
     added."""
     found = []
-    first = hindi_nb.cells[0] if hindi_nb.cells else None
+    # the language cell comes first, or right after Colab's set-up cell (which installs accumlib before its import)
+    lead = 1 if hindi_nb.cells and hindi_nb.cells[0].id == editions.PLATFORM_CELL else 0
+    first = hindi_nb.cells[lead] if len(hindi_nb.cells) > lead else None
     if first is None or (first.id, first.cell_type, first.source, first.metadata.get("tags")) != (
             editions.LANGUAGE_TAG, "code", editions.language_source(LANGUAGE), [editions.LANGUAGE_TAG]):
-        found.append(f"{path.relative_to(ROOT)} cell 1: not the language cell (id and tag {editions.LANGUAGE_TAG!r}, "
+        found.append(f"{path.relative_to(ROOT)} cell {lead + 1}: not the language cell (id and tag {editions.LANGUAGE_TAG!r}, "
                      f"source {editions.language_source(LANGUAGE)!r})")
     theirs = [(i, c) for i, c in enumerate(hindi_nb.cells) if c.cell_type == "code" and c.id != editions.LANGUAGE_TAG]
     ours = editions.code_cells(english_nb)
