@@ -85,7 +85,8 @@ def test_step_schedule_counts_what_each_condition_steps(capsys):
                                "step % 4 == 0": [s for s in steps if s % 4 == 0]}, 10, 4)
     out = capsys.readouterr().out
     assert held == {"(step + 1) % 4 == 0": [4, 4], "step % 4 == 0": [1, 4, 4]}
-    assert "(step + 1) % 4 == 0: the last 2 micro-batches wait for a step that never comes." in out
+    assert ("(step + 1) % 4 == 0: the last 2 micro-batches get no step in this epoch: they join the next epoch's first "
+            "step (lesson 4); only after the last epoch are they never applied.") in out
     assert "step % 4 == 0: the first step comes after 1 micro-batch, not 4." in out
     assert "step % 4 == 0: the last micro-batch waits" in out
     loop.step_schedule({"right": [3, 7, 11]}, 12, 4)

@@ -129,7 +129,9 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
     steps_at: the condition's code -> the values of `step` (micro-batches counted from 0) at which it is true;
     micro_batches: how many micro-batches the epoch has. With the gradients zeroed right after every step, a step
     holds the micro-batches since the one before. Prints a table (micro-batches counted from 1, as a person counts)
-    and, per condition, whether its steps hold accum_steps micro-batches and what is never stepped. Returns
+    and, per condition, whether its steps hold accum_steps micro-batches and what is not stepped in this epoch
+    (zeroed only after a step, those micro-batches join the next epoch's first step; only after the last epoch are
+    they never applied). Returns
     condition -> micro-batches per step."""
     held_by = {}
     rows = []
@@ -142,7 +144,7 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
         left = micro_batches - 1 - steps[-1] if steps else micro_batches
         held_by[condition] = held
         rows.append([condition, ", ".join(str(s + 1) for s in steps), ", ".join(map(str, held)), left])
-    print(table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("never stepped")], rows))
+    print(table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("not stepped in this epoch")], rows))
     for condition, held in held_by.items():
         left = micro_batches - sum(held)
         if held and all(h == accum_steps for h in held) and not left:
@@ -154,9 +156,11 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
                            "{condition}: the first step comes after {first} micro-batches, not {accum_steps}.",
                            held[0]).format(condition=condition, first=held[0], accum_steps=accum_steps))
         if left:
-            print(ngettext("{condition}: the last micro-batch waits for a step that never comes.",
-                           "{condition}: the last {left} micro-batches wait for a step that never comes.", left).format(
-                               condition=condition, left=left))
+            print(ngettext("{condition}: the last micro-batch gets no step in this epoch: it joins the next epoch's "
+                           "first step (lesson 4); only after the last epoch is it never applied.",
+                           "{condition}: the last {left} micro-batches get no step in this epoch: they join the next "
+                           "epoch's first step (lesson 4); only after the last epoch are they never applied.",
+                           left).format(condition=condition, left=left))
     return held_by
 
 

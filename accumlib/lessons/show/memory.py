@@ -136,7 +136,7 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
         print(_("{category} changes from split to split: {values} bytes.").format(
             category=category_name(c), values=", ".join(f"{v:,}" for v in by_category[c])))
     if unused:
-        print(_("Not used in this step (0 bytes in every split): {categories}.").format(
+        print(_("Not alive at the peak (0 bytes in every split): {categories}.").format(
             categories=", ".join(category_name(c) for c in unused)))
     peak_ratio = first.peak / last.peak
     values = {**ends, "before": first.peak, "after": last.peak, "times": _ratio(first.peak, last.peak),
