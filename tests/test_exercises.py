@@ -425,7 +425,7 @@ def test_the_prediction_is_compared_with_the_measurement():
     ("return fits(0)", "error"),  # fits() refuses sizes outside 1 .. effective_batch, in words
     ("return [1, 2, 3]", "not-a-pair"),
     ("return 'eight', 8", "not-a-pair"),
-    ("while True:\n        fits(1)", "too-long"),  # stopped by the call limit
+    ("while True:\n        fits(1)", "endless-search"),  # stopped by the call limit (a core.Budget)
     ("raise KeyError('m')", "error"),
 ], ids=["hard-coded", "fixed-size", "too-large", "powers-of-two", "bad-size", "three", "text", "endless", "raises"])
 def test_batchnorm_split_names_each_mistake(body, name):
@@ -446,12 +446,11 @@ def test_batchnorm_split_accepts_unusual_valid_answers(body):
     assert exercises.batchnorm_split.verdict(function).correct
 
 
-def test_batchnorm_split_stops_a_loop_that_never_calls_fits(monkeypatch):
-    from accumlib.lessons.exercises import normalization
-    monkeypatch.setattr(normalization, "TIME_LIMIT", 1)  # the limit itself, not its length, is under test
+def test_batchnorm_split_stops_a_loop_that_never_calls_fits(short_time_limits):
+    # the limit itself, not its length, is under test: the time limit every exercise shares (core.Exercise)
     function = defined("def choose_split(fits, effective_batch):\n    while True:\n        pass\n", "choose_split")
     result = exercises.batchnorm_split.verdict(function)
-    assert result.names == ["too-long"] and "Does every loop end?" in result.text
+    assert result.names == ["time-limit"] and f"{SHORT_LIMIT:g} seconds" in result.text
 
 
 
@@ -485,6 +484,7 @@ SEED_PATTERN = LOOP.replace("        loss = loss_fn", "        if step % accum_s
                                                    "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn"
                             ).replace("            optimizer.zero_grad()  # once per cycle, after the step\n", "")
 LAST = solution_without_check(exercises.last_cycle)
+FIRST = solution_without_check(exercises.first_loop)
 AMP_BF16 = AMP.replace("torch.float16", "torch.bfloat16")
 
 # exercise -> case -> (the answer: a tuple of the values check() gets, the finding names it must get; [] is right)
@@ -571,6 +571,28 @@ CASES = {
         "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
         "unusual valid": ((cell(NO_SYNC.replace("contextlib.nullcontext() if last else model.no_sync()",
                                                 "model.no_sync() if not last else contextlib.nullcontext()"),
+                                "accumulate"),), []),
+    },
+    "batchnorm_split": {
+        # right for 64 on the first card only: the checker asks for other effective batches too
+        "hard-coded": ((lambda fits, effective_batch: (8, 8),), ["wrong-product"]),
+        "crashing": ((lambda fits, effective_batch: (fits(effective_batch + 1), 1),), ["error"]),
+        "non-terminating": ((cell("def choose_split(fits, effective_batch):\n" + FOREVER, "choose_split"),),
+                            ["time-limit"]),
+        "unusual valid": ((cell("def choose_split(fits, effective_batch):\n"
+                                "    sizes = [m for m in range(1, effective_batch + 1) if effective_batch % m == 0]\n"
+                                "    m = max(filter(fits, sizes))  # the largest divisor that fits\n"
+                                "    return m, effective_batch / m  # a float with a whole value\n", "choose_split"),),
+                          []),
+    },
+    "first_loop": {
+        # the lesson's 4 written in: right on the first problem (accum_steps = 4), not on the second (3)
+        "hard-coded": ((cell(FIRST.replace("% accum_steps", "% 4").replace("/ accum_steps", "/ 4"), "accumulate"),),
+                       ["not-general"]),
+        "crashing": ((cell(FIRST.replace("loss.backward()", "loss.backward()\n        loss.backward()"),
+                           "accumulate"),), ["backward-twice"]),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
+        "unusual valid": ((cell(FIRST.replace("(step + 1) % accum_steps == 0", "step % accum_steps == accum_steps - 1"),
                                 "accumulate"),), []),
     },
 }

@@ -280,12 +280,6 @@ class Exercise:
     hang_text: str = N_("Look for a loop that never ends: a while loop whose condition stays true, or a loop over "
                         "something endless.")
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "verdict" in cls.__dict__:  # a subclass written against the older interface: its verdict is its judge
-            cls.judge = cls.__dict__["verdict"]
-            cls.verdict = Exercise.verdict
-
     def judge(self, *answer) -> Verdict:
         raise NotImplementedError
 

@@ -3,11 +3,9 @@
 The learner replaces `...` in `if ...:`; the check is lesson 3's (`TheLoop`: the same fingerprint of every step's
 gradient, the same confirmation by training against `accumlib.train`) on a problem of its own, with the seed's
 accum_steps of 4: 16 micro-batches of 2 digits, 4 full cycles. The lesson's question names that 4, so a loop that
-passes is run again with accum_steps = 3: a condition with the number 4 written in (`(step + 1) % 4 == 0`) steps
-at the wrong micro-batches there, and is told so.
+passes is run again with accum_steps = 3 (LoopExercise's second problem): a condition with the number 4 written in
+(`(step + 1) % 4 == 0`) steps at the wrong micro-batches there, and is told so ("not-general").
 """
-from ...i18n import _
-from .core import Finding, Verdict, wrong
 from .fingerprint import Problem
 from .loops import TheLoop
 
@@ -15,6 +13,8 @@ from .loops import TheLoop
 class FirstLoop(TheLoop):
     lesson, name = 0, "first_loop"
     problem = Problem(samples=32, micro_batch_size=2, accum_steps=4)  # 16 micro-batches, 4 full cycles
+    # the second problem of LoopExercise.judge: another accum_steps, so that a condition with the 4 written in fails
+    other_problem = Problem(samples=30, micro_batch_size=2, accum_steps=3)  # 15 micro-batches, 5 full cycles
     stub = '''\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps):
     for step, (x, y) in enumerate(loader):
@@ -39,24 +39,6 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 
 exercises.first_loop.check(accumulate)
 '''
-
-    def verdict(self, function) -> Verdict:
-        verdict = super().verdict(function)
-        if not verdict.correct:
-            return verdict
-        other = _OtherSize().verdict(function)
-        if other.correct:
-            return verdict
-        return wrong([Finding("fixed-accum-steps", _(
-            "Right with accum_steps = {accum_steps}, but not with accum_steps = {other}: the loop must work for any "
-            "accum_steps. Write the condition with accum_steps, not with the number {accum_steps}.").format(
-                accum_steps=self.problem.accum_steps, other=_OtherSize.problem.accum_steps)), *other.findings])
-
-
-class _OtherSize(TheLoop):
-    """The same check with accum_steps = 3 (15 micro-batches of 2, 5 full cycles)."""
-
-    problem = Problem(samples=30, micro_batch_size=2, accum_steps=3)
 
 
 first_loop = FirstLoop()

@@ -5,15 +5,13 @@ with the running-statistic updates held equal). The learner writes `choose_split
 largest micro-batch that divides the effective batch and fits the card, and the accum_steps for the rest. The
 checker asks it for several cards and effective batches (a fixed answer fits one of them at most), measures every
 peak as `accumlib.train(memory_budget=...)` does (FakeTensorMode: byte-exact, the same on every machine), and stops
-an answer that runs too long or calls `fits` too often.
+an answer that runs too long (the time limit of every exercise, core.Exercise) or calls `fits` too often (a
+core.Budget; fits' own measurement is not counted against the learner's time).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import numbers
-import signal
-import threading
 
 import torch
 
@@ -21,11 +19,10 @@ from ... import memory
 from ...batchnorm import micro_batch_deviation, total
 from .. import data, models
 from ...i18n import N_, _
-from .core import Exercise, Finding, Verdict, right, wrong
+from .core import Budget, Exercise, Finding, Verdict, right, whole_number, wrong
 from .fingerprint import call_with, error_finding
 from .loops import not_a_function
 
-TIME_LIMIT = 10  # seconds for one problem: the solution needs well under one (every peak it asks for is cached)
 CALL_LIMIT = 1000  # calls to fits() per problem: trying every size once needs at most effective_batch (<= 96)
 
 
@@ -39,42 +36,16 @@ def step_peak(micro_batch_size: int, accumulated: bool) -> int:
                                optimizer=torch.optim.SGD(model.parameters(), lr=0.05), fake=True).peak
 
 
-class _TooLong(Exception):
-    """The learner's function ran past the time limit or called fits() too often."""
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: int):
-    """Raise _TooLong in the main thread after `seconds` (SIGALRM; elsewhere only the call limit of fits applies)."""
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise _TooLong
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 class _Card:
-    """fits(m) for one card and effective batch, counting its calls."""
+    """fits(m) for one card and effective batch."""
 
     def __init__(self, budget: int, effective_batch: int):
-        self.budget, self.effective_batch, self.calls = budget, effective_batch, 0
+        self.budget, self.effective_batch = budget, effective_batch
 
     def peak(self, m: int) -> int:
         return step_peak(m, m < self.effective_batch)
 
     def __call__(self, micro_batch_size) -> bool:
-        self.calls += 1
-        if self.calls > CALL_LIMIT:
-            raise _TooLong
         if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Integral) or \
                 not 1 <= micro_batch_size <= self.effective_batch:
             raise ValueError(_("fits() takes a micro-batch size, a whole number from 1 to {most} (the effective "
@@ -84,19 +55,6 @@ class _Card:
     def best(self) -> int:
         return max(m for m in range(1, self.effective_batch + 1)
                    if self.effective_batch % m == 0 and self.peak(m) <= self.budget)
-
-
-def _whole(value) -> int | None:
-    """value as an int when it is a number with an integral value (8, 8.0, torch.tensor(8)), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
-    return None
 
 
 def _bytes(size: int) -> str:
@@ -127,23 +85,21 @@ exercises.batchnorm_split.check(choose_split)
     hint_text = N_("Try the sizes from the effective batch downwards and return the first one that divides it and "
                    "fits; accum_steps is then effective_batch // micro_batch_size.")
 
-    def verdict(self, choose_split) -> Verdict:
+    def judge(self, choose_split) -> Verdict:
         if not callable(choose_split):
             return not_a_function("choose_split")
         for budget, effective_batch in self.problems:
             card = _Card(budget, effective_batch)
+            fits = Budget(card, CALL_LIMIT, lambda calls, batch=effective_batch, budget=budget: Finding(
+                "endless-search", _("For an effective batch of {batch} on a card of {card} bytes, choose_split called "
+                                    "fits() {calls:,} times without returning, more often than there are sizes to try "
+                                    "({most}): it goes round in circles. Does every loop end? Try each size at most "
+                                    "once.").format(batch=batch, card=_bytes(budget), calls=calls, most=batch)))
             try:
-                with _time_limit(TIME_LIMIT):
-                    answer = call_with(choose_split, {"fits": card, "effective_batch": effective_batch})
-            except _TooLong:
-                return wrong([Finding("too-long", _(
-                    "For an effective batch of {batch} on a card of {card} bytes, choose_split ran past {seconds} "
-                    "seconds or called fits() more than {calls} times, and was stopped. Does every loop end? Try each "
-                    "size at most once.").format(batch=effective_batch, card=_bytes(budget), seconds=TIME_LIMIT,
-                                                 calls=CALL_LIMIT))])
+                answer = call_with(choose_split, {"fits": fits, "effective_batch": effective_batch})
             except Exception as error:  # the learner's code
                 return wrong([error_finding(error)])
-            finding = self._judge(answer, card)
+            finding = self.problem_with(answer, card)
             if finding:
                 return wrong([finding])
         budget, effective_batch = self.problems[0]
@@ -153,12 +109,13 @@ exercises.batchnorm_split.check(choose_split)
                                                  split=f"{_Card(budget, effective_batch).best()} × "
                                                        f"{effective_batch // _Card(budget, effective_batch).best()}"))
 
-    def _judge(self, answer, card: _Card) -> Finding | None:
+    def problem_with(self, answer, card: _Card) -> Finding | None:
+        """What is wrong with choose_split's answer for this card, or None."""
         batch, budget = card.effective_batch, card.budget
         if not isinstance(answer, (tuple, list)) or len(answer) != 2:
             return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers: "
                                            "(micro_batch_size, accum_steps).").format(value=answer))
-        m, k = (_whole(v) for v in answer)
+        m, k = (whole_number(v) for v in answer)
         if m is None or k is None or m < 1 or k < 1:
             return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers of at "
                                            "least 1: (micro_batch_size, accum_steps).").format(value=tuple(answer)))
