@@ -172,8 +172,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else _NOTHING
             watch("forward")
             with sync, autocast:
-                output = model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x)  # the forward pass
-                loss = _scalar_loss(loss_fn(output, y))  # checked without reading its value
+                # the forward pass (inputs that are not one tensor unpacked); no name keeps the output alive
+                loss = _scalar_loss(loss_fn(model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x), y))
             weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
             total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
             watch("backward")
