@@ -22,7 +22,9 @@ The method is the one of the course review (/work/shared/reviews/lessons.md, sec
   PRINTED_WPM words a minute. Figures and widgets are not counted as text: a figure is looked at together with the
   finding printed beside it, and a widget's time is that of its tasks or questions (below). This is how the review
   counted.
-- start: START_MINUTES to open the notebook, start its kernel and run its cells (they take seconds).
+- start: START_MINUTES to open the notebook, start its kernel and run its cells (they take seconds). The
+  Colab/Kaggle set-up cell at the top (tools/platform_cell.py) is part of the start, not of the lesson: it does
+  nothing on a learner's own machine and is run, not studied, on Colab and Kaggle; it is not counted.
 - a dashboard task: TASK_MINUTES each. A dashboard is a code cell whose stored plain-text output lists its tasks
   under "Try this:" as "1. ...", "2. ...".
 - a quick-check question: QUESTION_MINUTES each, PREDICT_MINUTES for a "predict, then run" question. The questions
@@ -238,6 +240,8 @@ def measure(name: str, notebook=None) -> LessonTime:
     prose = printed = code = tasks = questions = predict = 0
     exercises: dict[str, int] = {}
     for cell in notebook.cells:
+        if cell.get("id") == editions.PLATFORM_CELL:
+            continue  # the Colab/Kaggle set-up: part of the start (see the method)
         if cell.cell_type == "markdown" and not is_time_cell(cell):
             prose += prose_words(cell)
             code += fenced_lines(cell)
@@ -297,12 +301,14 @@ def time_text(t: LessonTime, language: str) -> str:
 
 
 def with_time_cell(notebook, t: LessonTime):
-    """The notebook with its time cell right after the title (cell 0), added or refreshed."""
+    """The notebook with its time cell right after the title (its first markdown cell: the Colab/Kaggle set-up
+    cell may come before it), added or refreshed."""
     notebook = nbformat.from_dict(json.loads(json.dumps(notebook)))
     notebook.cells = [c for c in notebook.cells if not is_time_cell(c)]
     cell = nbformat.v4.new_markdown_cell(time_text(t, "en"), metadata={"tags": [TAG]})
     cell.id = TAG
-    notebook.cells.insert(1, cell)
+    title = next(i for i, c in enumerate(notebook.cells) if c.cell_type == "markdown")
+    notebook.cells.insert(title + 1, cell)
     return notebook
 
 
