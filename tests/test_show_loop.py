@@ -88,7 +88,7 @@ def test_step_schedule_counts_what_each_condition_steps(capsys):
     assert ("(step + 1) % 4 == 0: the last 2 micro-batches get no step in this epoch: they join the next epoch's first "
             "step (lesson 4); only after the last epoch are they never applied.") in out
     assert "step % 4 == 0: the first step comes after 1 micro-batch, not 4." in out
-    assert "step % 4 == 0: the last micro-batch waits" in out
+    assert "step % 4 == 0: the last micro-batch gets no step in this epoch" in out
     loop.step_schedule({"right": [3, 7, 11]}, 12, 4)
     assert "right: every step holds 4 micro-batches, and none is left over." in capsys.readouterr().out
     with pytest.raises(ValueError, match="must list increasing step values from 0 to 11"):

@@ -22,11 +22,11 @@ The page's own strings (buttons, notices) are English msgids translated in trans
 from __future__ import annotations
 
 import argparse
-import base64
 import copy
 import html
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +67,9 @@ def catalogue(lang: str):
             raise KeyError(f"{path}: no translation of {text!r} (context {context!r})")
         return message.string
     return gettext
+
+
+OUT_OF_NOTEBOOKS = re.compile(r"\]\(\.\./\.\./")  # a markdown link from notebooks/<lang>/ to the repository's root
 
 
 def lessons(lang: str) -> list[Path]:
@@ -181,6 +184,7 @@ def output_html(output: dict) -> str:
 def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
     """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard."""
     _ = catalogue(lang)
+    owner, name = repository()
     notebook = copy.deepcopy(notebook)
     state = notebook.get("metadata", {}).pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     widgets = StaticWidgets(state)
@@ -217,6 +221,9 @@ def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
                 outputs.append(output)
         if cell["cell_type"] == "code":
             cell["outputs"] = outputs
+        elif cell["cell_type"] == "markdown":  # a link out of notebooks/ (../../INSTRUCTORS.md): to the repository
+            repository_root = f"](https://github.com/{owner}/{name}/blob/main/"
+            cell["source"] = OUT_OF_NOTEBOOKS.sub(lambda _: repository_root, "".join(cell["source"]))
     notebook.setdefault("metadata", {})["accumlib_site"] = {"stem": stem}
     return notebook, has_dashboard
 
