@@ -54,12 +54,18 @@ test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, th
 # and any failure fails the target. `make test-portable CAPABILITIES=default THREADS=1` runs one of them.
 CAPABILITIES ?= default avx2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),avx512)
 THREADS ?= 1 2
-NBVAL := $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg \
+# Kernels x threads never exceed the cores: two kernels of two threads each on two cores spin-wait on each other's
+# OpenMP barriers (measured: lesson 7's float64 experiment went from seconds to over five minutes), so a run at
+# N threads uses cores / N test workers.
+CORES := $(shell nproc 2>/dev/null || echo 2)
+NBVAL := $(PY) -m pytest --dist loadfile --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg \
 	-p no:cacheprovider -q
 test-portable: $(VENV)/.installed  ## the notebook suite (nbval, both editions) under each CPU capability, at 1 and 2 threads
 	@failed=""; for cap in $(CAPABILITIES); do for threads in $(THREADS); do \
-		echo "== nbval: ATEN_CPU_CAPABILITY=$$cap OMP_NUM_THREADS=$$threads"; \
-		ATEN_CPU_CAPABILITY=$$cap $(TEST_ENV) OMP_NUM_THREADS=$$threads $(NBVAL) || failed="$$failed $$cap/$$threads"; \
+		workers=$$(( $(CORES) / threads )); [ $$workers -ge 1 ] || workers=1; \
+		echo "== nbval: ATEN_CPU_CAPABILITY=$$cap OMP_NUM_THREADS=$$threads, $$workers worker(s)"; \
+		ATEN_CPU_CAPABILITY=$$cap $(TEST_ENV) OMP_NUM_THREADS=$$threads $(NBVAL) -n $$workers \
+			|| failed="$$failed $$cap/$$threads"; \
 	done; done; \
 	if [ -n "$$failed" ]; then echo "test-portable failed for:$$failed"; exit 1; fi; echo "test-portable: all passed"
 
