@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from . import _validate, cycle, memory
 from .loop import train
@@ -273,3 +274,23 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
             optimizer_seconds.append(times["end"] - times["read"] + zeroing)  # the norm, the read, the step
             steps[k].append(times["end"] - times["start"])
     return passes, steps, optimizer_seconds
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the reads of a tensor's value on the host (`item`, `tolist`, `float()`, `bool()`, `int()`, use as an
+    index) made inside the block: on a GPU each one makes the host wait until the device has caught up.
+
+        with HostReads() as reads:
+            accumlib.train(...)
+        reads.count   # accumlib reads the device once per optimizer step
+    """
+
+    READS = frozenset({"item", "tolist", "__float__", "__bool__", "__int__", "__index__"})
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in self.READS
+        return func(*args, **(kwargs or {}))

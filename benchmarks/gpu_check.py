@@ -37,13 +37,13 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import accumlib  # noqa: E402
 from accumlib import memory  # noqa: E402
+from accumlib.timing import HostReads  # noqa: E402
 from accumlib.lessons import data, devices, models  # noqa: E402
 
 MIB = 2**20
@@ -181,20 +181,6 @@ def amp(device: torch.device, options) -> tuple[str, list[str]]:
     if not bf16:
         lines.append("bf16: skipped, this GPU does not support it (torch.cuda.is_bf16_supported())")
     return ("ok" if ok else "FAILED"), lines
-
-
-class HostReads(TorchFunctionMode):
-    """Counts reads of a tensor's value on the host (as tests/test_host_sync.py does)."""
-
-    READS = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", "") in self.READS
-        return func(*args, **(kwargs or {}))
 
 
 @check

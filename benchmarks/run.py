@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 import accumlib
 from accumlib import distributed, loop, memory
+from accumlib.timing import HostReads
 from accumlib.lessons import data, models, widgets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -176,20 +176,6 @@ def traced_cycle_cost(device: torch.device, k: int = 4) -> tuple[int, float]:
     seconds = [r.seconds for r in history]
     traced = 1 if device.type == "cpu" else len(seconds)  # one layout here: every cycle has k full micro-batches
     return traced, seconds[0] / statistics.median(seconds)
-
-
-class HostReads(TorchFunctionMode):
-    """Counts reads of a tensor's value on the host: each one waits for the device on a GPU."""
-
-    NAMES = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", "") in self.NAMES
-        return func(*args, **(kwargs or {}))
 
 
 def host_reads(loops: dict, device: torch.device) -> dict[int, dict]:

@@ -5,25 +5,10 @@ counted with a TorchFunctionMode. On a GPU each one makes the host wait until th
 """
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import accumlib
+from accumlib.timing import HostReads
 from accumlib.lessons import data, models
-
-READS = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__"}
-
-
-class HostReads(TorchFunctionMode):
-    """Counts calls that read a tensor's value on the host."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", "") in READS
-        return func(*args, **(kwargs or {}))
-
 
 def test_the_counter_sees_every_kind_of_read():
     t, i = torch.tensor(2.0), torch.tensor(1)

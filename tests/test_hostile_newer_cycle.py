@@ -32,6 +32,7 @@ from torch import nn
 
 import accumlib
 from accumlib import memory
+from accumlib.timing import HostReads
 from accumlib.lessons import data, models
 
 X, Y = data.digits(48)
@@ -169,20 +170,6 @@ def test_valid_weights_in_every_numeric_form_give_the_same_step():
         # from the float32 sum by float32 rounding (relative 2**-24 per addition, 4 of them)
         assert all(torch.equal(a, b) for a, b in zip(weights, results[0][1]))
         assert loss == pytest.approx(results[0][0], rel=4 * 2**-24)
-
-
-class HostReads(torch.overrides.TorchFunctionMode):
-    """Counts reads of a tensor's value on the host (item, tolist, float, bool, ...)."""
-
-    NAMES = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", "") in self.NAMES
-        return func(*args, **(kwargs or {}))
 
 
 def test_tensor_weights_are_read_once_not_per_micro_batch():
