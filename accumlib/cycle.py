@@ -88,15 +88,19 @@ class CycleOptions:
         one_of("on_nonfinite", self.on_nonfinite, ("skip", "raise"))
         boolean("check_gradients", self.check_gradients)
 
-    def check_scheduler(self, optimizer: torch.optim.Optimizer, steps: int = 0) -> None:
+    def check_scheduler(self, optimizer: torch.optim.Optimizer, steps: int | None = 0) -> None:
         """The scheduler must step `optimizer`, and a OneCycleLR must last for the `steps` optimizer steps of the
-        run."""
+        run (None: a run whose steps are not known before it starts, which a OneCycleLR cannot last)."""
         scheduler = self.scheduler
         if scheduler is None:
             return
         if scheduler.optimizer is not optimizer:
             raise ValueError(_("scheduler was built on another optimizer: it would change that optimizer's learning "
                                "rate, not this one's; build it on the optimizer you pass to train"))
+        if steps is None and isinstance(scheduler, OneCycleLR):
+            raise ValueError(_("scheduler: a OneCycleLR must last for every optimizer step of the run, and this "
+                               "run's steps are not known before it starts (data has no len()); give max_steps (and "
+                               "build the OneCycleLR with total_steps=max_steps)"))
         if isinstance(scheduler, OneCycleLR) and scheduler.last_epoch + steps > scheduler.total_steps:
             raise ValueError(_("scheduler: this OneCycleLR has {left} of its total_steps={total} left, but this run "
                                "takes {steps} optimizer steps; build it with total_steps={steps}").format(

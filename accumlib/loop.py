@@ -23,7 +23,6 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import memory
@@ -260,11 +259,7 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     if steps is not None and resume_from_step >= steps:
         raise ValueError(_("resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
                            "valid: 0 to {last}").format(value=resume_from_step, steps=steps, last=steps - 1))
-    options.check_scheduler(optimizer, 0 if steps is None else steps - resume_from_step)
-    if steps is None and isinstance(scheduler, OneCycleLR):
-        raise ValueError(_("scheduler: a OneCycleLR must last for every optimizer step of the run, and this run's "
-                           "steps are not known before it starts (data has no len()); give max_steps (and build "
-                           "the OneCycleLR with total_steps=max_steps)"))
+    options.check_scheduler(optimizer, None if steps is None else steps - resume_from_step)
     return _Run(history, source, device, params, options, accum_steps, world, ddp, normalize, reduction, count,
                 epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget)
 
@@ -649,9 +644,8 @@ class _Loader:
         n = len(cycle.sizes) - cycle.sizes.count(0)
         memory.check_cycle_fits(
             model, optimizer, batches, weights, options=options, budget_bytes=budget,
-            what=ngettext("the cycle of step {step} (epoch {epoch}): {n} batch of data, {samples} samples",
-                          "the cycle of step {step} (epoch {epoch}): {n} batches of data, {samples} samples",
-                          n).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes)),
+            what=ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
+                          "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes)),
             advice=_("give the loader a smaller batch_size and train with more accum_steps"))
 
     def _busiest(self, batches: int, samples: int) -> tuple[int, int]:
