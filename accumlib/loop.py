@@ -159,7 +159,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
     measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
-    those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step.
+    those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step. A step that
+    makes the optimizer's state (Adam's first, SGD with momentum's) is traced again on copies, as a later step, and
+    its layout records the heavier of the two, as `memory.measure_step` reports it (one process only).
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
     is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
     copies of the model and optimizer, nothing computed): for (X, y) tensors or a Dataset of tensor pairs once,
@@ -298,11 +300,16 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
                     with memory.step_peak(device, run.params, optimizer) if measure else _NOTHING as peak:
                         result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
+                    seconds = time.perf_counter() - started
                     if measure:
                         peaks[layout] = peak.bytes
+                        if device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
+                            # this step made the optimizer's state: the layout's peak is the heavier of this step
+                            # and a later one, as measure_step reports it (the same cycle, traced on copies)
+                            peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
+                                model, optimizer, cycle, weights, options))
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                        cycle.samples, result.loss, result.lr, result.grad_norm,
-                                        time.perf_counter() - started,
+                                        cycle.samples, result.loss, result.lr, result.grad_norm, seconds,
                                         peaks.get(layout) if run.measure_memory else None, result.skipped)
                     history.records.append(record)
                 if run.on_step is not None:
@@ -323,6 +330,15 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
         raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
                            "steps").format(value=run.resume_from_step, steps=step + 1))
     return history
+
+
+def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
+    """The peak bytes of `cycle` as `memory.measure_step` reports a step: the heavier of a run's first step and a
+    later one (the optimizer's state alive through the passes, its step count far along), traced under
+    FakeTensorMode on copies of the model and of the optimizer (its settings, not its state)."""
+    batches = [_as_pair(batch) for batch in cycle.raw()]  # the real micro-batches, without DDP's padding
+    real = [weight for weight, size in zip(weights, cycle.sizes) if size]
+    return memory.measured_cycle_peak(model, optimizer, batches, real, options)
 
 
 def _skipped_message(skips: int, scaler) -> str:

@@ -489,6 +489,8 @@ def _fake_measure(model, batches, loss_weights, optimizer, device, options, micr
             return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights, FAKE,
                             f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)", options, micro_batch_size,
                             explain)
+    except _DATA_DEPENDENT as error:  # not worded by explain()
+        raise _Untraceable(error) from None
     except ValueError as error:
         if isinstance(error.__cause__, _DATA_DEPENDENT):
             raise _Untraceable(error.__cause__) from None
@@ -589,6 +591,14 @@ def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, l
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
     return report
+
+
+def measured_cycle_peak(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> int:
+    """The peak bytes of the cycle of `batches` with `loss_weights`, as `measure_step` measures a step (the heavier
+    of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer."""
+    sizes = [len(t) for x, y in batches for t in _leaves((x, y))[:1] if t.dim()]
+    return _measure_cycle(model, optimizer, list(batches), list(loss_weights), options.measured(),
+                          max(sizes, default=0), True, next(model.parameters()).device).peak
 
 
 def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.CycleOptions, budget_bytes: int,

@@ -176,3 +176,33 @@ def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target()
     history = accumlib.train(model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak,
                              measure_memory=True, device="cpu")
     assert len(history) == 1 and history[0].peak_memory_bytes <= as_dicts.peak
+
+
+# --- the recorded peak of a stateful optimizer -----------------------------------------------------------------
+
+
+class Masked(nn.Module):
+    """A small model with one large buffer its forward reads but never changes (a causal mask, say)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.register_buffer("mask", torch.ones(256, 256))
+
+    def forward(self, x):
+        return self.linear(x) * self.mask[0, :3]
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.Adam(p), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
+                         ids=["Adam", "SGD with momentum"])
+@pytest.mark.parametrize("m, k", [(8, 2), (16, 2), (4, 4)])
+def test_trains_recorded_peak_with_a_stateful_optimizer_is_measure_steps_from_the_first_step(make, m, k):
+    """measure_step reports the heavier of a run's first step (the optimizer makes its state in it) and a later
+    one; train records that same number for every full cycle of one run, the first included (before, its first
+    record was the first step's alone, fewer bytes: the state did not yet live through its passes)."""
+    model = Masked()
+    planned = memory.measure_step(model, X[:m], Y[:m], optimizer=make(model.parameters()), accum_steps=k).peak
+    history = accumlib.train(model, (X, Y), make(model.parameters()), micro_batch_size=m, accum_steps=k,
+                             measure_memory=True, device="cpu")
+    assert len(history) == 64 // (m * k) and [r.peak_memory_bytes for r in history] == [planned] * len(history)
