@@ -4,7 +4,6 @@ Types are checked strictly: `True` is not the integer 1, `0` is not `False`, the
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import numbers
@@ -82,24 +81,6 @@ def function(name: str, value, *, optional: bool = False):
         raise TypeError(_("{name} must be callable (a function), got {value!r} of type {type}").format(
             name=name, value=value, type=type(value).__name__))
     return value
-
-
-def checked_by(check):
-    """Decorator: call check(**arguments) before the function (its arguments bound by name, defaults filled in).
-
-    The undecorated function stays reachable as `__wrapped__`, for a caller that has checked everything itself.
-    """
-    def decorate(function):
-        signature = inspect.signature(function)
-
-        @functools.wraps(function)
-        def checked(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            check(**bound.arguments)
-            return function(*args, **kwargs)
-        return checked
-    return decorate
 
 
 def module(name: str, value):

@@ -9,6 +9,7 @@ but once, after its last backward(): on a GPU every such read makes the host wai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 import numbers
@@ -18,6 +19,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Sized
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 import torch
@@ -28,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 from torch.utils._pytree import tree_leaves
 
-from ._validate import boolean, checked_by, function, one_of, positive_number
+from ._validate import boolean, function, one_of, positive_number
 from .i18n import _
 
 
@@ -48,10 +50,73 @@ class CycleResult(NamedTuple):
     skipped: bool  # True when the loss or the gradient norm was NaN/inf: no step, the model left as it was
 
 
-def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_grad_norm, scaler, autocast_dtype,
-                 scheduler, ddp_no_sync, on_nonfinite, check_gradients) -> None:
-    """accumulate_and_step's arguments, checked before anything changes (loss weights given as tensors are read
-    from the device once, together; nothing else is)."""
+@dataclass(frozen=True)
+class CycleOptions:
+    """How `accumulate_and_step` runs its cycles, checked once, when built: each refusal names the option, the
+    value and what is valid. `accumulate_and_step` builds one from its keywords; `train` one for the whole run,
+    before anything changes; `memory.measure_step` one for the step it measures.
+
+    The fields are accumulate_and_step's keywords, with its defaults (see there).
+    """
+
+    loss_fn: Callable = torch.nn.functional.cross_entropy
+    clip_grad_norm: float | None = None
+    scaler: torch.amp.GradScaler | None = None
+    autocast_dtype: torch.dtype | None = None
+    scheduler: object = None
+    ddp_no_sync: bool = True
+    on_nonfinite: str = "skip"
+    check_gradients: bool = True
+
+    def __post_init__(self) -> None:
+        function("loss_fn", self.loss_fn)
+        if self.clip_grad_norm is not None:
+            object.__setattr__(self, "clip_grad_norm", positive_number("clip_grad_norm", self.clip_grad_norm))
+        if self.scaler is not None and not isinstance(self.scaler, torch.amp.GradScaler):
+            raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
+                value=self.scaler, type=type(self.scaler).__name__))
+        if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, torch.dtype):
+            raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got "
+                              "{value!r}").format(value=self.autocast_dtype))
+        scheduler = self.scheduler
+        if scheduler is not None and (not callable(getattr(scheduler, "step", None)) or
+                                      not hasattr(scheduler, "optimizer")):
+            raise TypeError(_("scheduler must be a learning-rate scheduler (torch.optim.lr_scheduler) built on the "
+                              "optimizer, got {value!r} of type {type}").format(value=scheduler,
+                                                                                type=type(scheduler).__name__))
+        boolean("ddp_no_sync", self.ddp_no_sync)
+        one_of("on_nonfinite", self.on_nonfinite, ("skip", "raise"))
+        boolean("check_gradients", self.check_gradients)
+
+    def check_scheduler(self, optimizer: torch.optim.Optimizer, steps: int | None = 0) -> None:
+        """The scheduler must step `optimizer`, and a OneCycleLR must last for the `steps` optimizer steps of the
+        run (None: a run whose steps are not known before it starts, which a OneCycleLR cannot last)."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        if scheduler.optimizer is not optimizer:
+            raise ValueError(_("scheduler was built on another optimizer: it would change that optimizer's learning "
+                               "rate, not this one's; build it on the optimizer you pass to train"))
+        if steps is None and isinstance(scheduler, OneCycleLR):
+            raise ValueError(_("scheduler: a OneCycleLR must last for every optimizer step of the run, and this "
+                               "run's steps are not known before it starts (data has no len()); give max_steps (and "
+                               "build the OneCycleLR with total_steps=max_steps)"))
+        if isinstance(scheduler, OneCycleLR) and scheduler.last_epoch + steps > scheduler.total_steps:
+            raise ValueError(_("scheduler: this OneCycleLR has {left} of its total_steps={total} left, but this run "
+                               "takes {steps} optimizer steps; build it with total_steps={steps}").format(
+                                   left=scheduler.total_steps - scheduler.last_epoch, total=scheduler.total_steps,
+                                   steps=steps))
+
+    def measured(self) -> CycleOptions:
+        """These options as a measurement of the cycle runs them on copies of the model and optimizer: without the
+        scheduler (built on the real optimizer, it would step it) and the scaler (its scale would change), and
+        without autocast, as `memory.measure_step` measures."""
+        return dataclasses.replace(self, scaler=None, autocast_dtype=None, scheduler=None)
+
+
+def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
+    """accumulate_and_step's model, optimizer and data, checked before anything changes (loss weights given as
+    tensors are read from the device once, together; nothing else is)."""
     _check_model(model)
     _check_optimizer(model, optimizer)  # one that holds some of the model's trainable parameters, without a closure
     for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
@@ -65,17 +130,6 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights, loss_fn, clip_gr
                            "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
     _check_weights(loss_weights)
     _check_micro_batches(model, micro_batches)
-    function("loss_fn", loss_fn)
-    if clip_grad_norm is not None:
-        positive_number("clip_grad_norm", clip_grad_norm)
-    _check_scaler_type(scaler)
-    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
-        raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got {value!r}").format(
-            value=autocast_dtype))
-    _check_scheduler(scheduler, optimizer, 0)
-    boolean("ddp_no_sync", ddp_no_sync)
-    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
-    boolean("check_gradients", check_gradients)
 
 
 def _check_weights(loss_weights) -> None:
@@ -122,7 +176,6 @@ class Inputs(NamedTuple):
     kwargs: dict
 
 
-@checked_by(_check_cycle)  # every argument, before anything changes
 def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_weights: Sequence[float], *,
                         loss_fn: Callable = torch.nn.functional.cross_entropy, clip_grad_norm: float | None = None,
@@ -156,9 +209,23 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
     scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
     reads the device once: the loss and the norm together. Every argument is checked first (types, one finite
-    weight >= 0 per micro-batch, the micro-batches of a list on the model's device and not empty); `train`, which
-    checks them itself before its first step, calls `accumulate_and_step.__wrapped__`.
+    weight >= 0 per micro-batch, the micro-batches of a list on the model's device and not empty; the keywords as
+    one `CycleOptions`); `train`, which checks its own once before its first step, runs `_cycle` with its options.
     """
+    _check_cycle(model, optimizer, micro_batches, loss_weights)
+    options = CycleOptions(loss_fn, clip_grad_norm, scaler, autocast_dtype, scheduler, ddp_no_sync, on_nonfinite,
+                           check_gradients)
+    options.check_scheduler(optimizer)
+    return _cycle(model, optimizer, micro_batches, loss_weights, options)
+
+
+def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, loss_weights: Sequence[float],
+           options: CycleOptions) -> CycleResult:
+    """`accumulate_and_step` once its arguments are checked (`options` built): what train and the measurements run."""
+    loss_fn, clip_grad_norm, scaler, autocast_dtype = (options.loss_fn, options.clip_grad_norm, options.scaler,
+                                                       options.autocast_dtype)
+    scheduler, ddp_no_sync, on_nonfinite, check_gradients = (options.scheduler, options.ddp_no_sync,
+                                                             options.on_nonfinite, options.check_gradients)
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = _is_ddp(model)
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
@@ -470,12 +537,6 @@ def _check_optimizer_type(optimizer) -> None:
                            "Adam or AdamW").format(type=type(optimizer).__name__))
 
 
-def _check_scaler_type(scaler) -> None:
-    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-        raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
-            value=scaler, type=type(scaler).__name__))
-
-
 def _check_optimizer(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
     """The optimizer's parameters, once it is known to hold some of the model's trainable ones."""
     _check_optimizer_type(optimizer)
@@ -491,21 +552,3 @@ def _check_optimizer(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
         raise ValueError(_("optimizer holds none of the model's trainable parameters: build it from "
                            "model.parameters() (or the trainable ones you want to train)"))
     return held
-
-
-def _check_scheduler(scheduler, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    """A scheduler must step `optimizer`, and a OneCycleLR must last for the `steps` optimizer steps of the run."""
-    if scheduler is None:
-        return
-    if not callable(getattr(scheduler, "step", None)) or not hasattr(scheduler, "optimizer"):
-        raise TypeError(_("scheduler must be a learning-rate scheduler (torch.optim.lr_scheduler) built on the "
-                          "optimizer, got {value!r} of type {type}").format(value=scheduler,
-                                                                            type=type(scheduler).__name__))
-    if scheduler.optimizer is not optimizer:
-        raise ValueError(_("scheduler was built on another optimizer: it would change that optimizer's learning "
-                           "rate, not this one's; build it on the optimizer you pass to train"))
-    if isinstance(scheduler, OneCycleLR) and scheduler.last_epoch + steps > scheduler.total_steps:
-        raise ValueError(_("scheduler: this OneCycleLR has {left} of its total_steps={total} left, but this run "
-                           "takes {steps} optimizer steps; build it with total_steps={steps}").format(
-                               left=scheduler.total_steps - scheduler.last_epoch, total=scheduler.total_steps,
-                               steps=steps))

@@ -23,14 +23,13 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import memory
-from .cycle import (STEP, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type,
-                    _check_scheduler, _is_ddp, _scalar_loss, accumulate_and_step)
-from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int, positive_number
-from .i18n import _
+from .cycle import (_NOTHING, STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
+                    _cycle, _is_ddp, _scalar_loss)
+from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
+from .i18n import _, ngettext
 
 
 class StopTraining(Exception):
@@ -160,14 +159,58 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
     measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
-    those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step.
-    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes (for
-    (X, y) tensors, or a Dataset of tensor pairs).
+    those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step. A step that
+    makes the optimizer's state (Adam's first, SGD with momentum's) is traced again on copies, as a later step, and
+    its layout records the heavier of the two, as `memory.measure_step` reports it (one process only).
+    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
+    is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
+    copies of the model and optimizer, nothing computed): for (X, y) tensors or a Dataset of tensor pairs once,
+    before the run; for a loader each cycle's batches as they are, before that cycle changes anything, once per
+    layout of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
     `history`.
     """
+    run = _check_train(model, data, optimizer, accum_steps=accum_steps, micro_batch_size=micro_batch_size,
+                       epochs=epochs, max_steps=max_steps, loss_fn=loss_fn, normalize=normalize,
+                       loss_reduction=loss_reduction, count=count, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
+                       amp=amp, scaler=scaler, device=device, seed=seed, shuffle=shuffle, on_step=on_step,
+                       on_nonfinite=on_nonfinite, max_skipped_steps=max_skipped_steps,
+                       resume_from_step=resume_from_step, measure_memory=measure_memory, memory_budget=memory_budget,
+                       ddp_no_sync=ddp_no_sync, check_gradients=check_gradients)
+    return _train(model, optimizer, run)
+
+
+class _Run(NamedTuple):
+    """train's arguments once `_check_train` has checked them: what the run needs, resolved."""
+
+    history: History  # the run's history (its notes already hold what the checks noticed)
+    source: object  # where the cycles come from: `_Indexed` or `_Loader`
+    device: torch.device
+    params: list  # the optimizer's parameters
+    options: CycleOptions  # the cycle's options, for every step
+    accum_steps: int
+    world: int  # processes (1 without DDP)
+    ddp: bool
+    normalize: str
+    reduction: str  # "mean" or "sum": what the loss is over its micro-batch
+    count: Callable | None
+    epochs: int | None  # None: as many as max_steps takes
+    max_steps: int | None
+    resume_from_step: int
+    max_skipped_steps: int
+    on_step: Callable | None
+    measure_memory: bool
+    memory_budget: int | None
+
+
+def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epochs, max_steps, loss_fn, normalize,
+                 loss_reduction, count, scheduler, clip_grad_norm, amp, scaler, device, seed, shuffle, on_step,
+                 on_nonfinite, max_skipped_steps, resume_from_step, measure_memory, memory_budget, ddp_no_sync,
+                 check_gradients) -> _Run:
+    """Every argument of `train`, checked before anything changes (each refusal names the parameter, the value and
+    what is valid); the cycle's options are checked once, as one `CycleOptions`, which every step then uses."""
     _check_model(model)
     accum_steps = positive_int("accum_steps", accum_steps)
     if micro_batch_size is not None:
@@ -184,7 +227,6 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     history = History()
     source = _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, history.notes)
     params = _check_optimizer(model, optimizer)
-    loss_fn = function("loss_fn", loss_fn, optional=True)
     one_of("normalize", normalize, ("samples", "steps", "count"))
     count = function("count", count, optional=True)
     if (normalize == "count") != (count is not None):
@@ -197,18 +239,21 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
     reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
-    loss_fn = loss_fn or _own_loss  # checked: the user's, or the model's own loss (cross_entropy for logits)
-    if clip_grad_norm is not None:
-        clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)
-    for name, value in (("shuffle", shuffle), ("measure_memory", measure_memory), ("ddp_no_sync", ddp_no_sync),
-                        ("check_gradients", check_gradients)):
-        boolean(name, value)
+    boolean("shuffle", shuffle)
+    boolean("measure_memory", measure_memory)
     on_step = function("on_step", on_step, optional=True)
-    one_of("on_nonfinite", on_nonfinite, ("skip", "raise"))
     if memory_budget is not None:
         memory_budget = positive_int("memory_budget", memory_budget)
-    amp_dtype, scaler = _amp(amp, scaler, device)
+    amp_dtype = _amp(amp, device)
+    if amp_dtype is torch.float16 and scaler is None:
+        scaler = torch.amp.GradScaler(device.type)  # fp16 needs one: a new one, unless given
+    options = CycleOptions(  # the cycle's options, checked here once; without loss_fn, the model's own loss
+        loss_fn=_own_loss if loss_fn is None else loss_fn, clip_grad_norm=clip_grad_norm, scaler=scaler,
+        autocast_dtype=amp_dtype, scheduler=scheduler, ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite,
+        check_gradients=check_gradients)
+    if amp is False and scaler is not None:
+        raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
     epochs = epochs if epochs is not None or max_steps is not None else 1  # None: as many as max_steps takes
     source.check_epochs(epochs)
     steps = source.steps(epochs)  # the run's optimizer steps, when they are known before it starts
@@ -216,50 +261,62 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     if steps is not None and resume_from_step >= steps:
         raise ValueError(_("resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
                            "valid: 0 to {last}").format(value=resume_from_step, steps=steps, last=steps - 1))
-    _check_run_scheduler(scheduler, optimizer, None if steps is None else steps - resume_from_step)
-    if memory_budget is not None:
+    options.check_scheduler(optimizer, None if steps is None else steps - resume_from_step)
+    return _Run(history, source, device, params, options, accum_steps, world, ddp, normalize, reduction, count,
+                epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget)
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) -> History:
+    """train's run, its arguments checked (`run`): one `_cycle` per optimizer step, with the run's options."""
+    history, source, device, options, accum_steps = run.history, run.source, run.device, run.options, run.accum_steps
+    if run.memory_budget is not None and isinstance(source, _Indexed):  # a loader's cycles are measured as they come
         x, y = source.example()
-        memory.check_fits(model, optimizer, x, y, loss_fn=loss_fn, accum_steps=accum_steps,
-                          budget_bytes=memory_budget, clip_grad_norm=clip_grad_norm, check_gradients=check_gradients,
-                          on_nonfinite=on_nonfinite, ddp_no_sync=ddp_no_sync)
+        memory.check_fits(model, optimizer, x, y, options=options, accum_steps=accum_steps,
+                          budget_bytes=run.memory_budget)
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
+    fitted: set[tuple] = set()  # a loader's cycle layouts measured under memory_budget
     step = -1
     try:
-        with memory.cuda_budget(device, memory_budget), _modes_kept(model):
-            for step, cycle in enumerate(itertools.islice(source.cycles(epochs), max_steps)):  # none past max_steps
+        with memory.cuda_budget(device, run.memory_budget), _modes_kept(model):
+            for step, cycle in enumerate(itertools.islice(source.cycles(run.epochs), run.max_steps)):  # none past it
                 seen += cycle.samples
-                if step < resume_from_step:
+                if step < run.resume_from_step:
                     continue  # a step the stopped run took: its samples are counted, nothing is trained
                 if not model.training:
                     model.train()  # dropout on, BatchNorm's statistics updated: the mode training needs
-                terms, total = _cycle_terms(cycle, count, device, ddp, step) if count else (None, None)
-                weights = _loss_weights(normalize, reduction, cycle.sizes, cycle.samples, accum_steps, world,
-                                        terms, total)
+                terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step) if run.count else (None, None)
+                weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
+                                        run.world, terms, total)
+                if run.memory_budget is not None and isinstance(source, _Loader) and cycle.layout not in fitted:
+                    source.check_fits(model, optimizer, cycle, weights, options, run.memory_budget, step)
+                    fitted.add(cycle.layout)  # each layout once: the same shapes peak at the same bytes
                 # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
                 # creates it): one traced cycle per such layout
                 layout = (cycle.layout, bool(optimizer.state))
-                measure = measure_memory and (device.type == "cuda" or layout not in peaks)
+                measure = run.measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
-                    with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
-                        result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
-                            model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn,
-                            clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
-                            ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite, check_gradients=check_gradients)
+                    with memory.step_peak(device, run.params, optimizer) if measure else _NOTHING as peak:
+                        result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
+                    seconds = time.perf_counter() - started
                     if measure:
                         peaks[layout] = peak.bytes
+                        if device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
+                            # this step made the optimizer's state: the layout's peak is the heavier of this step
+                            # and a later one, as measure_step reports it (the same cycle, traced on copies)
+                            peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
+                                model, optimizer, cycle, weights, options))
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                        cycle.samples, result.loss, result.lr, result.grad_norm,
-                                        time.perf_counter() - started, peaks.get(layout) if measure_memory else None,
-                                        result.skipped)
+                                        cycle.samples, result.loss, result.lr, result.grad_norm, seconds,
+                                        peaks.get(layout) if run.measure_memory else None, result.skipped)
                     history.records.append(record)
-                if on_step is not None:
-                    on_step(record)
+                if run.on_step is not None:
+                    run.on_step(record)
                 skips = skips + 1 if result.skipped else 0
-                if skips == max_skipped_steps:  # a run whose every step is skipped is no longer training
-                    raise NonFiniteError(_skipped_message(skips, scaler))
+                if skips == run.max_skipped_steps:  # a run whose every step is skipped is no longer training
+                    raise NonFiniteError(_skipped_message(skips, options.scaler))
     except StopTraining:
         history.stopped = "StopTraining"
     except KeyboardInterrupt:
@@ -269,10 +326,19 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
         raise
     finally:
         optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
-    if history.stopped is None and step < resume_from_step:  # the data ended before the stopped run's steps
+    if history.stopped is None and step < run.resume_from_step:  # the data ended before the stopped run's steps
         raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
-                           "steps").format(value=resume_from_step, steps=step + 1))
+                           "steps").format(value=run.resume_from_step, steps=step + 1))
     return history
+
+
+def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
+    """The peak bytes of `cycle` as `memory.measure_step` reports a step: the heavier of a run's first step and a
+    later one (the optimizer's state alive through the passes, its step count far along), traced under
+    FakeTensorMode on copies of the model and of the optimizer (its settings, not its state)."""
+    batches = [_as_pair(batch) for batch in cycle.raw()]  # the real micro-batches, without DDP's padding
+    real = [weight for weight, size in zip(weights, cycle.sizes) if size]
+    return memory.measured_cycle_peak(model, optimizer, batches, real, options)
 
 
 def _skipped_message(skips: int, scaler) -> str:
@@ -285,15 +351,6 @@ def _skipped_message(skips: int, scaler) -> str:
              "(max_skipped_steps={count}); the GradScaler's scale is now {scale:g}: no scale makes these gradients "
              "finite in fp16; check the loss and the learning rate, or train in bf16 or float32").format(
                  count=skips, scale=scaler.get_scale())
-
-
-def _check_run_scheduler(scheduler, optimizer: torch.optim.Optimizer, steps: int | None) -> None:
-    """The scheduler steps `optimizer`; a OneCycleLR lasts the run's `steps` (None: not known before it starts)."""
-    _check_scheduler(scheduler, optimizer, steps or 0)
-    if steps is None and isinstance(scheduler, OneCycleLR):
-        raise ValueError(_("scheduler: a OneCycleLR must last for every optimizer step of the run, and this run's "
-                           "steps are not known before it starts (data has no len()); give max_steps (and build "
-                           "the OneCycleLR with total_steps=max_steps)"))
 
 
 @contextlib.contextmanager
@@ -595,10 +652,17 @@ class _Loader:
             return None
         return epochs * math.ceil(self.length / self.accum_steps)
 
-    def example(self):
-        raise ValueError(_("memory_budget measures a step of (X, y) tensors split by micro_batch_size; with data of "
-                           "type {type} it is not supported: train without memory_budget, or measure one batch with "
-                           "accumlib.measure_step").format(type=type(self.data).__name__))
+    def check_fits(self, model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions,
+                   budget: int, step: int) -> None:
+        """memory_budget: memory.OutOfMemory unless this cycle (its batches as they are, padding included) fits
+        `budget` bytes, traced as memory.check_fits traces a step; before the cycle changes anything."""
+        batches = [_as_pair(batch) for batch in cycle.micro_batches.batches]
+        n = len(cycle.sizes) - cycle.sizes.count(0)
+        memory.check_cycle_fits(
+            model, optimizer, batches, weights, options=options, budget_bytes=budget,
+            what=ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
+                          "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes)),
+            advice=_("give the loader a smaller batch_size and train with more accum_steps"))
 
     def _busiest(self, batches: int, samples: int) -> tuple[int, int]:
         """(the most batches any process holds in this cycle, the cycle's samples over all processes), from one
@@ -719,19 +783,13 @@ def _device(device) -> torch.device:
     return device
 
 
-def _amp(amp, scaler, device: torch.device):
-    """Return (autocast dtype or None, GradScaler or None). True means fp16 on CUDA, bf16 on CPU."""
+def _amp(amp, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype `amp` asks for (None: no autocast). True means fp16 on CUDA, bf16 on CPU."""
     one_of("amp", amp, (False, True, "fp16", "bf16"))
-    _check_scaler_type(scaler)
     if amp is False:
-        if scaler is not None:
-            raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
-        return None, None
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
         torch.float16 if device.type == "cuda" else torch.bfloat16)
-    if dtype is torch.float16 and scaler is None:
-        scaler = torch.amp.GradScaler(device.type)
-    return dtype, scaler
 
 
 def _state(name: str, value) -> dict:

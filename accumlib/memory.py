@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import os
 import traceback
@@ -27,7 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeCopyMode,
                                           FakeTensorMode)
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import _validate, cycle
 from .i18n import N_, _
@@ -264,25 +265,45 @@ def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn
 
 
 class _Fetched:
-    """accum_steps copies of (x, y), made one at a time as the cycle reaches them, the way `train` fetches its
-    micro-batches (the previous one alive until the next is made), named "inputs"."""
+    """A copy of each micro-batch of `batches` ((x, y) pairs, x a tensor or `cycle.Inputs`), made as the cycle
+    reaches it, the way `train` fetches its micro-batches (the previous one alive until the next is made), named
+    "inputs". A tensor that appears twice in a micro-batch (a dict batch is the model's inputs and loss_fn's target)
+    is copied once."""
 
-    def __init__(self, x, y, accum_steps: int, tracker: LiveTensorBytes):
-        self.x, self.y, self.accum_steps, self.tracker = x, y, accum_steps, tracker
+    def __init__(self, batches: Sequence, tracker: LiveTensorBytes):
+        self.batches, self.tracker = batches, tracker
 
     def __len__(self) -> int:
-        return self.accum_steps
+        return len(self.batches)
 
     def __iter__(self):
-        for _ in range(self.accum_steps):
-            x, y = self.x.clone(), self.y.clone()
-            self.tracker.tag([x, y], "inputs", final=True)  # the micro-batch, also once saved for backward
-            yield x, y
+        for batch in self.batches:
+            copied = _copied(batch, lambda t: t.clone())
+            self.tracker.tag(_leaves(copied), "inputs", final=True)  # the micro-batch, also once saved for backward
+            yield copied
 
 
-def _named_cycle(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTensorBytes, **options) -> None:
-    """One `accumulate_and_step` of accum_steps passes of (x, y), each weighted 1/accum_steps as `train` weighs a
-    full cycle, under `tracker`, naming what each new storage holds as the step goes (options: the cycle's own)."""
+def _copied(batch, copy_of: Callable):
+    """`batch` with each tensor inside (nested) replaced by copy_of(tensor), a tensor found twice copied once."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def one(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if id(t) not in copies:
+            copies[id(t)] = copy_of(t)
+        return copies[id(t)]
+    return tree_map(one, batch)
+
+
+def _leaves(batch) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+
+
+def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorBytes,
+                 options: cycle.CycleOptions) -> None:
+    """One cycle of `batches` with `loss_weights` (train's cycle: `cycle._cycle`, with `options`) under `tracker`,
+    naming what each new storage holds as the step goes."""
     hooks = []
     for p in model.parameters():
         if p.requires_grad:
@@ -299,8 +320,7 @@ def _named_cycle(model, optimizer, x, y, loss_fn, accum_steps, tracker: LiveTens
     try:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t), \
                 cycle.watched(watch):
-            cycle.accumulate_and_step.__wrapped__(model, optimizer, _Fetched(x, y, accum_steps, tracker),
-                                                  [1 / accum_steps] * accum_steps, loss_fn=loss_fn, **options)
+            cycle._cycle(model, optimizer, _Fetched(batches, tracker), loss_weights, options)
     finally:
         for hook in hooks:
             hook.remove()
@@ -359,11 +379,7 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
     fake = _validate.boolean("fake", fake)
-    unknown = sorted(set(cycle_options) - CYCLE_OPTIONS)
-    if unknown:
-        raise TypeError(_("measure_step got {names}: the options of the cycle it takes are {valid}").format(
-            names=", ".join(unknown), valid=", ".join(sorted(CYCLE_OPTIONS))))
-    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    options = _step_options(loss_fn, cycle_options)
     home = next(model.parameters()).device
     if home.type == "meta" and not fake:
         raise ValueError("model is on the meta device (weights without data): only fake=True can measure it")
@@ -371,10 +387,36 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
         raise ValueError(f"device={device!r} with fake=True: a fake measurement runs where the model is "
                          f"({home}); move the model there first, or leave device=None")
     device = home if fake else resolve_device(model, device)
+    return _measure_cycle(model, optimizer, [(x, y)] * accum_steps, [1 / accum_steps] * accum_steps, options,
+                          len(x), fake, device, functools.partial(explained_failure, x, y))
+
+
+# the cycle's options measure_step takes as keywords (a scheduler and a scaler belong to a run, autocast is not measured)
+MEASURED_OPTIONS = ("clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync")
+
+
+def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:
+    """A measurement's `cycle.CycleOptions` (checked there): loss_fn (default cross-entropy) and the keywords of
+    MEASURED_OPTIONS."""
+    unknown = sorted(set(cycle_options) - set(MEASURED_OPTIONS))
+    if unknown:
+        raise TypeError(_("measure_step got {names}: the options of the cycle it takes are {valid}").format(
+            names=", ".join(unknown), valid=", ".join(sorted(MEASURED_OPTIONS))))
+    return cycle.CycleOptions(loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn,
+                              **cycle_options)
+
+
+def _measure_cycle(model, optimizer, batches, loss_weights, options: cycle.CycleOptions, micro_batch_size: int,
+                   fake: bool, device: torch.device, explain: Callable = contextlib.nullcontext) -> MemoryReport:
+    """The memory of the cycle of `batches` with `loss_weights` and `options` (checked) on a copy of the model and
+    of the optimizer, on `device` (fake: under FakeTensorMode where the model is; a step that reads a value is then
+    measured for real on the CPU, with a warning). explain(): a context that words a failure of the model."""
+    home = next(model.parameters()).device
     with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the caller's random state
         if fake:
             try:
-                return _fake_measure(model, x, y, optimizer, loss_fn, accum_steps, device, cycle_options)
+                return _fake_measure(model, batches, loss_weights, optimizer, device, options, micro_batch_size,
+                                     explain)
             except _Untraceable as untraceable:
                 if home.type == "meta":
                     raise ValueError(_("this training step cannot be traced without values: {line} reads a "
@@ -385,18 +427,25 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
                                 "value ({what}); it was measured with a real step on the CPU instead (exact for "
                                 "this micro-batch; code that branches on values may need more on "
                                 "others)").format(line=untraceable.line, what=untraceable.what), RuntimeWarning,
-                              stacklevel=2)
+                              stacklevel=3)
                 device = torch.device("cpu")
-        x, y = x.to(device, copy=True), y.to(device, copy=True)  # a slice would count its whole dataset otherwise
+        # copies: a slice would count its whole dataset otherwise
+        batches = _on(batches, lambda t: t.to(device, copy=True))
         copied = copy.deepcopy(model).to(device)
-        if device.type == "cuda":
-            return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, ALLOCATOR,
-                            torch.cuda.get_device_name(device), cycle_options, cuda=device)
-        return _measure(copied, _clone_optimizer(optimizer, model, copied), x, y, loss_fn, accum_steps, TRACKER,
-                        "cpu", cycle_options)
+        cuda = device if device.type == "cuda" else None
+        return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights,
+                        ALLOCATOR if cuda else TRACKER, torch.cuda.get_device_name(device) if cuda else "cpu",
+                        options, micro_batch_size, explain, cuda=cuda)
 
 
-CYCLE_OPTIONS = {"clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync"}  # measure_step passes these on
+def _on(batches, copy_of: Callable) -> list:
+    """The micro-batches with each tensor replaced by copy_of(it), a tensor found more than once copied once (the
+    same micro-batch repeated stays one object, as measure_step's accum_steps passes of one (x, y))."""
+    copies: dict[int, object] = {}
+    for batch in batches:
+        if id(batch) not in copies:
+            copies[id(batch)] = _copied(batch, copy_of)
+    return [copies[id(batch)] for batch in batches]
 
 
 class _Untraceable(Exception):
@@ -427,18 +476,21 @@ def _library_file(filename: str) -> bool:
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
-def _fake_measure(model, x, y, optimizer, loss_fn, accum_steps, device, cycle_options) -> MemoryReport:
-    """measure_step under FakeTensorMode; _Untraceable when the forward pass reads a tensor's value."""
+def _fake_measure(model, batches, loss_weights, optimizer, device, options, micro_batch_size,
+                  explain) -> MemoryReport:
+    """_measure_cycle under FakeTensorMode; _Untraceable when the forward pass reads a tensor's value."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with FakeCopyMode(mode):
         copied = copy.deepcopy(model)
-    x, y = mode.from_tensor(x), mode.from_tensor(y)
+    batches = _on(batches, mode.from_tensor)
     try:
         with mode:  # moved where the model is (a fake 'cuda' model too); clones: storages of the micro-batch's size
-            x, y = x.to(device), y.to(device)
-            return _measure(copied, _clone_optimizer(optimizer, model, copied), x.clone(), y.clone(), loss_fn,
-                            accum_steps, FAKE, f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)",
-                            cycle_options)
+            batches = _on(batches, lambda t: t.to(device).clone())
+            return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights, FAKE,
+                            f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)", options, micro_batch_size,
+                            explain)
+    except _DATA_DEPENDENT as error:  # not worded by explain()
+        raise _Untraceable(error) from None
     except ValueError as error:
         if isinstance(error.__cause__, _DATA_DEPENDENT):
             raise _Untraceable(error.__cause__) from None
@@ -458,13 +510,14 @@ def explained_failure(x: torch.Tensor, y: torch.Tensor):
                          f"model takes and y what loss_fn compares its output with") from error
 
 
-def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, options, cuda=None) -> MemoryReport:
+def _measure(model, opt, batches, loss_weights, method, device_name, options, micro_batch_size, explain,
+             cuda=None) -> MemoryReport:
     """Track the run's first step (the optimizer creates its state in it) and, if it made state, a later one;
     report the heavier. On CUDA a whole warm-up step runs first (the allocator's cache, the libraries' workspaces)."""
     params = list(model.parameters())
     if cuda is not None:
-        with explained_failure(x, y):
-            cycle.accumulate_and_step.__wrapped__(model, opt, [(x, y)], [1.0], loss_fn=loss_fn, **options)
+        with explain():
+            cycle._cycle(model, opt, batches[:1], [1.0], options)
     reports = []
     while not reports or (len(reports) == 1 and cuda is None and optimizer_state_tensors(opt)):
         tracker = LiveTensorBytes()
@@ -475,15 +528,15 @@ def _measure(model, opt, x, y, loss_fn, accum_steps, method, device_name, option
             torch.cuda.synchronize(cuda)
             before = torch.cuda.memory_allocated(cuda) - tracker.current  # what the step itself does not hold
             torch.cuda.reset_peak_memory_stats(cuda)
-        with tracker, explained_failure(x, y):
-            _named_cycle(model, opt, x, y, loss_fn, accum_steps, tracker, **options)
+        with tracker, explain():
+            _named_cycle(model, opt, batches, loss_weights, tracker, options)
         categories, peak = tracker.peak_categories(), tracker.peak
         if cuda is not None:
             torch.cuda.synchronize(cuda)
             peak = torch.cuda.max_memory_allocated(cuda) - before
             categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding
-        reports.append(MemoryReport(device=device_name, method=method, micro_batch_size=len(x),
-                                    accum_steps=accum_steps, peak=peak, peak_phase=tracker.peak_phase,
+        reports.append(MemoryReport(device=device_name, method=method, micro_batch_size=micro_batch_size,
+                                    accum_steps=len(batches), peak=peak, peak_phase=tracker.peak_phase,
                                     **{name.replace(" ", "_"): value for name, value in categories.items()}))
         _far_along(opt)
     return max(reports, key=lambda report: report.peak)
@@ -508,29 +561,59 @@ def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[tor
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
 
 
-def _step_peak(model, optimizer, x, y, loss_fn, accum_steps: int, **cycle_options) -> MemoryReport:
+def _step_peak(model, optimizer, x, y, options: cycle.CycleOptions, accum_steps: int) -> MemoryReport:
     """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
 
     Exact, not an estimate: from the second pass on every pass starts from the same live tensors (weights, the
     whole .grad, optimizer state, the micro-batch, the loss summed so far), so passes 3..accum_steps peak exactly as
     pass 2 does.
     """
-    report = measure_step(model, x, y, optimizer=optimizer, loss_fn=loss_fn, accum_steps=min(accum_steps, 2),
-                          fake=True, **cycle_options)
+    passes = min(accum_steps, 2)
+    report = _measure_cycle(model, optimizer, [(x, y)] * passes, [1 / passes] * passes, options.measured(), len(x),
+                            True, next(model.parameters()).device, functools.partial(explained_failure, x, y))
     return dataclasses.replace(report, accum_steps=accum_steps)
 
 
-def check_fits(model, optimizer, x, y, *, loss_fn, accum_steps: int, budget_bytes: int,
-               **cycle_options) -> MemoryReport:
+def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, loss_fn: Callable | None = None,
+               options: cycle.CycleOptions | None = None) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
 
-    Measured under FakeTensorMode (see `_step_peak`), on the model's device, with `train`'s cycle (cycle_options:
-    the options train passes to accumulate_and_step); returns the MemoryReport of that step.
+    Measured under FakeTensorMode (see `_step_peak`), on the model's device, with `train`'s cycle: `options` (the
+    `cycle.CycleOptions` train runs its cycles with; its scheduler and scaler are left out) or, without them,
+    loss_fn (default cross-entropy) and the cycle's defaults; returns the MemoryReport of that step.
     """
-    report = _step_peak(model, optimizer, x, y, loss_fn or torch.nn.functional.cross_entropy, accum_steps,
-                        **cycle_options)
+    accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
+    if options is None:
+        options = _step_options(loss_fn, {})
+    elif loss_fn is not None:
+        raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
+    report = _step_peak(model, optimizer, x, y, options, accum_steps)
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
+    return report
+
+
+def measured_cycle_peak(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> int:
+    """The peak bytes of the cycle of `batches` with `loss_weights`, as `measure_step` measures a step (the heavier
+    of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer."""
+    sizes = [len(t) for x, y in batches for t in _leaves((x, y))[:1] if t.dim()]
+    return _measure_cycle(model, optimizer, list(batches), list(loss_weights), options.measured(),
+                          max(sizes, default=0), True, next(model.parameters()).device).peak
+
+
+def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.CycleOptions, budget_bytes: int,
+                     what: str, advice: str) -> MemoryReport:
+    """Raise OutOfMemory (needing `what`, with `advice`) when the cycle of `batches` ((x, y) pairs as
+    `cycle.accumulate_and_step` takes them, any shapes) with `loss_weights` needs more than `budget_bytes`.
+
+    Traced as `check_fits` traces a step (FakeTensorMode, on copies of the model and optimizer, where the model
+    is), every micro-batch as it is: `train` checks a loader's cycles with it, one per layout of batch shapes.
+    """
+    sizes = [len(t) for x, y in batches for t in _leaves((x, y))[:1] if t.dim()]
+    report = _measure_cycle(model, optimizer, list(batches), list(loss_weights), options.measured(),
+                            max(sizes, default=0), True, next(model.parameters()).device)
+    if report.peak > budget_bytes:
+        raise OutOfMemory(report.peak, budget_bytes, what, advice=advice)
     return report
 
 
@@ -601,6 +684,7 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     """
     x, y = _validate.pair("example_batch", example_batch)
     _check_step_inputs(model, x, y, optimizer, loss_fn, 1)
+    options = _step_options(loss_fn, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:
         raise ValueError(f"target_batch must be between 1 and {MAX_TARGET_BATCH:,} samples, got {target_batch:,}")
@@ -608,7 +692,7 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
 
     def peak(size: int) -> int:  # a step of `size` samples per pass, with the passes an effective batch needs
         views = x[:1].expand(size, *x.shape[1:]), y[:1].expand(size, *y.shape[1:])  # no memory: fake copies below
-        return _step_peak(model, optimizer, *views, loss_fn, -(-target_batch // size)).peak
+        return _step_peak(model, optimizer, *views, options, -(-target_batch // size)).peak
 
     candidates = _divisors(target_batch)
     peaks = {target_batch: peak(target_batch)}

@@ -250,6 +250,7 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
     accum_steps, seconds of the cycle's work outside the passes: setting .grad aside, the gradient norm, the one
     host read and optimizer.step), timed rounds only."""
     splits = list(batches)
+    options = cycle.CycleOptions(loss_fn=loss_fn)  # the cycle's defaults, as train's
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clock_now = time.thread_time if clock == THREAD_CPU else time.perf_counter
     passes: dict[int, list[float]] = {len(batches[k][0][0]): [] for k in splits}
@@ -264,7 +265,7 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
                 clock.append((phase, clock_now()))
 
             with cycle.watched(mark):
-                cycle.accumulate_and_step.__wrapped__(model, optimizer, batches[k], [1 / k] * k, loss_fn=loss_fn)
+                cycle._cycle(model, optimizer, batches[k], [1 / k] * k, options)  # train's cycle
             if round_ < warmup:
                 continue
             starts = [t for phase, t in clock if phase in ("forward", "read")]  # a pass ends where the next begins

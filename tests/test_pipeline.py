@@ -295,8 +295,6 @@ def test_the_model_s_own_loss_with_normalize_samples_weights_each_batch_by_its_s
     ("empty-loader", dict(data=[]), ValueError, ["data gave no batch", "empty"]),
     ("a-string", dict(data="tokens.txt"), TypeError, ["data", "str"]),
     ("a-generator-twice", dict(data=(b for b in []), epochs=2), ValueError, ["epochs=2", "generator", "once"]),
-    ("memory-budget-with-a-loader", dict(data=[(torch.zeros(2, 6), torch.zeros(2, dtype=torch.long))],
-                                         memory_budget=2 ** 20), ValueError, ["memory_budget", "list"]),
     ("loss-reduction-unknown", dict(loss_reduction="avg"), ValueError, ["loss_reduction", "'avg'"]),
     ("loss-reduction-with-steps", dict(loss_reduction="sum", normalize="steps"), ValueError,
      ["loss_reduction='sum'", "normalize='steps'"]),

@@ -1,0 +1,208 @@
+"""Issue 19: the cycle's options in one object (`accumlib.CycleOptions`), checked once, and `train(memory_budget=...)`
+with a loader measured, cycle layout by cycle layout, instead of refused.
+
+Every refusal is compared by its whole message; "nothing changed" compares every weight, buffer, .grad and the
+optimizer's state exactly (torch.equal): a refusal computes nothing, so nothing may differ in any digit. Bytes on
+the CPU are exact integers (live tensor storages), so the budget comparisons are exact too.
+"""
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import accumlib
+from accumlib import cycle, memory
+
+X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(1))
+
+
+def trained():
+    """A model with a buffer, and an Adam optimizer with state and a .grad left on a parameter (held by nobody's
+    step: a refusal must leave it too)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    accumlib.train(model, (X[:16], Y[:16]), optimizer, micro_batch_size=8, accum_steps=1, device="cpu")
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    return model, optimizer
+
+
+def snapshot(model, optimizer):
+    return ([t.clone() for t in model.state_dict().values()],
+            [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+            copy.deepcopy(optimizer.state_dict()))
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b))
+    return a == b
+
+
+other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+REFUSED = [  # (an option accumulate_and_step refuses, its value)
+    ("loss_fn", 5), ("loss_fn", nn.CrossEntropyLoss), ("loss_fn", "cross_entropy"),
+    ("clip_grad_norm", 0), ("clip_grad_norm", -1.0), ("clip_grad_norm", float("inf")), ("clip_grad_norm", "1"),
+    ("clip_grad_norm", True), ("scaler", "fp16"), ("scaler", object()),
+    ("scheduler", object()), ("scheduler", torch.optim.lr_scheduler.StepLR(other, 1)),
+    ("ddp_no_sync", 1), ("ddp_no_sync", "yes"), ("ddp_no_sync", None),
+    ("on_nonfinite", "ignore"), ("on_nonfinite", True), ("on_nonfinite", None),
+    ("check_gradients", 0), ("check_gradients", None), ("check_gradients", "no"),
+]
+
+
+@pytest.mark.parametrize("name, value", REFUSED, ids=[f"{n}={v!r}"[:40] for n, v in REFUSED])
+def test_train_refuses_each_cycle_option_with_accumulate_and_steps_message_and_changes_nothing(name, value):
+    model, optimizer = trained()
+    before = snapshot(model, optimizer)
+    with pytest.raises((TypeError, ValueError)) as cycle_error:
+        accumlib.accumulate_and_step(model, optimizer, [(X[:8], Y[:8])], [1.0], **{name: value})
+    assert same(snapshot(model, optimizer), before)
+    with pytest.raises(type(cycle_error.value)) as train_error:
+        accumlib.train(model, (X, Y), optimizer, micro_batch_size=8, accum_steps=2, device="cpu", **{name: value})
+    assert str(train_error.value) == str(cycle_error.value)
+    assert name in str(train_error.value)  # the message names the option
+    assert same(snapshot(model, optimizer), before)
+    with pytest.raises(type(cycle_error.value)) as options_error:  # the one check, where the options are built
+        if hasattr(value, "optimizer"):  # a scheduler of another optimizer: refused against the optimizer
+            accumlib.CycleOptions(scheduler=value).check_scheduler(optimizer)
+        else:
+            accumlib.CycleOptions(**{name: value})
+    assert str(options_error.value) == str(cycle_error.value)
+
+
+def test_the_options_are_checked_once_per_run_not_per_step(monkeypatch):
+    built = []
+    check = cycle.CycleOptions.__post_init__
+    monkeypatch.setattr(cycle.CycleOptions, "__post_init__", lambda self: built.append(self) or check(self))
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    history = accumlib.train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
+                             accum_steps=2, clip_grad_norm=1.0, device="cpu")
+    assert len(history) == 8 and len(built) == 1
+    assert built[0].clip_grad_norm == 1.0 and built[0].loss_fn is not None
+
+
+def test_cycle_options_are_frozen_and_hold_the_checked_values():
+    options = accumlib.CycleOptions(clip_grad_norm=2)
+    assert options.clip_grad_norm == 2.0 and type(options.clip_grad_norm) is float
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.check_gradients = "no"  # a checked object stays checked
+
+
+# --- memory_budget with a loader ------------------------------------------------------------------------------
+
+
+def linear():
+    torch.manual_seed(0)
+    return nn.Linear(6, 3)
+
+
+def cycle_peak(model, batches):
+    """The traced peak of one cycle of `batches`, as train weighs a cycle of equal micro-batches."""
+    weights = [len(x) / sum(len(b[0]) for b in batches) for x, _y in batches]
+    return memory.check_cycle_fits(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, weights,
+                                   options=accumlib.CycleOptions(), budget_bytes=2**40, what="", advice="").peak
+
+
+SMALL = [(X[i:i + 4], Y[i:i + 4]) for i in range(0, 32, 4)]  # 8 batches of 4: 4 cycles of 2 at accum_steps=2
+LARGE = [(X[:32], Y[:32]), (X[32:64], Y[32:64])]  # a last cycle of two batches of 32 (a padded tail, say)
+
+
+def test_a_loader_whose_last_cycle_crosses_the_budget_raises_before_that_cycle_changes_anything():
+    model = linear()
+    small, large = cycle_peak(model, SMALL[:2]), cycle_peak(model, LARGE)
+    assert small < large  # 32-sample batches take more than 4-sample ones
+    reference = linear()  # the run without the large cycle: what the weights must be when the error comes
+    accumlib.train(reference, SMALL, torch.optim.SGD(reference.parameters(), lr=0.1), accum_steps=2, device="cpu")
+    with pytest.raises(memory.OutOfMemory) as error:
+        accumlib.train(model, SMALL + LARGE, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
+                       memory_budget=small, device="cpu")
+    assert error.value.needed_bytes == large and error.value.available_bytes == small
+    assert f"{large:,} bytes" in str(error.value) and f"budget is {small:,} bytes" in str(error.value)
+    assert "step 5 (epoch 0, 2 batches, 64 samples)" in str(error.value)  # the cycle that does not fit
+    assert len(error.value.history) == 4  # the four cycles that fit were trained
+    assert torch.equal(model.weight, reference.weight) and torch.equal(model.bias, reference.bias)
+    assert model.weight.grad is None  # nothing half-accumulated
+
+
+def test_a_loader_that_fits_trains_within_the_budget_and_each_layout_is_traced_once(monkeypatch):
+    model = linear()
+    budget = cycle_peak(model, LARGE)
+    traced = []
+    check = memory.check_cycle_fits
+    monkeypatch.setattr(memory, "check_cycle_fits", lambda *a, **k: traced.append(a[2]) or check(*a, **k))
+    history = accumlib.train(model, SMALL + LARGE, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
+                             memory_budget=budget, measure_memory=True, epochs=2, device="cpu")
+    assert len(history) == 10 and all(0 < r.peak_memory_bytes <= budget for r in history)
+    assert [[len(x) for x, _y in batches] for batches in traced] == [[4, 4], [32, 32]]  # two layouts, two epochs
+
+
+class OwnLoss(nn.Module):
+    """A model that computes its own loss from a dict batch, as a Hugging Face model given labels does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = linear()
+
+    def forward(self, inputs, labels):
+        return {"loss": nn.functional.cross_entropy(self.linear(inputs), labels)}
+
+
+def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target():
+    """A dict batch is the model's inputs and loss_fn's target: the trace copies its tensors once (a second copy
+    would count them twice), so its step peaks as the same step on (x, y) pairs does, byte for byte."""
+    batches = [{"inputs": X[i:i + 8], "labels": Y[i:i + 8]} for i in range(0, 16, 8)]
+    model, plain = OwnLoss(), linear()
+    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+    own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
+    as_dicts = memory.check_cycle_fits(model, sgd(model), [(cycle.Inputs((), b), b) for b in batches], [0.5, 0.5],
+                                       options=own, budget_bytes=2**40, what="", advice="")
+    as_pairs = memory.check_cycle_fits(plain, sgd(plain), [(b["inputs"], b["labels"]) for b in batches],
+                                       [0.5, 0.5], options=accumlib.CycleOptions(), budget_bytes=2**40, what="",
+                                       advice="")
+    assert as_dicts.inputs == as_pairs.inputs > 0 and as_dicts.peak == as_pairs.peak
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(memory.OutOfMemory):
+        accumlib.train(model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak - 1, device="cpu")
+    assert same(model.state_dict(), before)
+    history = accumlib.train(model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak,
+                             measure_memory=True, device="cpu")
+    assert len(history) == 1 and history[0].peak_memory_bytes <= as_dicts.peak
+
+
+# --- the recorded peak of a stateful optimizer -----------------------------------------------------------------
+
+
+class Masked(nn.Module):
+    """A small model with one large buffer its forward reads but never changes (a causal mask, say)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.register_buffer("mask", torch.ones(256, 256))
+
+    def forward(self, x):
+        return self.linear(x) * self.mask[0, :3]
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.Adam(p), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
+                         ids=["Adam", "SGD with momentum"])
+@pytest.mark.parametrize("m, k", [(8, 2), (16, 2), (4, 4)])
+def test_trains_recorded_peak_with_a_stateful_optimizer_is_measure_steps_from_the_first_step(make, m, k):
+    """measure_step reports the heavier of a run's first step (the optimizer makes its state in it) and a later
+    one; train records that same number for every full cycle of one run, the first included (before, its first
+    record was the first step's alone, fewer bytes: the state did not yet live through its passes)."""
+    model = Masked()
+    planned = memory.measure_step(model, X[:m], Y[:m], optimizer=make(model.parameters()), accum_steps=k).peak
+    history = accumlib.train(model, (X, Y), make(model.parameters()), micro_batch_size=m, accum_steps=k,
+                             measure_memory=True, device="cpu")
+    assert len(history) == 64 // (m * k) and [r.peak_memory_bytes for r in history] == [planned] * len(history)
