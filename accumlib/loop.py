@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import memory
+from . import devices, memory
 from .cycle import (STEP, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type,
                     _check_scheduler, _is_ddp, _scalar_loss, accumulate_and_step)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int, positive_number
@@ -161,6 +161,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
     those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step.
+    device: where the model and every batch go; None (the default) is `accumlib.devices.pick()`, the choice the
+    lessons make: the ACCUMLIB_DEVICE environment variable if set ("cpu", "cuda", "cuda:1", "mps"; one this machine
+    lacks is refused by name), else the first CUDA GPU if there is one, else the CPU.
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory` is raised before any weight changes (for
     (X, y) tensors, or a Dataset of tensor pairs).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
@@ -697,9 +700,10 @@ def _count_value(value) -> torch.Tensor:
 
 
 def _device(device) -> torch.device:
-    """The device to train on (default: CUDA if available, else the CPU), refused unless it can hold the model."""
+    """The device to train on (default: `devices.pick()`, the lessons' choice: ACCUMLIB_DEVICE if set, else CUDA if
+    available, else the CPU), refused unless it can hold the model."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return devices.pick()
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
         raise TypeError(_("device must be a torch.device or a string such as 'cpu' or 'cuda', got {value!r} of type "
                           "{type}").format(value=device, type=type(device).__name__))

@@ -85,3 +85,32 @@ def test_gradient_gap_computes_where_the_model_is_given_data_on_the_cpu():
     with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):  # the final host read
         accumlib.gradient_gap(net, torch.nn.functional.cross_entropy, X, Y, 2)
     assert len(seen) == 3 and set(seen) == {torch.device("meta")}  # the full batch and both micro-batches
+
+
+def test_train_without_a_device_honours_ACCUMLIB_DEVICE_as_the_lessons_do(monkeypatch):
+    # One choice, the library's: accumlib.devices.pick is what lessons.devices re-exports, not a copy.
+    from accumlib import devices as library_devices
+    assert devices.pick is library_devices.pick
+    net = torch.nn.Linear(64, 10)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    seen = []
+    net.register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    # A machine "with a GPU": before this change train(device=None) chose CUDA here whatever ACCUMLIB_DEVICE said.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("ACCUMLIB_DEVICE", "cpu")
+    accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, max_steps=1)
+    assert seen and set(seen) == {torch.device("cpu")}
+    # unset: CUDA where there is one (this CPU build then fails moving the model there: it did choose CUDA)
+    monkeypatch.delenv("ACCUMLIB_DEVICE")
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+        accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, max_steps=1)
+    # asked for a device this machine lacks: refused by name, not replaced by another
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ACCUMLIB_DEVICE", "cuda:1")
+    with pytest.raises(ValueError, match="ACCUMLIB_DEVICE='cuda:1' but this machine has no CUDA GPU"):
+        accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, max_steps=1)
+    monkeypatch.delenv("ACCUMLIB_DEVICE")
+    seen.clear()
+    accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, max_steps=1)
+    assert set(seen) == {torch.device("cpu")}
