@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTen
 import accumlib
 from accumlib import batchnorm
 from accumlib.lessons import data, devices
+from accumlib.lessons.quiz import experiments as quiz_experiments
 
 
 def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
@@ -114,3 +115,50 @@ def test_train_without_a_device_honours_ACCUMLIB_DEVICE_as_the_lessons_do(monkey
     seen.clear()
     accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, max_steps=1)
     assert set(seen) == {torch.device("cpu")}
+
+
+# --- The lessons' functions on the device the lesson chose (issue 20): each family run on a stand-in GPU. ---------
+# The stand-in is the meta device (shapes, no values), as in test_recipe.py: in this CPU build FakeTensorMode's
+# 'cuda' tensors refuse `.to('cuda')` and autograd (measured: "PyTorch is not linked with support for cuda devices",
+# and an abort in backward), so a training run cannot go there, while on meta every forward, backward and optimizer
+# step runs. A tensor left on the CPU meets the meta model or data and raises a device mismatch, as it would on
+# CUDA; the run stops at its first host read (.item(), .tolist(): meta has no values), which is as far as a device
+# test without a GPU goes. Each test below fails without the change that puts the function's models and data on
+# `device` (checked by reverting it: a device mismatch, or forward passes on the CPU).
+MISMATCH = ("Expected all tensors to be on the same device", "is not on the expected device", "different devices",
+            "same device")
+STOPS = ("Cannot copy out of meta tensor", "model is on the meta device (weights without data)", "_local_scalar_dense", "meta tensors do not support", "item() on meta")
+
+
+def on_meta(monkeypatch, run):
+    """run(meta) with train's refusal of the meta device lifted; return the devices every module's forward pass saw
+    (its tensor inputs and its own parameters). A device mismatch fails the test; a host read ends the run."""
+    from accumlib import loop
+    monkeypatch.setattr(loop, "_device", lambda device: torch.device(device) if device is not None
+                        else devices.pick())
+    monkeypatch.setattr(loop, "_refuse_meta", lambda batch: None)
+    seen = []
+
+    def hook(module, args):
+        seen.extend(t.device for t in args if isinstance(t, torch.Tensor))
+        seen.extend(p.device for p in module.parameters(recurse=False))
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    text = ""
+    try:
+        run(torch.device("meta"))
+    except Exception as error:  # noqa: BLE001 - a host read stops the run; a device mismatch fails the test
+        text = f"{type(error).__name__}: {error} | cause: {error.__cause__!r}"
+        assert not any(m in text for m in MISMATCH), text
+        assert any(stop in text for stop in STOPS), text
+    finally:
+        handle.remove()
+    # measure_step refuses a real measurement of a meta model before its forward: the model did reach `device`
+    assert seen or STOPS[1] in text, "no forward pass ran"
+    return set(seen) or {torch.device("meta")}
+
+
+@pytest.mark.parametrize("name", sorted(quiz_experiments.RUNS))
+def test_each_quiz_experiment_runs_on_the_device_given(monkeypatch, name):
+    experiment = quiz_experiments.RUNS[name][0]
+    assert on_meta(monkeypatch, experiment) == {torch.device("meta")}
