@@ -162,3 +162,19 @@ def on_meta(monkeypatch, run):
 def test_each_quiz_experiment_runs_on_the_device_given(monkeypatch, name):
     experiment = quiz_experiments.RUNS[name][0]
     assert on_meta(monkeypatch, experiment) == {torch.device("meta")}
+
+
+class _Job:  # what a dashboard's compute() calls between steps; here never stale
+    def check(self):
+        pass
+
+
+@pytest.mark.parametrize("dashboard", ["LossDashboard", "MemoryDashboard", "BatchNormDashboard"])
+def test_each_dashboard_computes_on_the_device_given(monkeypatch, dashboard):
+    from accumlib.lessons import widgets
+
+    def run(device):
+        board = getattr(widgets, dashboard)(device=device)  # the BatchNorm dashboard trains its CNN here
+        board.compute(board.current_settings(), _Job())
+
+    assert on_meta(monkeypatch, run) == {torch.device("meta")}
