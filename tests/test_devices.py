@@ -8,7 +8,8 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTen
 
 import accumlib
 from accumlib import batchnorm
-from accumlib.lessons import data, devices
+from accumlib.lessons import data, devices, exercises
+from accumlib.lessons.exercises import normalization, planning
 from accumlib.lessons.quiz import experiments as quiz_experiments
 
 
@@ -178,3 +179,19 @@ def test_each_dashboard_computes_on_the_device_given(monkeypatch, dashboard):
         board.compute(board.current_settings(), _Job())
 
     assert on_meta(monkeypatch, run) == {torch.device("meta")}
+
+
+@pytest.mark.parametrize("check", [
+    lambda: exercises.largest_batch.verdict(lambda fits: 64 if fits(64) else 1),
+    lambda: exercises.memory_plan.verdict(8, 32),
+    lambda: exercises.batchnorm_split.verdict(lambda fits, batch: (1, batch)),  # too small: measures the deviation
+    lambda: exercises.time_cost.verdict(1),
+], ids=["largest_batch", "memory_plan", "batchnorm_split", "time_cost"])
+def test_each_exercise_checker_builds_its_models_and_data_on_the_lessons_device(monkeypatch, check):
+    # The lesson's device is accumlib.devices.pick()'s: made the meta stand-in here. A checker answers in words
+    # whatever escapes (a verdict, never an exception), so the devices its forward passes saw are what is checked.
+    from accumlib import devices as library_devices
+    for module in (planning, normalization):  # peaks measured before on the CPU are cached
+        (getattr(module, "_measured_peak", None) or module.step_peak).cache_clear()
+    monkeypatch.setattr(library_devices, "pick", lambda environ=None: torch.device("meta"))
+    assert on_meta(monkeypatch, lambda device: check()) == {torch.device("meta")}
