@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import memory
+from . import devices, memory
 from .cycle import (_NOTHING, STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
                     _cycle, _is_ddp, _scalar_loss)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
@@ -162,6 +162,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step. A step that
     makes the optimizer's state (Adam's first, SGD with momentum's) is traced again on copies, as a later step, and
     its layout records the heavier of the two, as `memory.measure_step` reports it (one process only).
+    device: where the model and every batch go; None (the default) is `accumlib.devices.pick()`, the choice the
+    lessons make: the ACCUMLIB_DEVICE environment variable if set ("cpu", "cuda", "cuda:1", "mps"; one this machine
+    lacks is refused by name), else the first CUDA GPU if there is one, else the CPU.
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
     is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
     copies of the model and optimizer, nothing computed): for (X, y) tensors or a Dataset of tensor pairs once,
@@ -761,9 +764,10 @@ def _count_value(value) -> torch.Tensor:
 
 
 def _device(device) -> torch.device:
-    """The device to train on (default: CUDA if available, else the CPU), refused unless it can hold the model."""
+    """The device to train on (default: `devices.pick()`, the lessons' choice: ACCUMLIB_DEVICE if set, else CUDA if
+    available, else the CPU), refused unless it can hold the model."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return devices.pick()
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
         raise TypeError(_("device must be a torch.device or a string such as 'cpu' or 'cuda', got {value!r} of type "
                           "{type}").format(value=device, type=type(device).__name__))

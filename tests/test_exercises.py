@@ -395,8 +395,8 @@ def test_a_plan_the_check_refuses_is_refused_by_train_with_the_same_budget():
 
 def test_the_peak_of_an_accumulating_step_is_the_same_from_two_micro_batches_on():
     for micro in (8, 16):
-        peaks = {planning._measured_peak(micro, k) for k in (2, 3, 5)}
-        assert len(peaks) == 1 and planning._measured_peak(micro, 1) < peaks.pop()
+        peaks = {planning._measured_peak(micro, k, torch.device("cpu")) for k in (2, 3, 5)}
+        assert len(peaks) == 1 and planning._measured_peak(micro, 1, torch.device("cpu")) < peaks.pop()
 
 
 @pytest.mark.parametrize("plan, name", [((8, 16), "wrong-effective-batch"), ((8.5, 30), "not-a-count"),

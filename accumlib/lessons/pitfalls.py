@@ -4,7 +4,8 @@
 lesson (or a dashboard) can measure each bug against the full-batch run and against accumlib's loop, and the
 exercises' checkers can be tested against the very loops whose mistakes they diagnose.
 
-What the mixed-precision switches do, measured with torch 2.13 (fp16 autocast, `torch.amp.GradScaler("cpu")`):
+With a scaler, each micro-batch's forward pass runs under fp16 autocast on the data's device. What the
+mixed-precision switches do, measured with torch 2.13 (fp16 autocast, `torch.amp.GradScaler("cpu")`):
   - `unscale_per_micro_batch`: PyTorch raises RuntimeError at the second micro-batch ("unscale_() has already
     been called on this optimizer since the last update()").
   - `update_per_micro_batch`: PyTorch raises AssertionError at the first micro-batch ("No inf checks were recorded
@@ -18,6 +19,7 @@ What the mixed-precision switches do, measured with torch 2.13 (fp16 autocast, `
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable
@@ -145,7 +147,8 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
         for i, (idx, weight) in enumerate(zip(batches, weights)):
             if zero_every_micro_batch:
                 zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16, enabled=scaler is not None):
+            # fp16 autocast where the data is (the scaler's device: "cuda" on a GPU, "cpu" here)
+            with torch.autocast(X.device.type, dtype=torch.float16) if scaler else contextlib.nullcontext():
                 loss = loss_fn(model(X[idx]), y[idx])
             scaled = loss * weight
             (scaler.scale(scaled) if scaler else scaled).backward()

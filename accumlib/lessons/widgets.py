@@ -29,7 +29,7 @@ import ipywidgets as w
 import torch
 from IPython.display import display
 
-from .. import batchnorm, memory
+from .. import batchnorm, devices, memory
 from . import data, models, pitfalls, plots
 from .._validate import boolean, non_negative_int, positive_int, positive_number
 from ..i18n import N_, _, ngettext
@@ -146,12 +146,14 @@ class Dashboard:
     title: str  # each subclass's, marked with N_ and translated when shown
     tasks: tuple[str, ...]  # two or three: what to try and what to look for (marked with N_)
 
-    def __init__(self, *, micro_batch_size: int = 8, accum_steps: int = 4, seed: int = 0, extra_controls=(),
-                 extra_label: str | None = None):
+    def __init__(self, *, micro_batch_size: int = 8, accum_steps: int = 4, seed: int = 0, device=None,
+                 extra_controls=(), extra_label: str | None = None):
         if micro_batch_size not in MICRO_BATCH_SIZES or isinstance(micro_batch_size, bool):
             raise ValueError(f"micro_batch_size must be one of {MICRO_BATCH_SIZES}, got {micro_batch_size!r}")
         _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
         self.seed = non_negative_int("seed", seed)
+        # where every model, batch and measurement of the dashboard goes: the lesson's device (accumlib.devices.pick)
+        self.device = devices.pick() if device is None else torch.device(device)
         self.accum_steps = w.IntSlider(value=accum_steps, min=1, max=MAX_ACCUM_STEPS, description="accum_steps",
                                        continuous_update=False, style=STYLE, layout=slider_layout())
         self.micro_batch_size = w.SelectionSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
@@ -323,8 +325,8 @@ class Dashboard:
 
 
 @functools.lru_cache(maxsize=None)
-def _digits(n: int | None = None, flat: bool = False):
-    return data.digits(n, flat=flat)
+def _digits(n: int | None = None, flat: bool = False, device: torch.device = torch.device("cpu")):
+    return tuple(t.to(device) for t in data.digits(n, flat=flat))
 
 
 class LossDashboard(Dashboard):
@@ -380,7 +382,7 @@ class LossDashboard(Dashboard):
         model = models.mlp(seed=self.seed)
         if with_batchnorm:
             model = torch.nn.Sequential(model[0], torch.nn.BatchNorm1d(model[0].out_features), *model[1:])
-        return model
+        return model.to(self.device)
 
     def _curve(self, m: int, k: int, with_batchnorm: bool, bugs: dict[str, bool], job: _Job,
                on_point=None) -> dict[str, list]:
@@ -399,7 +401,7 @@ class LossDashboard(Dashboard):
 
         model = self._model(with_batchnorm)
         optimizer = torch.optim.SGD(model.parameters(), lr=self.lr)
-        samples = _digits(self.samples, flat=True)
+        samples = _digits(self.samples, flat=True, device=self.device)
         if any(bugs.values()):
             pitfalls.classic_train(model, samples, optimizer, micro_batch_size=m, accum_steps=k, epochs=self.epochs,
                                    seed=self.seed, last_cycle="weighted", divide=not bugs["forget_division"],
@@ -407,7 +409,7 @@ class LossDashboard(Dashboard):
                                    step_every_micro_batch=bugs["step_every_micro_batch"], on_step=on_step)
         else:
             history = train(model, samples, optimizer, micro_batch_size=m, accum_steps=k, epochs=self.epochs,
-                            seed=self.seed, on_step=on_step, measure_memory=False)
+                            seed=self.seed, on_step=on_step, measure_memory=False, device=self.device)
             if history.stopped:
                 raise StopTraining
         self._curves[key] = curve
@@ -505,8 +507,8 @@ class LossDashboard(Dashboard):
 
 class MemoryDashboard(Dashboard):
     """Peak memory by category of one step of (micro-batch, accum_steps) against one batch of the same size, and
-    the card's budget. Measured with accumlib.measure_step (live tensor bytes on the CPU), cached by (micro-batch,
-    accum_steps): the card slider only redraws.
+    the card's budget. Measured with accumlib.measure_step on the dashboard's device (live tensor bytes on the CPU,
+    the allocator's on CUDA), cached by (micro-batch, accum_steps): the card slider only redraws.
     """
 
     title = N_("Memory: one micro-batch at a time")
@@ -524,7 +526,7 @@ class MemoryDashboard(Dashboard):
                                     layout=slider_layout())
         self._reports: dict[tuple[int, int], memory.MemoryReport] = {}
         super().__init__(extra_controls=[self.budget], **kwargs)
-        self.model = models.cnn(seed=self.seed)
+        self.model = models.cnn(seed=self.seed).to(self.device)
 
     def current_settings(self) -> dict:
         return {**super().current_settings(), "budget_bytes": int(self.budget.value * plots.MIB),
@@ -534,7 +536,7 @@ class MemoryDashboard(Dashboard):
         """Memory of one step of `steps` micro-batches of `size` digits; cached."""
         if (size, steps) not in self._reports:
             job.check()
-            x, y = memory.batch_of(_digits(1), size)
+            x, y = memory.batch_of(_digits(1, device=self.device), size)
             self._reports[size, steps] = memory.measure_step(self.model, x, y, accum_steps=steps)
         return self._reports[size, steps]
 
@@ -596,13 +598,13 @@ class MemoryDashboard(Dashboard):
 
 
 @functools.lru_cache(maxsize=4)
-def _trained_batchnorm_cnn(samples: int, seed: int) -> torch.nn.Module:
-    """The CNN with BatchNorm, trained 2 epochs on the first `samples` digits in batches of 64. Shared: never
-    changed (the batchnorm functions work on copies)."""
-    X, y = _digits(samples)
-    model = models.cnn(norm="batch", seed=seed)
+def _trained_batchnorm_cnn(samples: int, seed: int, device: torch.device) -> torch.nn.Module:
+    """The CNN with BatchNorm, trained 2 epochs on the first `samples` digits in batches of 64, on `device`. Shared:
+    never changed (the batchnorm functions work on copies)."""
+    X, y = _digits(samples, device=device)
+    model = models.cnn(norm="batch", seed=seed).to(device)
     train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=64, accum_steps=1, epochs=2,
-          seed=seed, measure_memory=False)
+          seed=seed, measure_memory=False, device=device)
     return model
 
 
@@ -634,8 +636,8 @@ class BatchNormDashboard(Dashboard):
                          f" (the digits that leave {self.HELD_OUT} held out)")
         self.samples = samples
         super().__init__(**kwargs)
-        self.model = _trained_batchnorm_cnn(samples, self.seed)
-        X, y = _digits()
+        self.model = _trained_batchnorm_cnn(samples, self.seed, self.device)
+        X, y = _digits(device=self.device)
         self.X, self.held_out = X[:samples], (X[samples:samples + self.HELD_OUT], y[samples:samples + self.HELD_OUT])
         self.statistics_data = X  # the first chart's effective batches: consecutive digits
         self._reestimated_loss = self._held_out_loss(batchnorm.reestimate(copy.deepcopy(self.model), self.X))

@@ -12,6 +12,13 @@ or divided by accum_steps.
 `Recording` instruments everything the learner's code touches: the loader (the same micro-batches in the same
 order as `accumlib.train(seed=...)`), the optimizer (every `step()` with the gradient it saw, every `zero_grad()`),
 and on request a GradScaler and a DistributedDataParallel wrapper (every call, every all-reduce).
+
+These loop checks run on the CPU on every machine, on purpose (issue 20): the learner's loop gets every model,
+loader, optimizer and scaler from the check, all on the CPU, so its code has no device to get wrong; the read-off is
+float64 least squares at learning rate 0 (float64 runs at a small fraction of float32's speed on consumer GPUs), the
+AMP checks record CPU autocast (lesson 8's stub writes `torch.autocast("cpu", ...)`), and DDP runs on gloo. The
+checks that build a model to measure it (largest_batch, memory_plan, batchnorm_split, time_cost) run on the lesson's
+device instead (`accumlib.devices.pick()`).
 """
 from __future__ import annotations
 

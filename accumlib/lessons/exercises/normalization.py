@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-from ... import memory
+from ... import devices, memory
 from ...batchnorm import micro_batch_deviation, total
 from .. import data, models
 from ...i18n import N_, _
@@ -26,12 +26,17 @@ from .loops import not_a_function
 CALL_LIMIT = 1000  # calls to fits() per problem: trying every size once needs at most effective_batch (<= 96)
 
 
-@functools.lru_cache(maxsize=None)
-def step_peak(micro_batch_size: int, accumulated: bool) -> int:
+def step_peak(micro_batch_size: int, accumulated: bool, device=None) -> int:
     """Peak bytes of one training step of models.cnn(norm="batch") with SGD on digits, in micro-batches of this size
-    (accumulated: accum_steps = 2, whose peak every accum_steps >= 2 shares; else one batch)."""
-    X, y = data.digits()
-    model = models.cnn(norm="batch")
+    (accumulated: accum_steps = 2, whose peak every accum_steps >= 2 shares; else one batch), on `device` (default:
+    the lesson's, `accumlib.devices.pick()`)."""
+    return _measured_peak(micro_batch_size, accumulated, devices.pick() if device is None else torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_peak(micro_batch_size: int, accumulated: bool, device: torch.device) -> int:
+    X, y = data.digits()  # measure_step moves the micro-batch to the model's device
+    model = models.cnn(norm="batch").to(device)
     return memory.measure_step(model, *memory.batch_of((X, y), micro_batch_size), accum_steps=2 if accumulated else 1,
                                optimizer=torch.optim.SGD(model.parameters(), lr=0.05), fake=True).peak
 
@@ -133,8 +138,9 @@ exercises.batchnorm_split.check(choose_split)
                 "fits() is True.").format(batch=batch, m=m, peak=_bytes(peak), card=_bytes(budget), card_raw=budget))
         best = card.best()
         if m < best:
+            device = devices.pick()  # the lesson's, where fits() measured
             X, _y = data.digits(batch)
-            net = models.cnn(norm="batch")
+            net = models.cnn(norm="batch").to(device)  # micro_batch_deviation moves X to the model's device
             yours, largest = (total(micro_batch_deviation(net, X, size)) for size in (m, best))
             return Finding("smaller-than-needed", _(
                 "For an effective batch of {batch} on a card of {card} bytes, micro-batches of {m} fit, but so do "

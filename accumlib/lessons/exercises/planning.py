@@ -2,7 +2,9 @@
 accum_steps for a memory budget (lesson 5).
 
 Peaks are measured as `accumlib.train(memory_budget=...)` measures them before it trains (`memory.check_fits`:
-one step of the small CNN on digits under FakeTensorMode, byte-exact and the same on every machine).
+one step of the small CNN on digits under FakeTensorMode, byte-exact and the same on every machine with the same
+device), on the lesson's device (`accumlib.devices.pick()`): on CUDA the trace counts the allocator's 512-byte
+blocks, as `train` does there.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import functools
 
 import torch
 
-from ... import memory
+from ... import devices, memory
 from .. import data, models
 from ...i18n import N_, _, ngettext
 from .core import Budget, Exercise, Finding, Verdict, learner_code, right, whole_number, wrong
@@ -18,19 +20,21 @@ from .fingerprint import call_with, error_finding
 from .loops import not_a_function
 
 
-def step_peak(micro_batch_size: int, accum_steps: int = 1) -> int:
-    """Peak bytes of one training step of models.cnn() with SGD on digits: accum_steps micro-batches of this size.
+def step_peak(micro_batch_size: int, accum_steps: int = 1, device=None) -> int:
+    """Peak bytes of one training step of models.cnn() with SGD on digits: accum_steps micro-batches of this size,
+    on `device` (default: the lesson's, `accumlib.devices.pick()`).
 
     From the second micro-batch on, every micro-batch repeats the same allocations on top of the same gradient, so
     any accum_steps >= 2 has the peak of accum_steps = 2 (tested), and is measured as 2: fast at any accum_steps.
     """
-    return _measured_peak(micro_batch_size, min(accum_steps, 2))
+    return _measured_peak(micro_batch_size, min(accum_steps, 2),
+                          devices.pick() if device is None else torch.device(device))
 
 
 @functools.lru_cache(maxsize=None)
-def _measured_peak(micro_batch_size: int, accum_steps: int) -> int:
-    X, y = data.digits()
-    model = models.cnn()
+def _measured_peak(micro_batch_size: int, accum_steps: int, device: torch.device) -> int:
+    X, y = data.digits()  # measure_step moves the micro-batch to the model's device
+    model = models.cnn().to(device)
     return memory.measure_step(model, *memory.batch_of((X, y), micro_batch_size), accum_steps=accum_steps,
                                optimizer=torch.optim.SGD(model.parameters(), lr=0.05), fake=True).peak
 

@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from ... import devices
 from .. import data, models
 from ...i18n import N_, _
 from ...loop import train
@@ -46,15 +47,17 @@ exercises.time_cost.check(arithmetic_ratio)
     hint_text = N_("Each sample goes through the same layers whichever micro-batch it is in. What grows with "
                    "accum_steps is the number of separate operations, each with its own fixed cost.")
 
-    def count(self, micro_batch_size: int, accum_steps: int) -> tuple[int, int]:
-        """(floating-point operations, operator calls) of one optimizer step of models.cnn() on digits."""
-        X, y = data.digits(self.effective_batch)
-        model = models.cnn()
+    def count(self, micro_batch_size: int, accum_steps: int, device=None) -> tuple[int, int]:
+        """(floating-point operations, operator calls) of one optimizer step of models.cnn() on digits, on `device`
+        (default: the lesson's, `accumlib.devices.pick()`): the operators a step calls depend on the device."""
+        device = devices.pick() if device is None else torch.device(device)
+        X, y = (t.to(device) for t in data.digits(self.effective_batch))
+        model = models.cnn().to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         calls = OperatorCalls()
         with FlopCounterMode(display=False) as flops, calls:
             train(model, (X, y), optimizer, micro_batch_size=micro_batch_size, accum_steps=accum_steps,
-                  shuffle=False, measure_memory=False, device="cpu")
+                  shuffle=False, measure_memory=False, device=device)
         return flops.get_total_flops(), calls.calls
 
     def measure(self) -> tuple[float, str]:

@@ -2,38 +2,44 @@
 
 Each experiment trains or measures with accumlib itself and returns its numbers (a dict); `RUNS` pairs it with the
 message that shows them (English, marked for the catalogue; the quiz formats it in its own language). Every run
-takes under two seconds on one CPU core: float64 where a difference is compared with rounding error.
+takes under two seconds on one CPU core: float64 where a difference is compared with rounding error. Each runs on
+`device` (default: `accumlib.devices.pick()`, the device the lesson chose): every model and tensor is put there.
 """
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
-from ... import memory
+from ... import devices, memory
 from .. import data, models
 from ...i18n import N_
 from ...loop import gradient_gap, parameter_gap, train
 
 
-def _snapshots(model, dataset, optimizer, **kwargs) -> list[dict]:
-    """Train with accumlib.train; return the model's state after every optimizer step (copies)."""
+def _device(device) -> torch.device:
+    return devices.pick() if device is None else torch.device(device)
+
+
+def _snapshots(model, dataset, optimizer, device, **kwargs) -> list[dict]:
+    """Train with accumlib.train on `device`; return the model's state after every optimizer step (copies)."""
     states = []
-    train(model, dataset, optimizer, on_step=lambda _: states.append(
+    train(model, dataset, optimizer, device=device, on_step=lambda _: states.append(
         {k: v.detach().clone() for k, v in model.state_dict().items()}), measure_memory=False, **kwargs)
     return states
 
 
-def classic_division_last_cycle() -> dict:
+def classic_division_last_cycle(device=None) -> dict:
     """50 samples, micro-batch 4, accum_steps 3, one epoch (5 steps: 4 full cycles of 12, then 2 samples).
 
     Largest weight difference from training with batches of 12, after the 4 full cycles and after the last one,
     for loss / accum_steps (the classic recipe, the last cycle stepped too) and for accumlib's weighting by samples.
     """
-    X, y = data.digits(50, flat=True, dtype=torch.float64)
+    device = _device(device)
+    X, y = (t.to(device) for t in data.digits(50, flat=True, dtype=torch.float64))
 
     def run(micro_batch_size, accum_steps, normalize):
-        model = models.mlp(dtype=torch.float64)
-        return _snapshots(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5),
+        model = models.mlp(dtype=torch.float64).to(device)
+        return _snapshots(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), device,
                           micro_batch_size=micro_batch_size, accum_steps=accum_steps, normalize=normalize)
 
     full, classic, weighted = run(12, 1, "samples"), run(4, 3, "steps"), run(4, 3, "samples")
@@ -41,7 +47,7 @@ def classic_division_last_cycle() -> dict:
             "classic": parameter_gap(classic[-1], full[-1]), "weighted": parameter_gap(weighted[-1], full[-1])}
 
 
-def no_division_sgd_adam() -> dict:
+def no_division_sgd_adam(device=None) -> dict:
     """256 digits, micro-batch 16, accum_steps 4, 2 epochs (8 steps), with SGD and with Adam.
 
     Forgetting the division is a loss accum_steps times too large: for each optimizer, the largest weight
@@ -49,17 +55,18 @@ def no_division_sgd_adam() -> dict:
     and for SGD ("sgd_larger_lr"), the difference between forgetting the division and dividing with an accum_steps
     times larger learning rate (rounding error only: for plain SGD they are the same thing).
     """
-    X, y = data.digits(256, flat=True, dtype=torch.float64)
+    device = _device(device)
+    X, y = (t.to(device) for t in data.digits(256, flat=True, dtype=torch.float64))
     accum_steps = 4
     result = {"steps": 2 * len(X) // (16 * accum_steps), "accum_steps": accum_steps}
 
     def run(optimizer, lr: float, forgot: bool) -> dict:
-        model = models.mlp(dtype=torch.float64)
+        model = models.mlp(dtype=torch.float64).to(device)
         loss_fn = (lambda out, target: accum_steps * F.cross_entropy(out, target)) if forgot else F.cross_entropy
-        return _snapshots(model, (X, y), optimizer(model.parameters(), lr=lr), micro_batch_size=16,
+        return _snapshots(model, (X, y), optimizer(model.parameters(), lr=lr), device, micro_batch_size=16,
                           accum_steps=accum_steps, epochs=2, loss_fn=loss_fn)[-1]
 
-    initial = models.mlp(dtype=torch.float64).state_dict()
+    initial = models.mlp(dtype=torch.float64).to(device).state_dict()
     for name, optimizer, lr in (("sgd", torch.optim.SGD, 0.1), ("adam", torch.optim.Adam, 1e-3)):
         divided = run(optimizer, lr, forgot=False)
         result[name] = parameter_gap(run(optimizer, lr, forgot=True), divided)
@@ -69,10 +76,11 @@ def no_division_sgd_adam() -> dict:
     return result
 
 
-def memory_categories() -> dict:
+def memory_categories(device=None) -> dict:
     """The lessons' CNN with Adam: bytes by category at the peak of one step, one batch of 64 against 8 x 8."""
-    X, y = data.digits(64)
-    model = models.cnn()
+    device = _device(device)
+    X, y = (t.to(device) for t in data.digits(64))
+    model = models.cnn().to(device)
     optimizer = torch.optim.Adam(model.parameters())
     reports = {"one": memory.measure_step(model, X, y, optimizer=optimizer),
                "split": memory.measure_step(model, X[:8], y[:8], optimizer=optimizer, accum_steps=8)}
@@ -81,11 +89,13 @@ def memory_categories() -> dict:
         f"peak_{name}": report.peak for name, report in reports.items()}
 
 
-def batchnorm_gradient_gap() -> dict:
+def batchnorm_gradient_gap(device=None) -> dict:
     """gradient_gap of 4 micro-batches of 16 against the batch of 64, for the lessons' CNN with BatchNorm and with
     GroupNorm, in float64 so that GroupNorm's gap is rounding error only."""
-    X, y = data.digits(64, dtype=torch.float64)
-    return {norm: gradient_gap(models.cnn(norm=norm, dtype=torch.float64), F.cross_entropy, X, y, accum_steps=4)
+    device = _device(device)
+    X, y = (t.to(device) for t in data.digits(64, dtype=torch.float64))
+    return {norm: gradient_gap(models.cnn(norm=norm, dtype=torch.float64).to(device), F.cross_entropy, X, y,
+                               accum_steps=4)
             for norm in ("batch", "group")}
 
 

@@ -37,7 +37,8 @@ def step_gradients():
 
     def record(optimizer, args, kwargs):
         grads = [p.grad.flatten() for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        gradients.append(torch.cat(grads).double() if grads else torch.zeros(0, dtype=torch.float64))
+        where = optimizer.param_groups[0]["params"][0].device if optimizer.param_groups[0]["params"] else None
+        gradients.append(torch.cat(grads).double() if grads else torch.zeros(0, dtype=torch.float64, device=where))
 
     handle = register_optimizer_step_pre_hook(record)
     try:
