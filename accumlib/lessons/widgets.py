@@ -340,10 +340,9 @@ class LossDashboard(Dashboard):
     tasks = (N_("With every switch off, set accum_steps to 1, then to 16. Does the accumulated curve ever leave the "
                 "full-batch curve? Read the largest gap in the title."),
              N_("Switch on “forget the division” and move accum_steps from 2 to 16. How far does the accumulated "
-                "curve leave the full batch, and which way? Set accum_steps to 1: why does the switch stop mattering?"),
-             N_("With the loop correct, switch on “BatchNorm model” (BatchNorm, a layer that normalises with the "
-                "statistics of its batch, is lesson 7's subject) and compare micro-batch size 2 with 64 at "
-                "accum_steps 4. Which stays closer to the full batch?"))
+                "curve leave the full batch, and which way? Set accum_steps to 1: why does the switch stop mattering?"))
+    # BatchNorm under accumulation is lesson 7's, with its own dashboard and tasks (BatchNormDashboard): the switch
+    # stays here for exploring, without a task
     SWITCHES = {"forget_division": N_("forget the division"),
                 "zero_every_micro_batch": N_("zero the gradients every micro-batch"),
                 "step_every_micro_batch": N_("step the optimizer every micro-batch"),
