@@ -146,8 +146,18 @@ class Dashboard:
     title: str  # each subclass's, marked with N_ and translated when shown
     tasks: tuple[str, ...]  # two or three: what to try and what to look for (marked with N_)
 
-    def __init__(self, *, micro_batch_size: int = 8, accum_steps: int = 4, seed: int = 0, extra_controls=(),
-                 extra_label: str | None = None):
+    def __init__(self, *, micro_batch_size: int = 8, accum_steps: int = 4, seed: int = 0, tasks=None,
+                 extra_controls=(), extra_label: str | None = None):
+        """tasks: the numbers (from 1) of the dashboard's tasks to show, for a lesson that needs only some of them
+        (its other tasks would repeat what the lesson already measured); None shows every task."""
+        if tasks is not None:
+            every = type(self).tasks
+            if (isinstance(tasks, (str, bytes)) or not hasattr(tasks, "__iter__") or not list(tasks)
+                    or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(every) for n in tasks)
+                    or len(set(tasks)) != len(list(tasks))):
+                raise ValueError(f"tasks must be distinct task numbers from 1 to {len(every)} (or None for all), "
+                                 f"got {tasks!r}")
+            self.tasks = tuple(every[n - 1] for n in tasks)
         if micro_batch_size not in MICRO_BATCH_SIZES or isinstance(micro_batch_size, bool):
             raise ValueError(f"micro_batch_size must be one of {MICRO_BATCH_SIZES}, got {micro_batch_size!r}")
         _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
