@@ -38,7 +38,7 @@ def verdict_of_cell(exercise, names: dict):
 ALL = [exercise for group in exercises.BY_LESSON.values() for exercise in group]
 STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-division"],
                  "the_loop": ["step-every-micro-batch", "missing-division"],
-                 "last_cycle": ["leaked-tail", "tail-dropped"], "memory_plan": ["does-not-fit"],
+                 "last_cycle": ["tail-divided-by-steps"], "memory_plan": ["does-not-fit"],
                  "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"], "amp_loop": ["scaler-unused"],
                  "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"],
                  "first_loop": ["step-every-micro-batch"]}

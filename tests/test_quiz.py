@@ -320,7 +320,15 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
     course_language("en")
     assert quiz.check("when-to-step").language.value == "en"
     assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == (
-        "Quiz (English), 1 question(s): when-to-step\nScore: 0 of 1 right at the first try, 0 of 1 in the end")
+        "Quiz (English), 1 question(s): when-to-step\n"
+        "1. You accumulate over 4 micro-batches and count them …\n"
+        "Score: 0 of 1 right at the first try, 0 of 1 in the end")
+    # in Hindi the text-only view names each question by its number and the first words of its Hindi prompt
+    hindi_check = quiz.check("when-to-step", language="hi")
+    lines = hindi_check._repr_mimebundle_()["text/plain"].splitlines()
+    prompt = hindi_check.quiz.text(BY_ID["when-to-step"]["prompt"])
+    assert prompt != BY_ID["when-to-step"]["prompt"] and lines[1] == "1. " + quiz.prompt_start(prompt)
+    assert lines[1].startswith("1. आप ") and lines[1].endswith(" …")
 
 
 def test_the_whole_quiz_is_called_the_whole_quiz_and_a_lesson_check_a_quick_check():

@@ -53,7 +53,7 @@ def test_last_cycles_finds_only_the_weighted_loops_exact(capsys):
     out = capsys.readouterr().out
     assert max(gaps["weighted"], gaps["accumlib.train"]) <= last_cycle.ROUNDING
     assert min(gaps[name] for name in pitfalls.LAST_CYCLE) > 1e-3
-    assert f"Only weighted, accumlib.train give the weights of training with one batch per cycle, up to rounding " \
+    assert f"Only weighted and accumlib.train give the weights of training with one batch per cycle, up to rounding " \
            f"(at most {last_cycle.ROUNDING:.1e})" in out
     # their rows print the rounding bound, not the rounding's digits (those change with the CPU and the threads)
     assert out.count(f"< {last_cycle.ROUNDING:.1e}") == sum(gaps[name] <= last_cycle.ROUNDING for name in gaps)

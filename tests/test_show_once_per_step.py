@@ -1,6 +1,5 @@
 """accumlib.lessons.show.once_per_step (lesson 8): its findings follow the measured runs, and the gradients it reports are
 the ones the optimizer steps really used."""
-import math
 
 import pytest
 import torch
@@ -115,14 +114,25 @@ def test_logged_losses_the_true_step_loss_is_what_accumlib_records_for_any_split
     assert f"mean of its micro-batches' losses: {mean:.4f}" in capsys.readouterr().out
 
 
-def test_same_as_accumlib_checks_finite_with_isfinite_so_an_inf_loss_is_not_finite(capsys):
-    model, optimizer = fresh()
-    history = accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3)
-    logged = [r.loss for r in history]
-    assert once_per_step.same_as_accumlib(model, model, logged, history) == 0
-    assert "Every logged loss finite (math.isfinite): yes." in capsys.readouterr().out
-    logged[1] = math.inf  # inf == inf: the `x == x` test would call it finite
-    once_per_step.same_as_accumlib(model, model, logged, history)
-    assert "Every logged loss finite (math.isfinite): no." in capsys.readouterr().out
-    with pytest.raises(ValueError, match="`logged` has 3 losses but `history` has 4 steps"):
-        once_per_step.same_as_accumlib(model, model, logged[:3], history)
+def test_pytorch_messages_stay_as_pytorch_words_them_with_their_meaning_in_hindi(capsys):
+    """PyTorch speaks English in every language: the lesson shows its message as it is and, in Hindi, what it means
+    (review item L8-4); in English the message is shown alone, and an unknown message is never glossed."""
+    def amp_run(**mistake):
+        model = models.mlp()
+        pitfalls.classic_train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
+                               accum_steps=3, scaler=torch.amp.GradScaler("cpu"), **mistake)
+
+    try:
+        accumlib.set_language("hi")
+        once_per_step.scaler_mistakes(amp_run)
+        hindi = capsys.readouterr().out
+        assert once_per_step.pytorch_says("some other message.") == "some other message."
+    finally:
+        accumlib.set_language("en")
+    once_per_step.scaler_mistakes(amp_run)
+    english = capsys.readouterr().out
+    for message in ("unscale_() has already been called on this optimizer since the last update().",
+                    "No inf checks were recorded prior to update."):
+        assert f"Error: {message}\n" in english  # the message alone, ending its line
+        line = next(line for line in hindi.splitlines() if message in line)
+        assert line.startswith(("RuntimeError: ", "AssertionError: ")) and "(यानी: " in line and line.endswith(")")

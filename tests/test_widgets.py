@@ -328,12 +328,24 @@ def test_show_prints_every_setting_and_the_finding_the_same_way_every_time(name,
     assert "Try this:" in printed[0] and all(widgets._(task) in printed[0] for task in dashboard.tasks)
 
 
+def test_a_lesson_shows_only_the_tasks_it_names_numbered_from_1():
+    """Lesson 3 shows only the loss dashboard's second task (its first repeats what the lesson measured)."""
+    every, chosen = widgets.LossDashboard(), widgets.LossDashboard(tasks=[2])
+    assert chosen.tasks == (widgets.LossDashboard.tasks[1],) and every.tasks == widgets.LossDashboard.tasks
+    shown = repr(chosen).split("Try this:\n")[1]
+    assert shown == "1. " + widgets._(widgets.LossDashboard.tasks[1])
+    assert chosen.task_list.value.count("<li>") == 1 and every.task_list.value.count("<li>") == 2
+
+
 def test_every_control_has_a_label_and_bad_arguments_are_refused():
     for dashboard in (widgets.LossDashboard(), widgets.MemoryDashboard()):
         assert all(c.description for c in dashboard.controls)
         assert 2 <= len(dashboard.tasks) <= 3
     with pytest.raises(ValueError, match="micro_batch_size must be one of"):
         widgets.LossDashboard(micro_batch_size=5)
+    for tasks in ([], [0], [3], [2, 2], "2", [True], 2):
+        with pytest.raises(ValueError, match=r"tasks must be distinct task numbers from 1 to 2 \(or None for all\)"):
+            widgets.LossDashboard(tasks=tasks)
     with pytest.raises(ValueError, match="accum_steps must be an integer from 1 to 16, got 0"):
         widgets.LossDashboard(accum_steps=0)
     with pytest.raises(ValueError, match="accum_steps must be an integer from 1 to 16, got True"):

@@ -147,7 +147,17 @@ class Dashboard:
     tasks: tuple[str, ...]  # two or three: what to try and what to look for (marked with N_)
 
     def __init__(self, *, micro_batch_size: int = 8, accum_steps: int = 4, seed: int = 0, device=None,
-                 extra_controls=(), extra_label: str | None = None):
+                 tasks=None, extra_controls=(), extra_label: str | None = None):
+        """tasks: the numbers (from 1) of the dashboard's tasks to show, for a lesson that needs only some of them
+        (its other tasks would repeat what the lesson already measured); None shows every task."""
+        if tasks is not None:
+            every = type(self).tasks
+            if (isinstance(tasks, (str, bytes)) or not hasattr(tasks, "__iter__") or not list(tasks)
+                    or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(every) for n in tasks)
+                    or len(set(tasks)) != len(list(tasks))):
+                raise ValueError(f"tasks must be distinct task numbers from 1 to {len(every)} (or None for all), "
+                                 f"got {tasks!r}")
+            self.tasks = tuple(every[n - 1] for n in tasks)
         if micro_batch_size not in MICRO_BATCH_SIZES or isinstance(micro_batch_size, bool):
             raise ValueError(f"micro_batch_size must be one of {MICRO_BATCH_SIZES}, got {micro_batch_size!r}")
         _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
@@ -342,10 +352,9 @@ class LossDashboard(Dashboard):
     tasks = (N_("With every switch off, set accum_steps to 1, then to 16. Does the accumulated curve ever leave the "
                 "full-batch curve? Read the largest gap in the title."),
              N_("Switch on “forget the division” and move accum_steps from 2 to 16. How far does the accumulated "
-                "curve leave the full batch, and which way? Set accum_steps to 1: why does the switch stop mattering?"),
-             N_("With the loop correct, switch on “BatchNorm model” (BatchNorm, a layer that normalises with the "
-                "statistics of its batch, is lesson 7's subject) and compare micro-batch size 2 with 64 at "
-                "accum_steps 4. Which stays closer to the full batch?"))
+                "curve leave the full batch, and which way? Set accum_steps to 1: why does the switch stop mattering?"))
+    # BatchNorm under accumulation is lesson 7's, with its own dashboard and tasks (BatchNormDashboard): the switch
+    # stays here for exploring, without a task
     SWITCHES = {"forget_division": N_("forget the division"),
                 "zero_every_micro_batch": N_("zero the gradients every micro-batch"),
                 "step_every_micro_batch": N_("step the optimizer every micro-batch"),

@@ -273,14 +273,17 @@ class LastCycle(LoopExercise):
     parameters = ("model", "optimizer", "loader", "loss_fn", "accum_steps", "epochs")
     stub = '''\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
-    # The six-line loop, run for several epochs. What happens to the micro-batches after the last full cycle?
+    # Each epoch is cut into cycles of accum_steps micro-batches, and every cycle is stepped, the short last one too.
+    # Each loss is still divided by accum_steps: how much does the short cycle's step then count?
     for epoch in range(epochs):
-        for step, (x, y) in enumerate(loader):
-            loss = loss_fn(model(x), y) / accum_steps
-            loss.backward()
-            if (step + 1) % accum_steps == 0:
-                optimizer.step()
-                optimizer.zero_grad()
+        micro_batches = list(loader)  # this epoch's micro-batches
+        for first in range(0, len(micro_batches), accum_steps):
+            cycle = micro_batches[first:first + accum_steps]  # the last cycle may be shorter
+            for x, y in cycle:
+                loss = loss_fn(model(x), y) / accum_steps
+                loss.backward()
+            optimizer.step()  # after every cycle, the short one included
+            optimizer.zero_grad()
 
 
 exercises.last_cycle.check(accumulate)
@@ -301,9 +304,9 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
 
 exercises.last_cycle.check(accumulate)
 '''
-    hint_text = N_("Take each epoch's micro-batches as a list and cut it into cycles of accum_steps (the last may be "
-                   "shorter). Count the samples of each cycle, multiply each micro-batch's loss by len(y) / that "
-                   "count, and step after every cycle, the short one included.")
+    hint_text = N_("Count the samples of each cycle (the len(y) of its micro-batches, added up) and multiply each "
+                   "micro-batch's loss by len(y) / that count instead of dividing it by accum_steps: the weights of "
+                   "every cycle, the short one too, then add up to 1.")
 
 
 scale_loss = ScaleLoss()

@@ -394,10 +394,20 @@ class QuizWidget:
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
         ids = ", ".join(q["id"] for q in self.quiz.questions)
-        bundle["text/plain"] = self.quiz.ui("whole_summary" if self.whole else "summary",
-                                            language=LANGUAGES[self.quiz.language],
-                                            count=len(self.quiz.questions), ids=ids) + "\n" + self.quiz.score()
+        summary = self.quiz.ui("whole_summary" if self.whole else "summary", language=LANGUAGES[self.quiz.language],
+                               count=len(self.quiz.questions), ids=ids)
+        # each question by its number and the first words of its prompt, in the quiz's language: a text-only view
+        # (GitHub, nbviewer, a printout) then says what is asked, not only the ids
+        asked = [f"{number}. {prompt_start(self.quiz.text(q['prompt']))}"
+                 for number, q in enumerate(self.quiz.questions, 1)]
+        bundle["text/plain"] = "\n".join([summary, *asked, self.quiz.score()])
         return bundle
+
+
+def prompt_start(prompt: str, words: int = 8) -> str:
+    """The first `words` words of a prompt, with "…" where it goes on."""
+    split = prompt.split()
+    return " ".join(split[:words]) + (" …" if len(split) > words else "")
 
 
 def check(*ids: str, lesson: int | None = None, language: str | None = None) -> QuizWidget:

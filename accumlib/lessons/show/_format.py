@@ -8,6 +8,7 @@ from typing import Sequence
 
 from IPython.display import display
 
+from ...i18n import _
 from ..plots import Plot
 
 # The largest weight difference that is float64 rounding, not a different computation, for the lessons' small
@@ -27,6 +28,14 @@ def measured(value: float) -> str:
     """A result of float32 training (a loss, a statistic) to two significant digits: such runs differ from one CPU,
     thread count or device to another in the third or fourth digit (measured: 9.300 against 9.308)."""
     return f"{value:.0f}" if abs(value) >= 10 else f"{value:#.2g}"
+
+
+def listing(items: Sequence[str]) -> str:
+    """Items as a sentence lists them, the last two joined by the language's "and": "a, b and c"."""
+    items = [str(item) for item in items]
+    if len(items) < 2:
+        return "".join(items)
+    return _("{items} and {last}").format(items=", ".join(items[:-1]), last=items[-1])
 
 
 def width(text: str) -> int:

@@ -11,7 +11,7 @@ from .. import data
 from ...i18n import N_, _, ngettext
 from ...loop import History, parameter_gap
 from ..pitfalls import LAST_CYCLE_CHOICES, ClassicStep, loss_weights
-from ._format import FLOAT64_ROUNDING as ROUNDING, rounding_or_gap, table
+from ._format import FLOAT64_ROUNDING as ROUNDING, listing, rounding_or_gap, table
 
 
 def _fraction(weight: float) -> str:
@@ -86,7 +86,7 @@ def last_cycles(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]
     else:
         print(_("Only {exact} give the weights of training with one batch per cycle, up to rounding (at most "
                 "{gap:.1e}); the others are off by {smallest:.1e} to {largest:.1e}.").format(
-                    exact=", ".join(exact), gap=ROUNDING, smallest=min(others),
+                    exact=listing(exact), gap=ROUNDING, smallest=min(others),
                     largest=max(others)))
     return gaps
 

@@ -1,11 +1,8 @@
-"""Lesson 3, the loop: a hand-written loop against `accumlib.train`, the loop with a line in the wrong place, which
-micro-batches a step condition steps after, and the source of accumlib's own cycle."""
+"""Lesson 3, the loop: a hand-written loop against `accumlib.train`, the loop with a line in the wrong place, and which
+micro-batches a step condition steps after."""
 from __future__ import annotations
 
-import ast
-import inspect
-import textwrap
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -25,33 +22,6 @@ def _say_gap(gap: float, exact: str, rounding: str, different: str) -> None:
     rounding gets the bound it passed, since a rounding difference's digits depend on the CPU and the threads."""
     print(_(exact) if gap == 0 else _(rounding).format(gap=ROUNDING) if gap <= ROUNDING else
           _(different).format(gap=gap))
-
-
-def one_cycle(cycle_model: torch.nn.Module, full_model: torch.nn.Module) -> float:
-    """A model after one `accumulate_and_step` cycle of micro-batches against the same model after one step on the
-    whole batch at once: prints whether they end with the same weights; returns the largest difference."""
-    gap = parameter_gap(cycle_model, full_model)
-    _say_gap(gap, N_("One cycle of micro-batches and one step on the whole batch end with exactly the same weights, "
-                     "bit for bit."),
-             N_("One cycle of micro-batches and one step on the whole batch end with the same weights: they differ "
-                "by at most {gap:.1e} (float64 rounding)."),
-             N_("One cycle of micro-batches and one step on the whole batch end with different weights: they "
-                "differ by up to {gap:.2e}."))
-    return gap
-
-
-def returned(result: tuple) -> str:
-    """Print what `accumulate_and_step` returned (a CycleResult, or any NamedTuple) as its repr with every float to
-    5 significant digits, and return that text. A float64's 17 digits end in ones that depend on the CPU's kernels
-    (AVX-512, AVX2 or neither) and the thread count: printed in full, the lesson would show one machine's digits."""
-    if not hasattr(result, "_fields"):
-        raise TypeError(f"result must be what accumulate_and_step returned (a CycleResult), got {type(result).__name__}")
-    fields = ", ".join(f"{name}={value:.5g}" if isinstance(value, float) else f"{name}={value!r}"
-                       for name, value in zip(result._fields, result))
-    text = f"{type(result).__name__}({fields})"
-    print(_("accumulate_and_step returned (floats to 5 significant digits):"))
-    print(text)
-    return text
 
 
 def same_weights(hand_written: torch.nn.Module, library: torch.nn.Module, history: History) -> float:
@@ -106,8 +76,8 @@ def misplaced(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]],
     for name, (model, steps) in runs.items():
         held = max(step.micro_batches for step in steps)
         if gaps[name] == 0:
-            print(_("{loop}: exactly the weights of accumlib.train.").format(loop=_(MISTAKES[name])))
-        elif gaps[name] <= ROUNDING:
+            continue  # exactly the same weights: its row (0.0e+00) says so, a line would repeat it
+        if gaps[name] <= ROUNDING:
             print(_("{loop}: the weights of accumlib.train, up to rounding (at most {gap:.1e}).").format(
                 loop=_(MISTAKES[name]), gap=ROUNDING))
         elif held < accum_steps:
@@ -129,7 +99,8 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
     steps_at: the condition's code -> the values of `step` (micro-batches counted from 0) at which it is true;
     micro_batches: how many micro-batches the epoch has. With the gradients zeroed right after every step, a step
     holds the micro-batches since the one before. Prints a table (micro-batches counted from 1, as a person counts)
-    and, per condition, whether its steps hold accum_steps micro-batches and what is not stepped in this epoch
+    and, per condition that goes wrong (the table alone shows a right one), a first step that does not hold
+    accum_steps micro-batches and what is not stepped in this epoch
     (zeroed only after a step, those micro-batches join the next epoch's first step; only after the last epoch are
     they never applied). Returns
     condition -> micro-batches per step."""
@@ -147,10 +118,6 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
     print(table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("not stepped in this epoch")], rows))
     for condition, held in held_by.items():
         left = micro_batches - sum(held)
-        if held and all(h == accum_steps for h in held) and not left:
-            print(_("{condition}: every step holds {accum_steps} micro-batches, and none is left over.").format(
-                condition=condition, accum_steps=accum_steps))
-            continue
         if held and held[0] != accum_steps:
             print(ngettext("{condition}: the first step comes after {first} micro-batch, not {accum_steps}.",
                            "{condition}: the first step comes after {first} micro-batches, not {accum_steps}.",
@@ -162,23 +129,3 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
                            "epoch's first step (lesson 4); only after the last epoch are they never applied.",
                            left).format(condition=condition, left=left))
     return held_by
-
-
-def source(function: Callable) -> str:
-    """Print a function's code without its docstring (decorators included) and return it."""
-    original = inspect.unwrap(function)
-    if not inspect.isfunction(original):
-        raise TypeError(f"function must be a Python function (def ...), got {function!r}")
-    code = textwrap.dedent(inspect.getsource(original))
-    definition = ast.parse(code).body[0]
-    lines = code.splitlines()
-    first = definition.body[0]
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        del lines[first.lineno - 1:first.end_lineno]
-    code = "\n".join(lines)
-    print(_("{name}, from {file} ({count} lines without its docstring):").format(
-        name=f"{original.__module__}.{original.__qualname__}", file=inspect.getsourcefile(original).rsplit("/", 1)[-1],
-        count=len(lines)))
-    print()
-    print(code)
-    return code

@@ -17,7 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import plots
-from ...i18n import _
+from ...i18n import _, pgettext
 from ...loop import parameter_gap
 from ._format import figure, table
 
@@ -51,6 +51,23 @@ def _first_sentence(message: str) -> str:
     return message.split(". ")[0].rstrip(".") + "."
 
 
+def pytorch_says(message: str) -> str:
+    """One of PyTorch's own messages, as PyTorch words it (in English, in every language), followed by what it means
+    where the course language's catalogue explains it; in English the message is shown alone."""
+    meanings = {  # the messages this lesson shows; the catalogue's translation of each is its meaning
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`.": pgettext(
+            "what a PyTorch message means", "Detected call of `lr_scheduler.step()` before `optimizer.step()`."),
+        "unscale_() has already been called on this optimizer since the last update().": pgettext(
+            "what a PyTorch message means", "unscale_() has already been called on this optimizer since the last "
+                                            "update()."),
+        "No inf checks were recorded prior to update.": pgettext(
+            "what a PyTorch message means", "No inf checks were recorded prior to update."),
+    }
+    meaning = meanings.get(message, message)
+    return message if meaning == message else _("{message} (that is: {meaning})").format(message=message,
+                                                                                         meaning=meaning)
+
+
 def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> dict[bool, list[float]]:
     """The scheduler stepped once per optimizer step against after every micro-batch.
 
@@ -73,8 +90,8 @@ def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> di
                 [[labels[key], *(f"{lr:.3f}" for lr in rates[key][:shown_steps])] for key in (False, True)]))
     for key in (False, True):
         for message in warned[key]:
-            print(_("PyTorch warned while the scheduler stepped {how}: {message}").format(how=labels[key],
-                                                                                          message=message))
+            print(_("PyTorch warned while the scheduler stepped {how}: {message}").format(
+                how=labels[key], message=pytorch_says(message)))
     if reached is None:
         finding = _("With the scheduler stepped after every micro-batch, the learning rate never falls to {low:.3f}, "
                     "the last learning rate of the schedule stepped once per optimizer step (step {slow}).").format(low=last, slow=steps)
@@ -184,7 +201,7 @@ def scaler_mistakes(run: Callable[..., object]) -> list[ScalerOutcome]:
     print(table([_("after every micro-batch"), _("what happens"), _("step 1's gradient / the right one")], rows))
     for outcome in outcomes:
         if outcome.error is not None:
-            print(f"{type(outcome.error).__name__}: {outcome.error}")
+            print(f"{type(outcome.error).__name__}: {pytorch_says(str(outcome.error))}")
     silent = [o for o in outcomes[1:] if o.error is None]
     for outcome in silent:
         print(_("Silent: with {calls} after every micro-batch, step 1's gradient is {ratio:.1e} times the right one "
@@ -192,23 +209,3 @@ def scaler_mistakes(run: Callable[..., object]) -> list[ScalerOutcome]:
                     calls=" + ".join(_CALLS[name] for name in outcome.switches), ratio=outcome.step_norms[0] / right,
                     norm=outcome.step_norms[0], right=right))
     return outcomes
-
-
-def same_as_accumlib(model: torch.nn.Module, reference: torch.nn.Module, logged: list[float], history) -> float:
-    """A hand-written loop against accumlib.train on the same micro-batches: weights, logged losses, skipped steps.
-
-    logged: the loss the hand-written loop logged per optimizer step; history: accumlib.train's records. Prints the
-    comparison, and whether every logged loss is finite (math.isfinite: neither inf nor NaN). Returns the largest
-    weight difference.
-    """
-    if len(logged) != len(history):
-        raise ValueError(_("`logged` has {losses} losses but `history` has {steps} steps: give one logged loss per "
-                           "optimizer step of the same run").format(losses=len(logged), steps=len(history)))
-    gap = parameter_gap(model, reference)
-    loss_gap = max(abs(mine - record.loss) for mine, record in zip(logged, history))
-    finite = all(math.isfinite(value) for value in logged)
-    print(_("Your loop against accumlib.train, {steps} optimizer steps: weights differ by up to {gap:.1e}, logged "
-            "losses by up to {loss_gap:.1e}.").format(steps=len(history), gap=gap, loss_gap=loss_gap))
-    print(_("Steps the GradScaler skipped: {skipped}. Every logged loss finite (math.isfinite): {finite}.").format(
-        skipped=sum(record.skipped for record in history), finite=_("yes") if finite else _("no")))
-    return gap
