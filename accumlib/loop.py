@@ -13,6 +13,7 @@ read makes the host wait until the device has caught up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -303,18 +304,19 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
                     with memory.step_peak(device, run.params, optimizer) if measure else _NOTHING as peak:
                         result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
-                    seconds = time.perf_counter() - started
                     if measure:
                         peaks[layout] = peak.bytes
-                        if device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
-                            # this step made the optimizer's state: the layout's peak is the heavier of this step
-                            # and a later one, as measure_step reports it (the same cycle, traced on copies)
-                            peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
-                                model, optimizer, cycle, weights, options))
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                        cycle.samples, result.loss, result.lr, result.grad_norm, seconds,
+                                        cycle.samples, result.loss, result.lr, result.grad_norm,
+                                        time.perf_counter() - started,
                                         peaks.get(layout) if run.measure_memory else None, result.skipped)
                     history.records.append(record)
+                if measure and device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
+                    # this step made the optimizer's state: the layout's peak is the heavier of this step and a later
+                    # one, as measure_step reports it (the same cycle, traced on copies, after the step's record)
+                    peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
+                        model, optimizer, cycle, weights, options))
+                    record = history.records[-1] = dataclasses.replace(record, peak_memory_bytes=peaks[layout])
                 if run.on_step is not None:
                     run.on_step(record)
                 skips = skips + 1 if result.skipped else 0
@@ -337,8 +339,11 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
 
 def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     """The cycle's real micro-batches as the cycle takes them (not moved: a trace moves its copies), without DDP's
-    padding, and their loss weights."""
-    return [_as_pair(batch) for batch in cycle.raw()], [weight for weight, size in zip(weights, cycle.sizes) if size]
+    padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
+    the run's random state."""
+    with torch.random.fork_rng(devices=[]):
+        batches = [_as_pair(batch) for batch in cycle.raw()]
+    return batches, [weight for weight, size in zip(weights, cycle.sizes) if size]
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
