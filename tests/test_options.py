@@ -236,3 +236,27 @@ def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget()
     history = accumlib.train(model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2,
                              memory_budget=peak, device="cpu")
     assert len(history) == 2
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Samples with noise drawn from torch's global generator as they are fetched (a random augmentation)."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return X[i] + 0.1 * torch.randn(6), Y[i]
+
+
+def test_measuring_a_stateful_optimizers_later_step_changes_nothing_of_the_run():
+    """The later-step trace fetches the cycle again (under its own random state) and traces copies: the run with
+    measure_memory=True trains bit for bit as the one without, dropout and a random augmentation included."""
+    def run(measure_memory):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+        history = accumlib.train(model, Noisy(), torch.optim.Adam(model.parameters()), micro_batch_size=4,
+                                 accum_steps=2, epochs=2, measure_memory=measure_memory, device="cpu")
+        return [r.loss for r in history], model.state_dict()
+
+    (measured, weights), (plain, plain_weights) = run(True), run(False)
+    assert measured == plain and same(weights, plain_weights)
