@@ -13,6 +13,7 @@ read makes the host wait until the device has caught up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -168,8 +169,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
     is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
     copies of the model and optimizer, nothing computed): for (X, y) tensors or a Dataset of tensor pairs once,
-    before the run; for a loader each cycle's batches as they are, before that cycle changes anything, once per
-    layout of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle).
+    before the run; for a loader (or a Dataset of dicts) each cycle's batches as they are, before that cycle
+    changes anything, once per layout of batch shapes (a loader that pads each batch to its own length has many:
+    each costs a traced cycle).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
@@ -272,10 +274,11 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) -> History:
     """train's run, its arguments checked (`run`): one `_cycle` per optimizer step, with the run's options."""
     history, source, device, options, accum_steps = run.history, run.source, run.device, run.options, run.accum_steps
-    if run.memory_budget is not None and isinstance(source, _Indexed):  # a loader's cycles are measured as they come
-        x, y = source.example()
-        memory.check_fits(model, optimizer, x, y, options=options, accum_steps=accum_steps,
+    example = source.example() if run.memory_budget is not None and isinstance(source, _Indexed) else None
+    if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
+        memory.check_fits(model, optimizer, *example, options=options, accum_steps=accum_steps,
                           budget_bytes=run.memory_budget)
+    each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
@@ -292,8 +295,9 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step) if run.count else (None, None)
                 weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
                                         run.world, terms, total)
-                if run.memory_budget is not None and isinstance(source, _Loader) and cycle.layout not in fitted:
-                    source.check_fits(model, optimizer, cycle, weights, options, run.memory_budget, step)
+                if each_cycle and cycle.layout not in fitted:
+                    _check_fits(model, optimizer, cycle, weights, options, run.memory_budget, step,
+                                isinstance(source, _Loader))
                     fitted.add(cycle.layout)  # each layout once: the same shapes peak at the same bytes
                 # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
                 # creates it): one traced cycle per such layout
@@ -303,18 +307,19 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
                     with memory.step_peak(device, run.params, optimizer) if measure else _NOTHING as peak:
                         result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
-                    seconds = time.perf_counter() - started
                     if measure:
                         peaks[layout] = peak.bytes
-                        if device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
-                            # this step made the optimizer's state: the layout's peak is the heavier of this step
-                            # and a later one, as measure_step reports it (the same cycle, traced on copies)
-                            peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
-                                model, optimizer, cycle, weights, options))
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                        cycle.samples, result.loss, result.lr, result.grad_norm, seconds,
+                                        cycle.samples, result.loss, result.lr, result.grad_norm,
+                                        time.perf_counter() - started,
                                         peaks.get(layout) if run.measure_memory else None, result.skipped)
                     history.records.append(record)
+                if measure and device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
+                    # this step made the optimizer's state: the layout's peak is the heavier of this step and a later
+                    # one, as measure_step reports it (the same cycle, traced on copies, after the step's record)
+                    peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
+                        model, optimizer, cycle, weights, options))
+                    record = history.records[-1] = dataclasses.replace(record, peak_memory_bytes=peaks[layout])
                 if run.on_step is not None:
                     run.on_step(record)
                 skips = skips + 1 if result.skipped else 0
@@ -335,13 +340,34 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     return history
 
 
+def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
+    """The cycle's real micro-batches as the cycle takes them (not moved: a trace moves its copies), without DDP's
+    padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
+    the run's random state."""
+    with torch.random.fork_rng(devices=[]):
+        batches = [_as_pair(batch) for batch in cycle.raw()]
+    return batches, [weight for weight, size in zip(weights, cycle.sizes) if size]
+
+
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
     """The peak bytes of `cycle` as `memory.measure_step` reports a step: the heavier of a run's first step and a
     later one (the optimizer's state alive through the passes, its step count far along), traced under
     FakeTensorMode on copies of the model and of the optimizer (its settings, not its state)."""
-    batches = [_as_pair(batch) for batch in cycle.raw()]  # the real micro-batches, without DDP's padding
-    real = [weight for weight, size in zip(weights, cycle.sizes) if size]
-    return memory.measured_cycle_peak(model, optimizer, batches, real, options)
+    return memory.measured_cycle_peak(model, optimizer, *_real(cycle, weights), options)
+
+
+def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions, budget: int,
+                step: int, loader: bool) -> None:
+    """memory_budget: memory.OutOfMemory unless this cycle, its micro-batches as they are, fits `budget` bytes,
+    traced as memory.check_fits traces a step; before the cycle changes anything."""
+    n = len(cycle.sizes) - cycle.sizes.count(0)
+    what = ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
+                    "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(
+                        step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
+    advice = (_("give the loader a smaller batch_size and train with more accum_steps") if loader else
+              _("use a smaller micro_batch_size and more accum_steps"))
+    memory.check_cycle_fits(model, optimizer, *_real(cycle, weights), options=options, budget_bytes=budget,
+                            what=what, advice=advice)
 
 
 def _skipped_message(skips: int, scaler) -> str:
@@ -560,11 +586,9 @@ class _Indexed:
         return None if epochs is None else epochs * math.ceil(self.samples.n / self.effective)
 
     def example(self):
+        """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors."""
         x, y = self.samples.fetch(list(range(self.micro)))
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            raise ValueError(_("memory_budget measures a step of (x, y) tensors; this data's samples are not two "
-                               "tensors: train without memory_budget, or measure one micro-batch yourself"))
-        return x, y
+        return (x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else None
 
     def cycles(self, epochs: int | None):
         for epoch, cycle_samples, indices, sizes in self.plan(epochs):
@@ -654,18 +678,6 @@ class _Loader:
         if self.length is None or epochs is None:
             return None
         return epochs * math.ceil(self.length / self.accum_steps)
-
-    def check_fits(self, model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions,
-                   budget: int, step: int) -> None:
-        """memory_budget: memory.OutOfMemory unless this cycle (its batches as they are, padding included) fits
-        `budget` bytes, traced as memory.check_fits traces a step; before the cycle changes anything."""
-        batches = [_as_pair(batch) for batch in cycle.micro_batches.batches]
-        n = len(cycle.sizes) - cycle.sizes.count(0)
-        memory.check_cycle_fits(
-            model, optimizer, batches, weights, options=options, budget_bytes=budget,
-            what=ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
-                          "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes)),
-            advice=_("give the loader a smaller batch_size and train with more accum_steps"))
 
     def _busiest(self, batches: int, samples: int) -> tuple[int, int]:
         """(the most batches any process holds in this cycle, the cycle's samples over all processes), from one

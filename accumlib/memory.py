@@ -392,16 +392,16 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
 
 
 # the cycle's options measure_step takes as keywords (a scheduler and a scaler belong to a run, autocast is not measured)
-MEASURED_OPTIONS = ("clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync")
+_MEASURED_OPTIONS = ("clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync")
 
 
 def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:
     """A measurement's `cycle.CycleOptions` (checked there): loss_fn (default cross-entropy) and the keywords of
-    MEASURED_OPTIONS."""
-    unknown = sorted(set(cycle_options) - set(MEASURED_OPTIONS))
+    _MEASURED_OPTIONS."""
+    unknown = sorted(set(cycle_options) - set(_MEASURED_OPTIONS))
     if unknown:
         raise TypeError(_("measure_step got {names}: the options of the cycle it takes are {valid}").format(
-            names=", ".join(unknown), valid=", ".join(sorted(MEASURED_OPTIONS))))
+            names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))))
     return cycle.CycleOptions(loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn,
                               **cycle_options)
 
@@ -596,9 +596,14 @@ def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, l
 def measured_cycle_peak(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> int:
     """The peak bytes of the cycle of `batches` with `loss_weights`, as `measure_step` measures a step (the heavier
     of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer."""
-    sizes = [len(t) for x, y in batches for t in _leaves((x, y))[:1] if t.dim()]
+    return _traced_cycle(model, optimizer, batches, loss_weights, options).peak
+
+
+def _traced_cycle(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> MemoryReport:
+    """The report of the cycle of `batches` (any shapes), traced under FakeTensorMode where the model is."""
+    sizes = [len(leaves[0]) for leaves in map(_leaves, batches) if leaves and leaves[0].dim()]
     return _measure_cycle(model, optimizer, list(batches), list(loss_weights), options.measured(),
-                          max(sizes, default=0), True, next(model.parameters()).device).peak
+                          max(sizes, default=0), True, next(model.parameters()).device)
 
 
 def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.CycleOptions, budget_bytes: int,
@@ -609,9 +614,7 @@ def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.
     Traced as `check_fits` traces a step (FakeTensorMode, on copies of the model and optimizer, where the model
     is), every micro-batch as it is: `train` checks a loader's cycles with it, one per layout of batch shapes.
     """
-    sizes = [len(t) for x, y in batches for t in _leaves((x, y))[:1] if t.dim()]
-    report = _measure_cycle(model, optimizer, list(batches), list(loss_weights), options.measured(),
-                            max(sizes, default=0), True, next(model.parameters()).device)
+    report = _traced_cycle(model, optimizer, batches, loss_weights, options)
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, what, advice=advice)
     return report

@@ -206,3 +206,57 @@ def test_trains_recorded_peak_with_a_stateful_optimizer_is_measure_steps_from_th
     history = accumlib.train(model, (X, Y), make(model.parameters()), micro_batch_size=m, accum_steps=k,
                              measure_memory=True, device="cpu")
     assert len(history) == 64 // (m * k) and [r.peak_memory_bytes for r in history] == [planned] * len(history)
+
+
+class DictSamples(torch.utils.data.Dataset):
+    """A map-style Dataset of dict samples (what a tokenised Hugging Face dataset gives)."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return {"inputs": X[i], "labels": Y[i]}
+
+
+def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget():
+    """Its samples are not two tensors, so no (x, y) step can be measured before the run: each cycle is traced as
+    it comes, before it changes anything (it was refused before)."""
+    model = OwnLoss()
+    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+    own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
+    batches = [{"inputs": X[i:i + 8], "labels": Y[i:i + 8]} for i in (0, 8)]
+    peak = memory.check_cycle_fits(model, sgd(model), [(cycle.Inputs((), b), b) for b in batches], [0.5, 0.5],
+                                   options=own, budget_bytes=2**40, what="", advice="").peak
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(memory.OutOfMemory) as error:
+        accumlib.train(model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2, memory_budget=peak - 1,
+                       device="cpu")
+    assert error.value.needed_bytes == peak and "step 1 (epoch 0, 2 batches, 16 samples)" in str(error.value)
+    assert same(model.state_dict(), before)
+    history = accumlib.train(model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2,
+                             memory_budget=peak, device="cpu")
+    assert len(history) == 2
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Samples with noise drawn from torch's global generator as they are fetched (a random augmentation)."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return X[i] + 0.1 * torch.randn(6), Y[i]
+
+
+def test_measuring_a_stateful_optimizers_later_step_changes_nothing_of_the_run():
+    """The later-step trace fetches the cycle again (under its own random state) and traces copies: the run with
+    measure_memory=True trains bit for bit as the one without, dropout and a random augmentation included."""
+    def run(measure_memory):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+        history = accumlib.train(model, Noisy(), torch.optim.Adam(model.parameters()), micro_batch_size=4,
+                                 accum_steps=2, epochs=2, measure_memory=measure_memory, device="cpu")
+        return [r.loss for r in history], model.state_dict()
+
+    (measured, weights), (plain, plain_weights) = run(True), run(False)
+    assert measured == plain and same(weights, plain_weights)
