@@ -222,3 +222,15 @@ def test_the_show_helpers_keep_what_they_record_on_the_models_device(monkeypatch
         show.once_per_step.clipping(clipped, max_norm=0.05)
 
     assert on_meta(monkeypatch, run) == {torch.device("meta")}
+
+
+def test_bf16_is_offered_where_the_device_has_it(monkeypatch):
+    from accumlib import devices as library_devices
+    assert library_devices.supports_bf16(torch.device("cpu"))
+    for supported in (True, False):  # a T4 (compute capability 7.5) has no bf16, an A100 or H100 has
+        asked = []
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, s=supported: asked.append(including_emulation) or s)
+        assert library_devices.supports_bf16(torch.device("cuda")) is supported
+        assert asked == [False]  # native kernels, not an emulation
+    assert not library_devices.supports_bf16(torch.device("mps"))
