@@ -42,3 +42,13 @@ def pick(environ: Mapping[str, str] = os.environ) -> torch.device:
         raise ValueError(_("{variable}={value!r}: accumlib runs on cpu, cuda or mps").format(
             variable=VARIABLE, value=asked))
     return device
+
+
+def supports_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bfloat16 natively: on CUDA where the GPU has bf16 kernels (compute capability 8.0 on,
+    Ampere and later: `torch.cuda.is_bf16_supported(including_emulation=False)`; a T4 only emulates it, slowly),
+    always on the CPU; not on MPS (accumlib does not offer it there). fp16 with a GradScaler works on CPU and CUDA."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu"

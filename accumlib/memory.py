@@ -9,6 +9,22 @@ Every storage alive at the moment of the peak is put in one category (`CATEGORIE
 part of the step that created it (forward pass, backward pass, optimizer step) and then by what it turns out to
 be (saved for backward, a parameter's gradient, optimizer state); tensors that existed before the step (weights,
 the micro-batch, `.grad`, optimizer state) keep their own names.
+
+On CUDA (issue 20) a storage counts what the caching allocator gives it: its bytes rounded up to the allocator's
+512-byte block (`allocation_bytes`), in the live-tensor count and so in the FakeTensorMode trace of a model on CUDA,
+which is what `check_fits` (train's `memory_budget`) compares with the budget before anything changes. A simulated
+card of B bytes on CUDA is thus B bytes of the step's tensors as the allocator allocates them: the peak of
+`torch.cuda.max_memory_allocated` over a step, less what was allocated before it. Not counted against B, because a
+real card pays them whatever the batch: the CUDA context (a few hundred MiB of driver and kernel images, outside the
+allocator), cuBLAS's workspace (allocated once per stream, through the allocator; `cuda_budget` takes it before it
+looks at what is reserved), the caching allocator's segments (reserved but unallocated: 2 MiB for blocks up to 1 MiB,
+20 MiB or a 2 MiB multiple for larger ones), and the workspaces cuDNN takes for a convolution inside the step. A real
+card of N bytes honours a budget B when N >= B + context + workspaces + one partly used segment of each pool; the
+hard cap `cuda_budget` sets follows that rule, and only for budgets of at least `CUDA_CAP_MINIMUM` (below it the
+allocator's own granularity, not the simulated card, would decide). The 512-byte rounding is exact for blocks up to
+1 MiB (the small pool splits its segments at 512 bytes); a larger tensor may be given a cached block up to 1 MiB
+larger than its rounded size, which no trace predicts. On the CPU bytes are counted as they are: the CPU's numbers
+(and the lessons' stored outputs) do not change. Only `benchmarks/gpu_check.py` on a GPU confirms the CUDA rules.
 """
 from __future__ import annotations
 
@@ -36,6 +52,17 @@ from .i18n import N_, _
 TRACKER = "live tensor storages (TorchDispatchMode)"
 FAKE = "live tensor storages under FakeTensorMode (nothing computed)"
 ALLOCATOR = "CUDA caching allocator (max_memory_allocated)"
+CUDA_BLOCK = 512  # bytes: the CUDA caching allocator rounds every block up to a multiple of this (at least one)
+CUDA_SMALL_SEGMENT, CUDA_LARGE_SEGMENT = 2 * 2**20, 20 * 2**20  # what it reserves from the driver at a time
+CUDA_CAP_MINIMUM = CUDA_LARGE_SEGMENT  # the smallest budget cuda_budget caps the allocator at (see cuda_budget)
+
+
+def allocation_bytes(nbytes: int, device: torch.device) -> int:
+    """The bytes a storage of `nbytes` takes on `device`: on CUDA the caching allocator's block (rounded up to a
+    multiple of CUDA_BLOCK; an empty storage takes none), elsewhere `nbytes`."""
+    if device.type != "cuda" or nbytes == 0:
+        return nbytes
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
 
 
 class OutOfMemory(torch.OutOfMemoryError):
@@ -99,7 +126,8 @@ class _Storage:
 class LiveTensorBytes(TorchDispatchMode):
     """Counts bytes of live tensor storages: those adopted with `track` and every one created under the mode.
 
-    `current` and `peak` are in bytes. A storage is counted once however many views share it, and stops
+    `current` and `peak` are in bytes (on CUDA, `allocation_bytes`: the allocator's 512-byte blocks, real or fake
+    tensors alike). A storage is counted once however many views share it, and stops
     counting when it is freed (a weakref finalizer on the storage). Storages carry a category: adopted ones the
     category given to `track` (final); created ones that of the current `phase` ("forward", "backward" or
     "step", see `_CREATED_IN`) until `tag` names what they hold. `peak_categories()` splits the peak by what was
@@ -140,7 +168,7 @@ class LiveTensorBytes(TorchDispatchMode):
         key = id(storage)
         if key in self._live:
             return
-        record = self._live[key] = _Storage(storage.nbytes(), category, final)
+        record = self._live[key] = _Storage(allocation_bytes(storage.nbytes(), t.device), category, final)
         self.current += record.nbytes
         if self.current > self.peak:
             self.peak, self.peak_phase = self.current, self.phase
@@ -181,14 +209,21 @@ class _Peak:
 
 @contextlib.contextmanager
 def step_peak(device: torch.device, params, optimizer):
-    """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included; the
-    model's other parameters and its buffers too, adopted as each `accumulate_and_step` in the block starts)."""
+    """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included; on the
+    CPU the model's other parameters and its buffers too, adopted as each `accumulate_and_step` in the block starts;
+    on CUDA the allocator's peak over what the block did not hold, so those few buffers are left out there)."""
     result = _Peak()
-    if device.type == "cuda":
+    if device.type == "cuda":  # the allocator's peak of the block, less what was allocated before it and is not the
+        # step's (the data, other models, cuBLAS's workspace, taken first), as check_fits traces it
+        _take_workspaces(device)
         torch.cuda.synchronize(device)
+        held = {id(t.untyped_storage()): allocation_bytes(t.untyped_storage().nbytes(), device)
+                for t in _persistent_tensors(params, optimizer)}
+        before = torch.cuda.memory_allocated(device) - sum(held.values())
         torch.cuda.reset_peak_memory_stats(device)
         yield result
-        result.bytes = torch.cuda.max_memory_allocated(device)
+        torch.cuda.synchronize(device)
+        result.bytes = torch.cuda.max_memory_allocated(device) - before
     else:
         tracker = LiveTensorBytes()
         tracker.track(_persistent_tensors(params, optimizer))
@@ -622,21 +657,27 @@ def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.
 
 @contextlib.contextmanager
 def cuda_budget(device: torch.device, budget_bytes: int | None):
-    """On CUDA, cap this process's allocator at `budget_bytes` for the block; its OOM becomes OutOfMemory.
+    """On CUDA, cap this process's caching allocator for the block where a real card could honour `budget_bytes`;
+    the allocator's OOM becomes OutOfMemory. Elsewhere, or without a budget, it does nothing.
 
-    What counts against the cap is what PyTorch's caching allocator reserves: every block rounded up (to 512 bytes,
-    and small tensors share 2 MiB segments, large ones 20 MiB segments or their own size rounded to 2 MiB), the
-    cuBLAS/cuDNN workspaces the step's kernels take, and blocks cached from before the call. The CUDA context
-    (a few hundred MiB of driver and kernel images) lies outside the allocator and is not counted: a real card of
-    N bytes offers N minus the context. So a budget under the allocator's 2 MiB segment cannot be honoured on a
-    real card; the CPU tracker (and `check_fits`) count live tensor bytes alone, a lower bound of the allocator's.
-    (Not run on our CPU-only machines.)
+    The budget itself is B bytes of the step's tensors as the allocator allocates them (512-byte blocks, see the
+    module's docstring), which `check_fits` traces before training. The cap is on what the allocator reserves,
+    which holds more: so it is set at what was reserved on entry (the model, cached blocks, cuBLAS's workspace,
+    taken first by `_take_workspaces`) + B + one partly used segment of each pool (2 MiB + 20 MiB), and only when B
+    is at least CUDA_CAP_MINIMUM (20 MiB, the large pool's segment): below that a cap would measure the allocator's
+    granularity, not the simulated card, and refuse steps that check_fits found within B. The CUDA context is
+    outside the allocator and never counted: a real card of N bytes offers N minus the context. cuDNN's workspaces
+    inside the step are not in the trace either; the segment allowance absorbs small ones.
+    (Not run on a GPU yet: benchmarks/gpu_check.py checks these rules where there is one.)
     """
-    if device.type != "cuda" or budget_bytes is None:
+    if device.type != "cuda" or budget_bytes is None or budget_bytes < CUDA_CAP_MINIMUM:
         yield
         return
+    _take_workspaces(device)
+    torch.cuda.synchronize(device)
+    cap = torch.cuda.memory_reserved(device) + budget_bytes + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(budget_bytes / total, 1.0), device)
+    torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), device)
     try:
         yield
     except OutOfMemory:
@@ -645,6 +686,13 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
         raise OutOfMemory(torch.cuda.max_memory_allocated(device), budget_bytes) from error
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def _take_workspaces(device: torch.device) -> None:
+    """Make cuBLAS take its workspace for the current stream now (a 1 x 1 matrix product), so that it counts as
+    reserved before the cap, as a real card holds it whatever the batch."""
+    one = torch.ones(1, 1, device=device)
+    one @ one
 
 
 @dataclass(frozen=True)

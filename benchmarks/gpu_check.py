@@ -12,14 +12,22 @@ The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUML
 2. memory: one training step measured by the CPU tracker (live tensor storages) and, on CUDA, by the allocator
    (torch.cuda.max_memory_allocated) for the same model, batch and optimizer; the allocator's bytes include its
    rounding to 512-byte blocks and cuBLAS/cuDNN workspaces, the CUDA context is in neither.
-3. fit_batch: the plan for an effective batch of 512 under a 16 MiB budget, trained with memory_budget= (on CUDA
-   a real cap: torch.cuda.set_per_process_memory_fraction), and the next larger micro-batch refused.
+3. fit_batch: the plan for an effective batch of 512 under a 32 MiB budget, trained with memory_budget= (on CUDA
+   a real cap, as the budget is at least memory.CUDA_CAP_MINIMUM: torch.cuda.set_per_process_memory_fraction),
+   and the next larger micro-batch refused.
 4. amp: fp16 autocast with a GradScaler and bf16 autocast without one (where the device supports bf16), against
    float32: every logged loss finite, steps the scaler skipped, final loss.
 5. host reads: reads of a tensor's value on the host per optimizer step (a TorchFunctionMode counter, any device);
    on CUDA also the synchronisations torch.cuda.set_sync_debug_mode("warn") reports.
 6. overhead: accumlib.train against the hand-written six-line loop on the same 64 steps, alternating, the
    median ratio of 10 rounds (CUDA: wall time after synchronize; CPU: process time at one thread).
+7. small cards: lessons 1 and 5's simulated cards (2 MiB, 0.5 MiB: below the allocator's granularity, so no hard
+   cap) on the device: for each batch, check_fits's trace (on CUDA in the allocator's 512-byte blocks) against the
+   allocator's measured peak (measure_step) and its requested bytes; the verdict "fits the card" must be the same
+   by both, lesson 5's plan must train under memory_budget with a recorded step peak (the allocator's, over what
+   the step did not hold) within the card, and the next plan must be refused.
+8. one device: accumlib.train(device=None) honours ACCUMLIB_DEVICE; the quiz experiments, the three dashboards'
+   computations and the exercise checkers that measure run on the device without a device mismatch.
 """
 from __future__ import annotations
 
@@ -120,18 +128,17 @@ def allocator_against_tracker(device: torch.device, options) -> tuple[str, list[
 
 @check
 def fit_batch_under_a_real_cap(device: torch.device, options) -> tuple[str, list[str]]:
-    """fit_batch's plan for 512 samples per step in 16 MiB, trained under that budget; the next size refused."""
+    """fit_batch's plan for 512 samples per step in 32 MiB, trained under that budget; the next size refused."""
     X, y = data.digits(512)
-    budget = 16 * MIB  # well above the CUDA caching allocator's 2 MiB segments: a cap a real card can honour
+    budget = 32 * MIB  # at least memory.CUDA_CAP_MINIMUM (20 MiB): a cap a real card can honour
 
     def build():  # a wider CNN: one batch of 512 needs more than the budget, so the plan accumulates
         return models.cnn(channels=(64, 128))
 
-    model = build()
+    model = build().to(device)  # planned where it trains: on CUDA the trace counts the allocator's 512-byte blocks
     plan = memory.fit_batch(model, (X[:1], y[:1]), target_batch=512, budget_bytes=budget)
     lines = [f"plan: {plan.micro_batch_size} x {plan.accum_steps}, peak {plan.peak_bytes:,} bytes of {budget:,} "
              f"(the next larger micro-batch, {plan.next_micro_batch_size}, needs {plan.next_peak_bytes or 0:,})"]
-    model = model.to(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -162,7 +169,7 @@ def amp(device: torch.device, options) -> tuple[str, list[str]]:
     X, y = data.digits(768, flat=True)
     lines, ok = [], True
     modes = [("float32", False), ("fp16 + GradScaler", "fp16")]
-    bf16 = device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_bf16_supported())
+    bf16 = devices.supports_bf16(device)  # native bf16: the CPU, a CUDA GPU of compute capability 8.0 on
     modes += [("bf16", "bf16")] if bf16 else []
     for label, mode in modes:
         model = models.mlp().to(device)
@@ -179,7 +186,7 @@ def amp(device: torch.device, options) -> tuple[str, list[str]]:
         lines.append(f"{label}: {len(history)} steps, {skipped} skipped, every loss finite: {'yes' if finite else 'no'}, "
                      f"final loss {history[-1].loss:.3f}")
     if not bf16:
-        lines.append("bf16: skipped, this GPU does not support it (torch.cuda.is_bf16_supported())")
+        lines.append("bf16: skipped, this GPU has no native bf16 (accumlib.devices.supports_bf16)")
     return ("ok" if ok else "FAILED"), lines
 
 
@@ -243,6 +250,112 @@ def overhead(device: torch.device, options) -> tuple[str, list[str]]:
     what = "wall time after synchronize" if device.type == "cuda" else "CPU time of this process"
     return "ok", [f"accumlib.train / hand-written loop, {len(X) // (m * k)} steps of {k} x {m}: median {ratio:.2f}x "
                   f"over {len(ratios)} rounds ({what}; from {min(ratios):.2f}x to {max(ratios):.2f}x)"]
+
+
+@check
+def small_cards(device: torch.device, options) -> tuple[str, list[str]]:
+    """Lessons 1 and 5's cards: the trace's verdict against the allocator's, and lesson 5's plan trained."""
+    lines, ok = [], True
+    X, y = (t.to(device) for t in data.digits())
+    card = 2 * MIB  # lesson 1's card
+    for size in (8, 16, 32, 64, 128, 256, 512):
+        batch = memory.batch_of((X, y), size)
+        traced = memory.measure_step(models.cnn().to(device), *batch, fake=True).peak
+        line = f"lesson 1, batch {size}: trace {traced:,} bytes ({'fits' if traced <= card else 'does not fit'})"
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            requested = torch.cuda.memory_stats(device).get("requested_bytes.all.current", 0)
+            measured = memory.measure_step(models.cnn().to(device), *batch).peak
+            asked = torch.cuda.memory_stats(device).get("requested_bytes.all.peak", 0) - requested
+            same = (traced <= card) == (measured <= card)
+            ok &= same
+            line += (f"; allocator {measured:,} ({measured - traced:+,}: cuDNN's workspaces and unsplit blocks), "
+                     f"requested {asked:,}; the same verdict: {'yes' if same else 'NO'}")
+        lines.append(line)
+    plan = memory.fit_batch(models.cnn().to(device), (X[:1], y[:1]), target_batch=256, budget_bytes=2**19)
+    lines.append(f"lesson 5, 0.5 MiB card: plan {plan.micro_batch_size} x {plan.accum_steps}, trace "
+                 f"{plan.peak_bytes:,} bytes; next {plan.next_micro_batch_size} needs {plan.next_peak_bytes or 0:,}")
+    model = models.cnn().to(device)
+    history = accumlib.train(model, (X[:256], y[:256]), torch.optim.SGD(model.parameters(), lr=0.05),
+                             micro_batch_size=plan.micro_batch_size, accum_steps=plan.accum_steps,
+                             memory_budget=plan.budget_bytes, measure_memory=True, device=device)
+    recorded = max(r.peak_memory_bytes for r in history)
+    within = recorded <= plan.budget_bytes
+    ok &= within
+    lines.append(f"trained: {len(history)} step, recorded step peak {recorded:,} bytes "
+                 f"({'within' if within else 'OVER'} the card's {plan.budget_bytes:,})")
+    if plan.next_micro_batch_size is not None:
+        try:
+            bigger = models.cnn().to(device)
+            accumlib.train(bigger, (X[:256], y[:256]), torch.optim.SGD(bigger.parameters(), lr=0.05),
+                           micro_batch_size=plan.next_micro_batch_size,
+                           accum_steps=256 // plan.next_micro_batch_size, memory_budget=plan.budget_bytes,
+                           device=device)
+            ok = False
+            lines.append("the next plan was NOT refused")
+        except accumlib.OutOfMemory as error:
+            lines.append(f"the next plan refused: {str(error)[:120]}")
+    if device.type != "cuda":
+        lines.append("no CUDA device: the allocator's side is not measured (the CPU's bytes are the trace's)")
+    return ("ok" if ok else "FAILED"), lines
+
+
+@check
+def one_device(device: torch.device, options) -> tuple[str, list[str]]:
+    """train(device=None) honours ACCUMLIB_DEVICE; quiz, dashboards and checkers run on the device."""
+    from accumlib.lessons import exercises, widgets
+    from accumlib.lessons.quiz import experiments
+
+    lines, ok = [], True
+    saved = os.environ.get(devices.VARIABLE)
+    os.environ[devices.VARIABLE] = "cpu"
+    try:
+        model = models.mlp()
+        X, y = data.digits(64, flat=True)
+        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8,
+                       accum_steps=2)
+        on = next(model.parameters()).device
+        ok &= on.type == "cpu"
+        lines.append(f"train(device=None) with {devices.VARIABLE}=cpu trained on {on}")
+    finally:
+        if saved is None:
+            del os.environ[devices.VARIABLE]
+        else:
+            os.environ[devices.VARIABLE] = saved
+
+    class Job:  # a dashboard computation that is never stale
+        def check(self):
+            pass
+
+    runs = {f"quiz: {name}": (lambda run=run: run(device)) for name, (run, _message) in experiments.RUNS.items()}
+    for name in ("LossDashboard", "MemoryDashboard", "BatchNormDashboard"):
+        def compute(name=name):
+            board = getattr(widgets, name)(device=device)
+            board.compute(board.current_settings(), Job())
+        runs[f"dashboard: {name}"] = compute
+    os.environ[devices.VARIABLE] = str(device)  # the checkers' device is the lesson's: accumlib.devices.pick()
+    try:
+        runs["checker: memory_plan"] = lambda: exercises.memory_plan.verdict(8, 32)
+        runs["checker: batchnorm_split"] = lambda: exercises.batchnorm_split.verdict(lambda fits, batch: (1, batch))
+        runs["checker: time_cost"] = lambda: exercises.time_cost.verdict(1)
+        for label, run in runs.items():
+            began = time.perf_counter()
+            try:
+                result = run()
+                verdict = getattr(result, "text", None)
+                bad = verdict is not None and ("device" in verdict and "expected" in verdict)
+                ok &= not bad
+                lines.append(f"{label}: ran on {device} ({time.perf_counter() - began:.1f} s)"
+                             + (f": {verdict.splitlines()[0][:100]}" if bad else ""))
+            except Exception as error:  # noqa: BLE001 - reported as the check's result
+                ok = False
+                lines.append(f"{label}: {type(error).__name__}: {str(error)[:160]}")
+    finally:
+        if saved is None:
+            del os.environ[devices.VARIABLE]
+        else:
+            os.environ[devices.VARIABLE] = saved
+    return ("ok" if ok else "FAILED"), lines
 
 
 def main() -> int:

@@ -222,3 +222,44 @@ def test_the_show_helpers_keep_what_they_record_on_the_models_device(monkeypatch
         show.once_per_step.clipping(clipped, max_norm=0.05)
 
     assert on_meta(monkeypatch, run) == {torch.device("meta")}
+
+
+def test_bf16_is_offered_where_the_device_has_it(monkeypatch):
+    from accumlib import devices as library_devices
+    assert library_devices.supports_bf16(torch.device("cpu"))
+    for supported in (True, False):  # a T4 (compute capability 7.5) has no bf16, an A100 or H100 has
+        asked = []
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, s=supported: asked.append(including_emulation) or s)
+        assert library_devices.supports_bf16(torch.device("cuda")) is supported
+        assert asked == [False]  # native kernels, not an emulation
+    assert not library_devices.supports_bf16(torch.device("mps"))
+
+
+CHOOSING = ["01_large_batch_problem", "02_grad_accumulates", "03_the_loop", "04_last_cycle", "05_memory", "06_time",
+            "08_once_per_step", "09_ddp", "dashboards"]  # lessons 0, 7 and 10: not yet (issue 20)
+
+
+@pytest.mark.parametrize("name", CHOOSING)
+def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_there(name):
+    # Read from the English notebook's code (the Hindi one has the same code, tests/test_editions.py): the first
+    # code cell after the platform set-up chooses the device; no other cell names one; every model built, every
+    # digits batch loaded and every accumlib.train call goes to it. Lesson 9's DDP processes are CPU processes
+    # (gloo), so its one device is the CPU, said in the cell.
+    import re
+
+    import nbformat
+    from pathlib import Path
+    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "en" / f"{name}.ipynb", 4)
+    code = [c.source for c in notebook.cells if c.cell_type == "code" and c.get("id") != "platform-setup"]
+    chosen = ('device = torch.device("cpu")' if name == "09_ddp" else "device = devices.choose()")
+    assert chosen in code[0] and not any("device = " in cell for cell in code[1:])
+    text = "\n".join(code)
+    for call in re.findall(r"accumlib\.train\((?:[^()]|\([^()]*\))*\)", text):
+        assert "device=device" in call, call
+    for built in re.finditer(r"models\.\w+\((?:[^()]|\([^()]*\))*\)", text):
+        assert text[built.end():].startswith(".to(device)"), built.group()
+    for loaded in re.finditer(r"data\.digits\(", text):
+        assert text[:loaded.start()].endswith("(t.to(device) for t in ") or name == "09_ddp", text[loaded.start():][:60]
+    # an exercise cell is the learner's: its checker gives it everything on its own device (fingerprint.py)
+    assert not any('"cpu"' in cell.replace(chosen, "") for cell in code if "exercises." not in cell)

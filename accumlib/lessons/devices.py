@@ -15,10 +15,10 @@ from typing import Mapping
 
 import torch
 
-from ..devices import VARIABLE, pick  # the choice itself is the library's: accumlib.train(device=None) makes it too
+from ..devices import VARIABLE, pick, supports_bf16  # the library's: accumlib.train(device=None) makes this choice
 from ..i18n import _
 
-__all__ = ["VARIABLE", "pick", "describe", "choose"]
+__all__ = ["VARIABLE", "pick", "supports_bf16", "describe", "choose"]
 
 
 def describe(device: torch.device) -> str:
