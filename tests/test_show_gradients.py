@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import data, models
+from accumlib.lessons import data, models, pitfalls
 from accumlib.lessons.quiz import experiments
 from accumlib.lessons.show import gradients
 
@@ -79,3 +79,20 @@ def test_sgd_and_adam_reads_the_quiz_experiment(capsys):
     assert "does not cancel here" in out and "does not give the same weights" in out
     with pytest.raises(ValueError, match="it lacks \\['sgd_larger_lr'\\]"):
         gradients.sgd_and_adam({k: v for k, v in result.items() if k != "sgd_larger_lr"})
+
+
+def test_logged_losses_the_true_step_loss_is_what_accumlib_records_for_any_split(capsys):
+    def fresh():
+        model = models.mlp(dtype=torch.float64)
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    model, optimizer = fresh()
+    log = pitfalls.classic_train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3)
+    histories = {}
+    for m, k in ((4, 3), (2, 6)):
+        model, optimizer = fresh()
+        histories[m, k] = accumlib.train(model, (X, Y), optimizer, micro_batch_size=m, accum_steps=k)
+    mean = gradients.logged_losses(log, histories, accum_steps=3)
+    assert all(h[0].loss == pytest.approx(mean, rel=1e-6) for h in histories.values())
+    assert log.scaled_losses[0] == pytest.approx(log.true_losses[0] / 3)
+    assert f"mean of its micro-batches' losses: {mean:.4f}" in capsys.readouterr().out

@@ -101,19 +101,6 @@ def test_scaler_mistakes_two_raise_one_trains_silently_with_a_vanishing_gradient
     assert "AssertionError: No inf checks were recorded prior to update." in printed
 
 
-def test_logged_losses_the_true_step_loss_is_what_accumlib_records_for_any_split(capsys):
-    model, optimizer = fresh()
-    log = pitfalls.classic_train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3)
-    histories = {}
-    for m, k in ((4, 3), (2, 6)):
-        model, optimizer = fresh()
-        histories[m, k] = accumlib.train(model, (X, Y), optimizer, micro_batch_size=m, accum_steps=k)
-    mean = once_per_step.logged_losses(log, histories, accum_steps=3)
-    assert all(h[0].loss == pytest.approx(mean, rel=1e-6) for h in histories.values())
-    assert log.scaled_losses[0] == pytest.approx(log.true_losses[0] / 3)
-    assert f"mean of its micro-batches' losses: {mean:.4f}" in capsys.readouterr().out
-
-
 def test_pytorch_messages_stay_as_pytorch_words_them_with_their_meaning_in_hindi(capsys):
     """PyTorch speaks English in every language: the lesson shows its message as it is and, in Hindi, what it means
     (review item L8-4); in English the message is shown alone, and an unknown message is never glossed."""

@@ -3,6 +3,7 @@
 as English ones do."""
 from __future__ import annotations
 
+import html
 import unicodedata
 from typing import Sequence
 
@@ -44,6 +45,13 @@ def width(text: str) -> int:
     return sum(0 if unicodedata.category(c) in ("Mn", "Me", "Cf") else 1 for c in text)
 
 
+def _numeric(cell: str) -> bool:
+    """Whether a table cell reads as a number ('1,912,152', '< 1.0e-12', '0.25x', '33%'): such columns are
+    right-aligned."""
+    return (cell.removeprefix("< ").replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
+            .replace("e", "").replace("+", "").strip().isdigit())
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: str = "right") -> str:
     """A text table: the header, then one line per row, columns separated by two spaces. Cells are given as text
     (format numbers before: '1,912,152', '0.25x'); numeric-looking columns are right-aligned."""
@@ -54,9 +62,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: s
     widths = [max(width(row[i]) for row in cells) for i in range(columns)]
 
     def numeric(i: int) -> bool:
-        return numbers == "right" and all(
-            row[i].removeprefix("< ").replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
-            .replace("e", "").replace("+", "").strip().isdigit() for row in cells[1:] if row[i])
+        return numbers == "right" and all(_numeric(row[i]) for row in cells[1:] if row[i])
 
     right = [numeric(i) for i in range(columns)]
 
@@ -65,6 +71,47 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: s
         return "  ".join(padded).rstrip()
 
     return "\n".join(line(row) for row in cells)
+
+
+class TableView:
+    """A text table that Jupyter also shows as an HTML table. Devanagari glyphs often come from a proportional
+    fallback font, which shifts the columns of a monospaced layout however the cells are padded; an HTML table keeps
+    them aligned. A text-only view (GitHub, nbviewer, a printout, a terminal) shows the text."""
+
+    def __init__(self, text: str, cells: list[list[str]], right: list[bool]):
+        self.text, self.cells, self.right = text, cells, right
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        def row(cells: list[str], tag: str) -> str:
+            return "<tr>" + "".join(
+                f'<{tag} style="text-align:{"right" if right else "left"}">{html.escape(cell)}</{tag}>'
+                for cell, right in zip(cells, self.right)) + "</tr>"
+
+        head, *body = self.cells
+        return f"<table>{row(head, 'th')}{''.join(row(cells, 'td') for cells in body)}</table>"
+
+
+def has_devanagari(text: str) -> bool:
+    return any("\u0900" <= c <= "\u097f" for c in text)
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: str = "right") -> str:
+    """Print `table(header, rows)` and return its text. A table with Devanagari in it is displayed instead, as that
+    text and as HTML (TableView), so that its columns stay aligned whatever font shows the Devanagari (Hindi review
+    X-7); an all-Latin table stays plain printed text."""
+    text = table(header, rows, numbers=numbers)
+    if not has_devanagari(text):
+        print(text)
+        return text
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    right = [numbers == "right" and all(_numeric(row[i]) for row in cells[1:] if row[i]) for i in range(len(cells[0]))]
+    display(TableView(text, cells, right))
+    return text
 
 
 def figure(plot: Plot) -> Plot:

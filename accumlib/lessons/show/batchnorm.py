@@ -15,7 +15,7 @@ import torch
 from .. import plots
 from ...batchnorm import LayerDeviation, MicroBatchComparison, total
 from ...i18n import _
-from ._format import figure, table
+from ._format import figure, print_table
 from .memory import split
 
 ROUNDING = {"float32": 1e-5, "float64": 1e-12}  # largest gradient or weight difference rounding explains for the
@@ -38,7 +38,7 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, f
     for layer in layers:
         header += [_("layer {layer}: mean").format(layer=layer), _("layer {layer}: variance").format(layer=layer)]
     rows = [[str(m), *(f"{value:.3f}" for d in drift[m] for value in (d.mean, d.variance))] for m in sizes]
-    print(table(header, rows))
+    print_table(header, rows)
     totals = {m: total(drift[m]) for m in sizes}
     smallest, largest = sizes[0], sizes[-1]
     values = dict(small=smallest, large=largest, batch=batch, small_total=totals[smallest],
@@ -135,8 +135,8 @@ def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> M
               *_loss(o.settled, GROUPNORM_LOSS), "", "", ""] for o in gn]
     print(_("On the held-out digits, in eval mode. Left: the running statistics from the model's own "
             "micro-batches; right: re-estimated on all the training digits."))
-    print(table([_("model, micro-batch × accum_steps"), _("statistics error"), _("loss"), _("accuracy"),
-                 _("re-estimated: statistics error"), _("loss"), _("accuracy")], rows))
+    print_table([_("model, micro-batch × accum_steps"), _("statistics error"), _("loss"), _("accuracy"),
+                 _("re-estimated: statistics error"), _("loss"), _("accuracy")], rows)
     print()
     smallest, largest = bn[0], bn[-1]
     errors = [o.settled.statistics_error_total for o in bn]

@@ -10,7 +10,7 @@ from IPython.display import display
 
 from ...i18n import _, ngettext
 from ...loop import parameter_gap
-from ._format import FLOAT64_ROUNDING, table
+from ._format import FLOAT64_ROUNDING, print_table
 
 
 def effective_batch(*, micro_batch_size: int, accum_steps: int, processes: int, samples: int) -> int:
@@ -78,10 +78,10 @@ def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
         raise ValueError(_("results: the two runs took different steps ({a} and {b} micro-batches per step): pass "
                            "the results of one compare_no_sync job").format(a=without.micro_batches,
                                                                             b=with_no_sync.micro_batches))
-    print(table([_("optimizer step"), _("micro-batches per process"), _("all-reduces without no_sync()"),
+    print_table([_("optimizer step"), _("micro-batches per process"), _("all-reduces without no_sync()"),
                  _("with no_sync()")],
                 [[str(step), str(micro), str(a), str(b)] for step, (micro, a, b) in
-                 enumerate(zip(without.micro_batches, without.allreduces, with_no_sync.allreduces), 1)]))
+                 enumerate(zip(without.micro_batches, without.allreduces, with_no_sync.allreduces), 1)])
     steps = without.steps
     if without.allreduces == without.micro_batches and len(set(without.micro_batches)) > 1:
         print(_("Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "

@@ -1,14 +1,15 @@
 """Lesson 2, gradients add up: an accumulated gradient against the full-batch gradient, `gradient_gap` with and
-without the division, and what forgetting the division does to SGD and to Adam."""
+without the division, what forgetting the division does to SGD and to Adam, and the loss to log."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
 
 from ...i18n import _
-from ._format import rounding_or_gap, table
+from ._format import print_table, rounding_or_gap
 
 ROUNDING = 1e-12  # relative to the largest gradient entry: a difference this small is float rounding, not a bug
 
@@ -72,8 +73,8 @@ def gap_table(gaps: Mapping[int, Mapping[str, float]], full_batch: Sequence[torc
     bound = ROUNDING * largest_entry  # what float rounding explains; the gaps below it print as "< bound"
     rows = [[k, rounding_or_gap(g["steps"], bound), f"{g['none']:.4f}", f"{g['none'] / largest_entry:.3f}"]
             for k, g in gaps.items()]
-    print(table(["accum_steps", _("gap, loss / accum_steps"), _("gap, no division"),
-                 _("gap without division / largest entry")], rows))
+    print_table(["accum_steps", _("gap, loss / accum_steps"), _("gap, no division"),
+                 _("gap without division / largest entry")], rows)
     rounding = all(g["steps"] <= bound for g in gaps.values())
     k_times = all(abs(g["none"] / largest_entry - (k - 1)) <= 1e-9 * k for k, g in gaps.items())
     if rounding:
@@ -99,10 +100,10 @@ def sgd_and_adam(result: Mapping[str, float]) -> dict[str, float]:
         raise ValueError(f"result must be quiz.experiments.no_division_sgd_adam()'s dict; it lacks "
                          f"{sorted(needed - set(result))}")
     share = {name: result[name] / result[f"{name}_moved"] for name in ("sgd", "adam")}
-    print(table([_("optimizer"), _("weights moved, dividing"), _("difference, forgetting the division"),
+    print_table([_("optimizer"), _("weights moved, dividing"), _("difference, forgetting the division"),
                  _("difference / moved")],
                 [[label, f"{result[f'{name}_moved']:.1e}", f"{result[name]:.1e}", f"{share[name]:.1%}"]
-                 for name, label in (("sgd", "SGD"), ("adam", "Adam"))]))
+                 for name, label in (("sgd", "SGD"), ("adam", "Adam"))])
     numbers = dict(accum_steps=result["accum_steps"], gap=result["sgd_larger_lr"], steps=result["steps"],
                    share=share["adam"])
     if result["sgd_larger_lr"] <= ROUNDING:
@@ -118,3 +119,22 @@ def sgd_and_adam(result: Mapping[str, float]) -> dict[str, float]:
         print(_("Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
                 "{accum_steps} does not cancel here.").format(**numbers))
     return share
+
+
+def logged_losses(log, histories: dict[tuple[int, int], object], *, accum_steps: int) -> float:
+    """What a loop logs when it logs the divided loss, against the true loss.
+
+    log: `pitfalls.classic_train`'s log of a run with `accum_steps`; histories: (micro_batch_size, accum_steps) ->
+    `accumlib.train`'s history, all from the same seed. Prints the first cycle's micro-batch losses as logged
+    (divided) and true, their mean, and the first step's loss that accumlib.train recorded for each split.
+    Returns the first cycle's true mean loss.
+    """
+    print_table([_("micro-batch"), _("logged: loss / accum_steps"), _("true loss")],
+                [[str(i + 1), f"{scaled:.4f}", f"{true:.4f}"]
+                 for i, (scaled, true) in enumerate(zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps]))])
+    mean = math.fsum(log.true_losses[:accum_steps]) / accum_steps
+    print(_("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(mean=mean))
+    for (micro_batch_size, steps), history in histories.items():
+        print(_("accumlib.train, micro_batch_size={micro_batch_size}, accum_steps={accum_steps}: step 1's loss "
+                "{loss:.4f}").format(micro_batch_size=micro_batch_size, accum_steps=steps, loss=history[0].loss))
+    return mean

@@ -9,7 +9,7 @@ from .. import plots
 from ...i18n import _, ngettext
 from ...loop import History
 from ...memory import MemoryReport
-from ._format import figure, table
+from ._format import figure, print_table
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
         last = [record.loss for record in history if record.epoch == history[-1].epoch]
         last_epoch_loss[size] = sum(last) / len(last)
 
-    print(table([_("batch"), _("optimizer steps"),
+    print_table([_("batch"), _("optimizer steps"),
                  _("mean loss jump per step (first {steps} steps)").format(steps=compared),
                  _("mean loss over the last epoch")],
-                [[size, steps[size], f"{jumps[size]:.3f}", f"{last_epoch_loss[size]:.3f}"] for size in (small, large)]))
+                [[size, steps[size], f"{jumps[size]:.3f}", f"{last_epoch_loss[size]:.3f}"] for size in (small, large)])
     ratio = jumps[small] / jumps[large]
     if ratio >= 1:
         title = _("Per optimizer step, the loss with batches of {small} jumps {ratio:.1f} times as much as with "
@@ -125,10 +125,10 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int) -> Memor
     fitting = [size for size, peak in zip(sizes, peaks) if peak <= budget_bytes]
     card = plots.mib(budget_bytes)
     yes, no = _("yes"), _("no")
-    print(table([_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"),
+    print_table([_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"),
                  _("fits {card}?").format(card=card)],
                 [[size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
-                 for size, r in zip(sizes, reports)]))
+                 for size, r in zip(sizes, reports)])
     first_too_large = None
     if len(fitting) == len(sizes):
         finding = _("Every batch measured, up to {largest} samples, fits the {card} card.").format(
@@ -180,7 +180,7 @@ def accumulated(history: History, budget_bytes: int) -> list[tuple[int, int, int
             groups[-1][0] += 1
         else:
             groups.append([1, record.samples, record.micro_batches])
-    print(table([_("optimizer steps"), _("samples per step"), _("micro-batches per step")], groups))
+    print_table([_("optimizer steps"), _("samples per step"), _("micro-batches per step")], groups)
     total = history[-1].samples_seen
     print(ngettext("{steps} optimizer step for {samples:,} samples.",
                    "{steps} optimizer steps for {samples:,} samples.", len(history)).format(

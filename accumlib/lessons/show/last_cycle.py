@@ -11,7 +11,7 @@ from .. import data
 from ...i18n import N_, _, ngettext
 from ...loop import History, parameter_gap
 from ..pitfalls import LAST_CYCLE_CHOICES, ClassicStep, loss_weights
-from ._format import FLOAT64_ROUNDING as ROUNDING, listing, rounding_or_gap, table
+from ._format import FLOAT64_ROUNDING as ROUNDING, listing, print_table, rounding_or_gap
 
 
 def _fraction(weight: float) -> str:
@@ -43,8 +43,8 @@ def weights(sizes: Sequence[int], accum_steps: int) -> list[list[int]]:
         rows.append([c + 1, len(cycles[c]), sum(cycles[c]),
                      ", ".join(_fraction(w) for w in classic[first:first + len(cycles[c])]),
                      ", ".join(_fraction(w) for w in weighted[first:first + len(cycles[c])])])
-    print(table([_("cycle"), _("micro-batches"), _("samples"), _("weights, loss / accum_steps"),
-                 _("weights, share of the cycle's samples")], rows))
+    print_table([_("cycle"), _("micro-batches"), _("samples"), _("weights, loss / accum_steps"),
+                 _("weights, share of the cycle's samples")], rows)
     last, last_first = cycles[-1], (len(cycles) - 1) * accum_steps
     if len(last) < accum_steps:
         print(_("The last cycle holds {samples} samples. Divided by accum_steps, its step gets {classic:.0%} of the "
@@ -72,11 +72,11 @@ def last_cycles(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]
     model, history = library
     held["accumlib.train"] = [record.micro_batches for record in history]
     gaps["accumlib.train"] = parameter_gap(model, reference)
-    print(table([_("last cycle"), _("optimizer steps"), _("micro-batches per step"),
+    print_table([_("last cycle"), _("optimizer steps"), _("micro-batches per step"),
                  _("weight difference from one batch per cycle")],
                 [[name, len(held[name]), ", ".join(map(str, sorted(set(held[name])))),
                   rounding_or_gap(gaps[name], ROUNDING)]
-                 for name in held]))
+                 for name in held])
     exact = [name for name in held if gaps[name] <= ROUNDING]
     others = [gaps[name] for name in held if name not in exact]
     if not exact:
@@ -104,9 +104,9 @@ def token_weights(targets: torch.Tensor, micro_batch_size: int, accum_steps: int
     total = sum(counts)
     by_mean = [len(part) / len(cycle) / n for part, n in zip(micro, counts)]
     by_count = [1 / total] * len(micro)
-    print(table([_("micro-batch"), _("tokens"), _("weight of a token, mean of means"),
+    print_table([_("micro-batch"), _("tokens"), _("weight of a token, mean of means"),
                  _("weight of a token, by the cycle's tokens")],
-                [[i + 1, n, f"{a:.4f}", f"{b:.4f}"] for i, (n, a, b) in enumerate(zip(counts, by_mean, by_count))]))
+                [[i + 1, n, f"{a:.4f}", f"{b:.4f}"] for i, (n, a, b) in enumerate(zip(counts, by_mean, by_count))])
     most, least = counts.index(max(counts)), counts.index(min(counts))
     print(_("Averaging means, a token of micro-batch {few_at} ({few} tokens) weighs {ratio:.1f} times as much as one "
             "of micro-batch {many_at} ({many} tokens). Counted over the cycle's {total} tokens, every token weighs the "
@@ -127,8 +127,8 @@ def tokens(runs: Mapping[str, torch.nn.Module], reference: torch.nn.Module) -> d
     if unknown:
         raise ValueError(f"runs: unknown normalisations {unknown}; valid: {', '.join(TOKEN_RUNS)}")
     gaps = {name: parameter_gap(model, reference) for name, model in runs.items()}
-    print(table([_("loss"), _("weight difference from one batch per cycle")],
-                [[_(TOKEN_RUNS[name]), rounding_or_gap(gap, ROUNDING)] for name, gap in gaps.items()]))
+    print_table([_("loss"), _("weight difference from one batch per cycle")],
+                [[_(TOKEN_RUNS[name]), rounding_or_gap(gap, ROUNDING)] for name, gap in gaps.items()])
     for name, gap in gaps.items():
         if gap <= ROUNDING:
             print(_("{loss}: the weights of one batch per cycle, up to rounding (at most {gap:.1e}).").format(

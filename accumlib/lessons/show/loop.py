@@ -9,7 +9,7 @@ import torch
 from ...i18n import N_, _, ngettext
 from ...loop import History, parameter_gap
 from ..pitfalls import ClassicStep
-from ._format import FLOAT64_ROUNDING as ROUNDING, rounding_or_gap, table
+from ._format import FLOAT64_ROUNDING as ROUNDING, print_table, rounding_or_gap
 
 # pitfalls.classic_train's switches for a misplaced line ("" for none), as the table names them
 MISTAKES = {"": N_("the six-line loop"), "zero_every_micro_batch": N_("zero_grad() before every backward()"),
@@ -71,8 +71,8 @@ def misplaced(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]],
         held = sorted({step.micro_batches for step in steps})
         rows.append([_(MISTAKES[name]), len(steps), ", ".join(map(str, held)),
                      f"{0:.1e}" if gaps[name] == 0 else rounding_or_gap(gaps[name], ROUNDING)])
-    print(table([_("loop"), _("optimizer steps"), _("micro-batches in a step's gradient"),
-                 _("weight difference from accumlib.train")], rows))
+    print_table([_("loop"), _("optimizer steps"), _("micro-batches in a step's gradient"),
+                 _("weight difference from accumlib.train")], rows)
     for name, (model, steps) in runs.items():
         held = max(step.micro_batches for step in steps)
         if gaps[name] == 0:
@@ -115,7 +115,7 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
         left = micro_batches - 1 - steps[-1] if steps else micro_batches
         held_by[condition] = held
         rows.append([condition, ", ".join(str(s + 1) for s in steps), ", ".join(map(str, held)), left])
-    print(table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("not stepped in this epoch")], rows))
+    print_table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("not stepped in this epoch")], rows)
     for condition, held in held_by.items():
         left = micro_batches - sum(held)
         if held and held[0] != accum_steps:

@@ -13,7 +13,7 @@ from .. import plots
 from ...i18n import _, ngettext
 from ...loop import History
 from ...memory import CATEGORIES, FitPlan, MemoryReport
-from ._format import figure, table
+from ._format import figure, print_table
 
 # Categories whose bytes the model fixes (its weights, their gradients, the optimizer's memory), whatever the
 # micro-batch; the others hold something for every sample of the micro-batch.
@@ -99,7 +99,7 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
 
     rows = [[category_name(c), *(f"{v:,}" for v in by_category[c])] for c in shown]
     rows.append([_("peak (bytes)"), *(f"{r.peak:,}" for r in reports)])
-    print(table([_("micro-batch × accum_steps"), *(_split_of(r) for r in reports)], rows))
+    print_table([_("micro-batch × accum_steps"), *(_split_of(r) for r in reports)], rows)
     phases = {r.peak_phase for r in reports}
     if len(phases) == 1:
         print(_("Every split peaks during {phase}.").format(phase=phase_name(phases.pop())))
@@ -205,8 +205,8 @@ def accumulation_effect(pairs: dict[str, tuple[MemoryReport, MemoryReport]]) -> 
         for report, change in ((one, ""), (accumulated, _percent(effects[label].change))):
             rows.append([label, _split_of(report), f"{report.peak:,}", phase_name(report.peak_phase), change,
                          _share(sum(report.categories()[c] for c in MODEL_SIZED) / report.peak)])
-    print(table([_("set-up"), _("micro-batch × accum_steps"), _("peak (bytes)"), _("peak during"), _("change"),
-                 _("fixed by the model")], rows))
+    print_table([_("set-up"), _("micro-batch × accum_steps"), _("peak (bytes)"), _("peak during"), _("change"),
+                 _("fixed by the model")], rows)
     print()
     for label, effect in effects.items():
         one, accumulated = effect.one_batch, effect.accumulated

@@ -1,4 +1,4 @@
-"""Lesson 8: the scheduler, clipping, the GradScaler and the logged loss belong to the optimizer step.
+"""Lesson 8: the scheduler, clipping and the GradScaler belong to the optimizer step.
 
 Each function takes the lesson's own training run as a function of the mistake (`run(per_micro_batch)` or
 `run(**switches)` of `pitfalls.classic_train`), runs it the right way and the wrong way, and prints what differs:
@@ -8,7 +8,6 @@ an optimizer step uses is read by a hook that runs just before every `optimizer.
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -19,7 +18,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .. import plots
 from ...i18n import _, pgettext
 from ...loop import parameter_gap
-from ._format import figure, table
+from ._format import figure, print_table
 
 # The GradScaler calls of the optimizer step that lesson 8 moves into the micro-batch loop, one or both at a time
 # (pitfalls.classic_train's switches), after the right loop (no switch).
@@ -86,8 +85,8 @@ def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> di
     steps, last = len(right), right[-1]
     reached = next((i for i, lr in enumerate(fast) if lr <= last * (1 + 1e-9)), None)
     labels = {False: _("once per optimizer step"), True: _("after every micro-batch")}
-    print(table([_("scheduler.step()"), *(_("step {number}").format(number=i) for i in range(1, shown_steps + 1))],
-                [[labels[key], *(f"{lr:.3f}" for lr in rates[key][:shown_steps])] for key in (False, True)]))
+    print_table([_("scheduler.step()"), *(_("step {number}").format(number=i) for i in range(1, shown_steps + 1))],
+                [[labels[key], *(f"{lr:.3f}" for lr in rates[key][:shown_steps])] for key in (False, True)])
     for key in (False, True):
         for message in warned[key]:
             print(_("PyTorch warned while the scheduler stepped {how}: {message}").format(
@@ -141,25 +140,6 @@ def clipping(run: Callable[[bool], torch.nn.Module], *, max_norm: float) -> dict
     return gradients
 
 
-def logged_losses(log, histories: dict[tuple[int, int], object], *, accum_steps: int) -> float:
-    """What a loop logs when it logs the divided loss, against the true loss.
-
-    log: `pitfalls.classic_train`'s log of a run with `accum_steps`; histories: (micro_batch_size, accum_steps) ->
-    `accumlib.train`'s history, all from the same seed. Prints the first cycle's micro-batch losses as logged
-    (divided) and true, their mean, and the first step's loss that accumlib.train recorded for each split.
-    Returns the first cycle's true mean loss.
-    """
-    print(table([_("micro-batch"), _("logged: loss / accum_steps"), _("true loss")],
-                [[str(i + 1), f"{scaled:.4f}", f"{true:.4f}"]
-                 for i, (scaled, true) in enumerate(zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps]))]))
-    mean = math.fsum(log.true_losses[:accum_steps]) / accum_steps
-    print(_("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(mean=mean))
-    for (micro_batch_size, steps), history in histories.items():
-        print(_("accumlib.train, micro_batch_size={micro_batch_size}, accum_steps={accum_steps}: step 1's loss "
-                "{loss:.4f}").format(micro_batch_size=micro_batch_size, accum_steps=steps, loss=history[0].loss))
-    return mean
-
-
 @dataclass(frozen=True)
 class ScalerOutcome:
     """What one GradScaler placement did: the exception it raised (None if it trained) and the gradient norm of
@@ -198,7 +178,7 @@ def scaler_mistakes(run: Callable[..., object]) -> list[ScalerOutcome]:
             happens = _("trains") if not outcome.switches else _("trains, silently")
             ratio = f"{outcome.step_norms[0] / right:.1e}"
         rows.append([calls, happens, ratio])
-    print(table([_("after every micro-batch"), _("what happens"), _("step 1's gradient / the right one")], rows))
+    print_table([_("after every micro-batch"), _("what happens"), _("step 1's gradient / the right one")], rows)
     for outcome in outcomes:
         if outcome.error is not None:
             print(f"{type(outcome.error).__name__}: {pytorch_says(str(outcome.error))}")
