@@ -27,8 +27,8 @@ from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import memory
-from .cycle import (STEP, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer, _check_scaler_type,
-                    _check_scheduler, _is_ddp, _scalar_loss, accumulate_and_step)
+from .cycle import (_NOTHING, STEP, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
+                    _check_scaler_type, _check_scheduler, _is_ddp, _scalar_loss, accumulate_and_step)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int, positive_number
 from .i18n import _
 
@@ -225,6 +225,7 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
+    shape = weights = None  # the last cycle's (sizes, samples) and its loss weights
     step = -1
     try:
         with memory.cuda_budget(device, memory_budget), _modes_kept(model):
@@ -234,16 +235,20 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
                     continue  # a step the stopped run took: its samples are counted, nothing is trained
                 if not model.training:
                     model.train()  # dropout on, BatchNorm's statistics updated: the mode training needs
-                terms, total = _cycle_terms(cycle, count, device, ddp, step) if count else (None, None)
-                weights = _loss_weights(normalize, reduction, cycle.sizes, cycle.samples, accum_steps, world,
-                                        terms, total)
+                if count:
+                    terms, total = _cycle_terms(cycle, count, device, ddp, step)
+                    weights = _loss_weights(normalize, reduction, cycle.sizes, cycle.samples, accum_steps, world,
+                                            terms, total)
+                elif (cycle.sizes, cycle.samples) != shape:  # the weights depend on the sizes only: computed again
+                    shape = cycle.sizes, cycle.samples  # when they change (the last cycle, a loader's batches)
+                    weights = _loss_weights(normalize, reduction, cycle.sizes, cycle.samples, accum_steps, world)
                 # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
                 # creates it): one traced cycle per such layout
-                layout = (cycle.layout, bool(optimizer.state))
+                layout = (cycle.layout, bool(optimizer.state)) if measure_memory else None
                 measure = measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
-                    with memory.step_peak(device, params, optimizer) if measure else contextlib.nullcontext() as peak:
+                    with memory.step_peak(device, params, optimizer) if measure else _NOTHING as peak:
                         result = accumulate_and_step.__wrapped__(  # every argument was checked above, once
                             model, optimizer, cycle.micro_batches, weights, loss_fn=loss_fn,
                             clip_grad_norm=clip_grad_norm, scaler=scaler, autocast_dtype=amp_dtype, scheduler=scheduler,
@@ -467,6 +472,8 @@ def _to(value, device: torch.device):
 def _as_pair(batch):
     """A micro-batch as accumulate_and_step takes it, (model input, loss_fn target): tensor x as it is, other inputs
     as cycle.Inputs (the model is called with them unpacked); a dict batch is both the inputs and the target."""
+    if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], torch.Tensor):
+        return batch  # (x, y) with a tensor x, as (X, y) data gives it: as it is
     if isinstance(batch, Mapping):
         return Inputs((), batch), batch
     x, y = batch
