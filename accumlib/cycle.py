@@ -228,24 +228,37 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
                                                              options.on_nonfinite, options.check_gradients)
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     ddp = _is_ddp(model)
+    no_sync = ddp and ddp_no_sync  # all-reduce in the last micro-batch's backward() only
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
+    plain = not no_sync and autocast is _NOTHING  # no context to enter around a forward pass
     watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
-    watch = watchers[-1] if watchers else _unwatched
-    watch("start", model)
+    watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
+    if watch:
+        watch("start", model)
     with _Kept(model, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
-            # DDP all-reduces the gradients after every backward() whose forward ran outside no_sync(): once per cycle
-            sync = model.no_sync() if ddp and ddp_no_sync and i < len(loss_weights) - 1 else _NOTHING
-            watch("forward")
-            with sync, autocast:
-                # the forward pass (inputs that are not one tensor unpacked); no name keeps the output alive
-                loss = _scalar_loss(loss_fn(model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x), y))
-            weighted = loss * loss_weights[i]  # this micro-batch's part of the cycle's loss (0 for padding)
-            total = weighted.detach() if total is None else total + weighted.detach()  # one 0-d tensor, any k
-            watch("backward")
-            (scaler.scale(weighted) if scaler else weighted).backward()  # adds into .grad (scaled: no fp16 underflow)
-        watch("read")
+            if watch:
+                watch("forward")
+            if plain:
+                loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
+            else:  # DDP all-reduces in every backward() whose forward ran outside no_sync(): the last one only
+                with model.no_sync() if no_sync and i < len(loss_weights) - 1 else _NOTHING, autocast:
+                    loss = _forward(model, loss_fn, x, y)
+            weight = loss_weights[i]  # this micro-batch's share of the cycle's loss (0 for padding)
+            if total is None:
+                weighted = loss * weight  # the first micro-batch's weighted loss
+            elif isinstance(weight, torch.Tensor):  # a weight on the device, multiplied there (no host read)
+                weighted = total + loss * weight
+            else:  # the cycle's loss so far plus loss * weight, in one op
+                weighted = torch.add(total, loss, alpha=weight)
+            total = weighted.detach()  # without its graph: only this micro-batch's term is backpropagated
+            if watch:
+                watch("backward")
+            # adds weight * the loss's gradient into .grad (scaled: no fp16 underflow)
+            (scaler.scale(weighted) if scaler else weighted).backward()
+        if watch:
+            watch("read")
         if scaler:
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
         # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
@@ -260,7 +273,8 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
             if scaler:
                 scaler.update()  # a lower scale after an overflow
         else:
-            watch("step")
+            if watch:
+                watch("step")
             with STEP.unit() as step:  # Ctrl-C waits from here until the step (and, in train, its record) is made
                 scaler.step(optimizer) if scaler else optimizer.step()  # the one optimizer step of the cycle
                 step.result = CycleResult(loss, grad_norm, lr, False)  # from here an error comes after the record
@@ -271,7 +285,8 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
                     scheduler.step(loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
                 elif scheduler is not None:
                     scheduler.step()  # once per optimizer step, after it
-    watch("end")
+    if watch:
+        watch("end")
     if not skipped:
         return step.result
     if on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
@@ -282,10 +297,6 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
 
 
 _WATCHERS = threading.local()  # .stack: what measures this thread's cycles (innermost last): watch(phase, model=None)
-
-
-def _unwatched(phase: str, model=None) -> None:
-    """The watcher when nothing measures: the cycle's phases go unmarked."""
 
 
 @contextlib.contextmanager
@@ -399,6 +410,11 @@ class _Step(threading.local):
 
 
 STEP = _Step()
+
+
+def _forward(model: torch.nn.Module, loss_fn: Callable, x, y) -> torch.Tensor:
+    """One micro-batch's forward pass and its loss (inputs that are not one tensor unpacked)."""
+    return _scalar_loss(loss_fn(model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x), y))
 
 
 def _scalar_loss(loss) -> torch.Tensor:

@@ -282,6 +282,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
+    shape = weights = None  # the last cycle's (sizes, samples) and its loss weights
     fitted: set[tuple] = set()  # a loader's cycle layouts measured under memory_budget
     step = -1
     try:
@@ -292,16 +293,21 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     continue  # a step the stopped run took: its samples are counted, nothing is trained
                 if not model.training:
                     model.train()  # dropout on, BatchNorm's statistics updated: the mode training needs
-                terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step) if run.count else (None, None)
-                weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
-                                        run.world, terms, total)
+                if run.count:
+                    terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step)
+                    weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
+                                            run.world, terms, total)
+                elif (cycle.sizes, cycle.samples) != shape:  # the weights depend on the sizes only: computed again
+                    shape = cycle.sizes, cycle.samples  # when they change (the last cycle, a loader's batches)
+                    weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
+                                            run.world)
                 if each_cycle and cycle.layout not in fitted:
                     _check_fits(model, optimizer, cycle, weights, options, run.memory_budget, step,
                                 isinstance(source, _Loader))
                     fitted.add(cycle.layout)  # each layout once: the same shapes peak at the same bytes
                 # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
                 # creates it): one traced cycle per such layout
-                layout = (cycle.layout, bool(optimizer.state))
+                layout = (cycle.layout, bool(optimizer.state)) if run.measure_memory else None
                 measure = run.measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
@@ -553,6 +559,8 @@ def _to(value, device: torch.device):
 def _as_pair(batch):
     """A micro-batch as accumulate_and_step takes it, (model input, loss_fn target): tensor x as it is, other inputs
     as cycle.Inputs (the model is called with them unpacked); a dict batch is both the inputs and the target."""
+    if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], torch.Tensor):
+        return batch  # (x, y) with a tensor x, as (X, y) data gives it: as it is
     if isinstance(batch, Mapping):
         return Inputs((), batch), batch
     x, y = batch

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/run.py            # prints the tables, writes benchmarks/results.json
     .venv/bin/python benchmarks/run.py --quick    # 2 epochs of adjacent steps, 5 rounds, no nbval suite
     .venv/bin/python benchmarks/run.py --quick --epochs 10 --rounds 31   # the full measurements, no nbval suite
-    .venv/bin/python benchmarks/run.py --section 1   # section 1 alone (the overhead table), printed, nothing written
+    .venv/bin/python benchmarks/run.py --section 1   # section 1 alone (the overhead table): printed, and stored in
+                                                     # benchmarks/results.json in place of the stored run's section 1
 
 accumlib's overhead is measured step by step: train's on_step runs a hand-written step (and a second one, and an
 Accelerate step) on twin models right after each of its own optimizer steps, in alternating order, so every pair
@@ -20,6 +21,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -325,7 +327,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="paired rounds of the fixed cost (default 31, --quick 5)")
     parser.add_argument("--epochs", type=int, help="epochs of adjacent steps per accum_steps (default 10, --quick 2)")
     parser.add_argument("--section", type=int, choices=[1],
-                        help="run this section alone and print it; benchmarks/results.json is left as it is")
+                        help="run this section alone, print it and store it in benchmarks/results.json in place of "
+                             "the stored run's (the other sections are left as they are)")
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 31)
     epochs = args.epochs or (2 if args.quick else 10)
@@ -334,11 +337,18 @@ def main() -> None:
     machine = (f"{platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}, "
                f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
     print(f"machine: {machine}\n")
-    results = {"machine": machine}
+    results, load = {"machine": machine}, os.getloadavg()  # the machine's load (1, 5, 15 min) as the run starts
     for device in devices:
         results[device.type] = measure(device, rounds, epochs, quick=args.quick, only_first=args.section == 1)
-    if args.section:
-        print("\nsection 1 alone: benchmarks/results.json is left as it was")
+    if args.section:  # the stored run's other sections kept; which run section 1 comes from, said with it
+        path = ROOT / "benchmarks" / "results.json"
+        stored = json.loads(path.read_text()) if path.exists() else {}
+        for device in devices:
+            stored.setdefault(device.type, {}).update(results[device.type])
+        stored["section_1_run"] = {"machine": machine, "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+                                   "load_average_at_start": list(load), "load_average_at_end": list(os.getloadavg())}
+        path.write_text(json.dumps(stored, indent=2) + "\n")
+        print("\nsection 1 alone: stored in benchmarks/results.json (section_1_run); the other sections as they were")
         return
     (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\nwritten: benchmarks/results.json")
@@ -375,8 +385,11 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
     traced, slower = traced_cycle_cost(device)
     print(f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
           f"{slower:.1f}x a normal cycle's time")
+    overhead = {k: {name: dict(zip(("q1", "median", "q3"), row[name])) for name in compared}
+                | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]} for k, row in table.items()}
     if only_first:
-        return {"overhead_ratio": table}
+        return {"overhead_ratio": overhead, "memory_measured": {"traced_cycles_per_epoch": traced,
+                                                                "traced_cycle_over_median": slower}}
 
     reads = host_reads({name: loops[name] for name in ("hand-written", "accumlib", "accelerate") if name in loops},
                        device)
@@ -404,9 +417,7 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
         print(f"   {r['accum_steps']:>11} {r['micro_batch_size']:>5} {r['time_ratio']:5.2f}x {r['peak_ratio']:5.2f}x "
               f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}")
 
-    result = {"overhead_ratio": {k: {name: dict(zip(("q1", "median", "q3"), row[name])) for name in compared}
-                                 | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]}
-                                 for k, row in table.items()},
+    result = {"overhead_ratio": overhead,
               "memory_measured": {"traced_cycles_per_epoch": traced, "traced_cycle_over_median": slower},
               "host_reads": reads, "fixed_cost_microseconds": fixed,
               "accumlib_extra_microseconds_per_step": extras, "accumulation_cost": cost}
