@@ -426,7 +426,8 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
                           len(x), fake, device, functools.partial(explained_failure, x, y))
 
 
-# the cycle's options measure_step takes as keywords (a scheduler and a scaler belong to a run, autocast is not measured)
+# the cycle's options measure_step takes as keywords (a scheduler and a scaler belong to a run; autocast is not
+# measured)
 _MEASURED_OPTIONS = ("clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync")
 
 
