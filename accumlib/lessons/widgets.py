@@ -1,6 +1,7 @@
 """Interactive dashboards: sliders and switches re-run a real experiment and redraw its figures.
 
-Each dashboard opens with two or three tasks: what to try and what to look for. `show()` displays it and runs the
+Each dashboard opens with two or three tasks: what to try and what to look for (a lesson may show only some of them,
+`tasks=[2]`, where the others repeat what it already measured). `show()` displays it and runs the
 first experiment in the cell, so its printed summary (every setting, seed included, and the finding) is
 deterministic and nbval checks it. Every later change of a control starts a run in a background thread. Runs go
 one after another, and a run made stale by a newer change stops at its next check (within one training step), so
