@@ -508,3 +508,24 @@ def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_noth
                                           [(X64[:8], Y64[:8])], [1.0])
     assert (result.grad_norm, result.skipped) == (alone.grad_norm, False)
     assert torch.equal(unused, torch.ones(3, dtype=torch.float64)) and unused.grad is None
+
+
+def test_the_cycles_one_op_weighting_gives_the_six_line_recipes_gradient_bit_for_bit():
+    """The cycle computes micro-batch i's weighted loss as the cycle's loss so far plus w_i * loss_i in one op; its
+    backward() must add exactly w_i * grad(loss_i) into .grad, as (loss_i * w_i).backward() does. float32, weights
+    that are not powers of two (so a different rounding would show): the step from either gradient is equal bit for
+    bit; the recorded loss is the float32 sum of the weighted losses, to float32 rounding (2**-24 per operation,
+    6 of them)."""
+    x, y = data.digits(48)
+    micro_batches = [(x[:8], y[:8]), (x[8:24], y[8:24]), (x[24:48], y[24:48])]
+    weights = [0.1, 1 / 3, 0.7]
+    model, reference = models.cnn(seed=3), models.cnn(seed=3)
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batches, weights)
+    losses = []
+    for (xs, ys), w in zip(micro_batches, weights):
+        weighted = torch.nn.functional.cross_entropy(reference(xs), ys) * w
+        losses.append(weighted.item())
+        weighted.backward()
+    torch.optim.SGD(reference.parameters(), lr=1.0).step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    assert result.loss == pytest.approx(math.fsum(losses), rel=6 * 2**-24)
