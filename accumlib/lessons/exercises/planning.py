@@ -57,18 +57,20 @@ def largest_batch(fits):
 
 exercises.largest_batch.check(largest_batch)
 '''
+    # The solution keeps the stub's doubling and adds the bisection after it, so the lines a learner writes are
+    # those of the search's second half (tools/lesson_time.py counts them against the stub).
     solution_code = '''\
 def largest_batch(fits):
-    low, high = 1, 2  # fits(low) is True; look for a size that does not fit
-    while fits(high):
-        low, high = high, high * 2
-    while high - low > 1:  # the answer is in low .. high - 1: halve that range
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    # fits(batch) is True when one training step on `batch` samples fits the card.
+    batch = 1
+    while fits(batch * 2):  # double while the next size fits
+        batch *= 2
+    step = batch // 2  # the answer is in batch .. 2 * batch - 1: try the middle of that range
+    while step > 0:
+        if fits(batch + step):  # the middle fits: keep the upper half
+            batch += step
+        step //= 2  # halve the range
+    return batch
 
 
 exercises.largest_batch.check(largest_batch)

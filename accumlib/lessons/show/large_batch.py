@@ -43,7 +43,8 @@ def _mean_jump(losses: Sequence[float]) -> float:
 def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
     """Compare two runs (batch size -> its History, one batch per optimizer step, same samples and epochs): per
     optimizer step (how much the loss jumps over the steps both took) and per sample seen (steps taken, the loss
-    over the last epoch). Prints a table and the two findings, shows the loss per step, returns the numbers."""
+    over the last epoch). Prints the two findings (they hold every number a table would), shows the loss per step,
+    returns the numbers."""
     if len(histories) != 2:
         raise ValueError(f"histories must map exactly two batch sizes to their History, got {len(histories)}")
     small, large = sorted(histories)
@@ -62,10 +63,6 @@ def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
         last = [record.loss for record in history if record.epoch == history[-1].epoch]
         last_epoch_loss[size] = sum(last) / len(last)
 
-    print_table([_("batch"), _("optimizer steps"),
-                 _("mean loss jump per step (first {steps} steps)").format(steps=compared),
-                 _("mean loss over the last epoch")],
-                [[size, steps[size], f"{jumps[size]:.3f}", f"{last_epoch_loss[size]:.3f}"] for size in (small, large)])
     ratio = jumps[small] / jumps[large]
     if ratio >= 1:
         title = _("Per optimizer step, the loss with batches of {small} jumps {ratio:.1f} times as much as with "
