@@ -236,8 +236,8 @@ def test_bf16_is_offered_where_the_device_has_it(monkeypatch):
     assert not library_devices.supports_bf16(torch.device("mps"))
 
 
-CHOOSING = ["01_large_batch_problem", "02_grad_accumulates", "03_the_loop", "04_last_cycle", "05_memory", "06_time",
-            "08_once_per_step", "09_ddp", "dashboards"]  # lessons 0, 7 and 10: not yet (issue 20)
+CHOOSING = ["00_in_ten_minutes", "01_large_batch_problem", "02_grad_accumulates", "03_the_loop", "04_last_cycle",
+            "05_memory", "06_time", "07_batchnorm", "08_once_per_step", "09_ddp", "10_recap_and_quiz", "dashboards"]
 
 
 @pytest.mark.parametrize("name", CHOOSING)
@@ -255,7 +255,7 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
     chosen = ('device = torch.device("cpu")' if name == "09_ddp" else "device = devices.choose()")
     assert chosen in code[0] and not any("device = " in cell for cell in code[1:])
     text = "\n".join(code)
-    for call in re.findall(r"accumlib\.train\((?:[^()]|\([^()]*\))*\)", text):
+    for call in re.findall(r"\btrain\((?:[^()]|\([^()]*\))*\)", text):  # accumlib.train, or train imported
         assert "device=device" in call, call
     for built in re.finditer(r"models\.\w+\((?:[^()]|\([^()]*\))*\)", text):
         assert text[built.end():].startswith(".to(device)"), built.group()
