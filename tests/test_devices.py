@@ -25,6 +25,28 @@ def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
     assert devices.choose({"ACCUMLIB_DEVICE": "cpu"}) == torch.device("cpu")
 
 
+def test_the_dashboards_page_says_its_dashboards_run_there_in_either_language(monkeypatch, capsys):
+    from accumlib import i18n
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.choose({}, page="dashboards") == torch.device("cpu")
+    assert capsys.readouterr().out == "These dashboards run on the CPU.\n"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA T4")
+    assert (devices.describe(torch.device("cuda"), page="dashboards")
+            == "These dashboards run on the GPU: NVIDIA T4 (cuda).")
+    before = i18n.language()
+    try:
+        i18n.set_language("hi")
+        assert devices.describe(torch.device("cpu"), page="dashboards") != "These dashboards run on the CPU."
+        assert devices.describe(torch.device("cpu"), page="dashboards") != devices.describe(torch.device("cpu"))
+    finally:
+        i18n.set_language(before)
+    # a page it has no sentence for: refused, naming it and what is valid, before anything is printed
+    with pytest.raises(ValueError, match="page='notebook': valid: 'lesson', 'dashboards'"):
+        devices.choose({}, page="notebook")
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize("asked, message", [("cuda", "ACCUMLIB_DEVICE='cuda' but this machine has no CUDA GPU"),
                                             ("cuda:3", "no CUDA GPU"), ("tpu", "ACCUMLIB_DEVICE='tpu'"),
                                             ("gpu please", "is not a device; valid: cpu, cuda, cuda:N, mps")])
@@ -252,7 +274,8 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
     from pathlib import Path
     notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "en" / f"{name}.ipynb", 4)
     code = [c.source for c in notebook.cells if c.cell_type == "code" and c.get("id") != "platform-setup"]
-    chosen = ('device = torch.device("cpu")' if name == "09_ddp" else "device = devices.choose()")
+    chosen = {"09_ddp": 'device = torch.device("cpu")',
+              "dashboards": 'device = devices.choose(page="dashboards")'}.get(name, "device = devices.choose()")
     assert chosen in code[0] and not any("device = " in cell for cell in code[1:])
     text = "\n".join(code)
     for call in re.findall(r"\btrain\((?:[^()]|\([^()]*\))*\)", text):  # accumlib.train, or train imported
@@ -263,3 +286,4 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
         assert text[:loaded.start()].endswith("(t.to(device) for t in ") or name == "09_ddp", text[loaded.start():][:60]
     # an exercise cell is the learner's: its checker gives it everything on its own device (fingerprint.py)
     assert not any('"cpu"' in cell.replace(chosen, "") for cell in code if "exercises." not in cell)
+
