@@ -158,7 +158,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     check_gradients (on by default) reads the gradient norm every step, so a NaN/inf gradient under a finite loss is
     caught too; False leaves that norm out unless clipping or a scaler needs it (grad_norm is then None, and such a
     gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
-    measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
+    measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak over every cycle
+    (torch.cuda.max_memory_allocated) less what was allocated before it and the cycle does not hold (the data, other
+    models, cuBLAS's workspace; the weights, gradients and optimizer state count), as `memory.step_peak` measures; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
     those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step. A step that
     makes the optimizer's state (Adam's first, SGD with momentum's) is traced again on copies, as a later step, and
@@ -168,10 +170,10 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     lacks is refused by name), else the first CUDA GPU if there is one, else the CPU.
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
     is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
-    copies of the model and optimizer, nothing computed): for (X, y) tensors or a Dataset of tensor pairs once,
-    before the run; for a loader (or a Dataset of dicts) each cycle's batches as they are, before that cycle
-    changes anything, once per layout of batch shapes (a loader that pads each batch to its own length has many:
-    each costs a traced cycle).
+    copies of the model and optimizer, nothing computed, on `device`: before the model moves there, so a refused
+    run leaves it where it was): for (X, y) tensors or a Dataset of tensor pairs once, before the run; for a loader
+    (or a Dataset of dicts) each cycle's batches as they are, before that cycle changes anything, once per layout
+    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
@@ -277,7 +279,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     example = source.example() if run.memory_budget is not None and isinstance(source, _Indexed) else None
     if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
         memory.check_fits(model, optimizer, *example, options=options, accum_steps=accum_steps,
-                          budget_bytes=run.memory_budget)
+                          budget_bytes=run.memory_budget, device=device)  # traced on the run's device, not moved
     each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row

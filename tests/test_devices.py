@@ -287,3 +287,37 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
     # an exercise cell is the learner's: its checker gives it everything on its own device (fingerprint.py)
     assert not any('"cpu"' in cell.replace(chosen, "") for cell in code if "exercises." not in cell)
 
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refusal_leaves_it_there(monkeypatch):
+    # train(device="cuda") on a model still on the CPU: memory_budget's check must trace the step as CUDA runs it
+    # (each block as the allocator rounds it), not with the CPU's bytes, and a refusal must leave the model on the
+    # CPU, untouched. Autograd on a fake CUDA tensor aborts a CPU build, so the trace stops at memory._measure: a
+    # spy records where the traced copy and its micro-batches are, and answers with a peak over the budget.
+    import dataclasses
+
+    from accumlib import loop, memory
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 64))
+    net[3].weight = net[0].weight  # a shared weight stays one parameter in the copy (the optimizer's mapping)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    state = {name: t.clone() for name, t in net.state_dict().items()}
+    storages = [p.data_ptr() for p in net.parameters()]
+    report = memory.check_fits(net, opt, X[:4], Y[:4], accum_steps=2, budget_bytes=2**30)  # on the CPU, for real
+    seen = []
+
+    def spy(model, optimizer, batches, *args, **kwargs):
+        seen.append(({t.device.type for t in [*model.parameters(), *model.buffers()]},
+                     {t.device.type for batch in batches for t in batch}, len(list(model.parameters())),
+                     {id(p) for group in optimizer.param_groups for p in group["params"]} == {
+                         id(p) for p in model.parameters()}))
+        return dataclasses.replace(report, peak=2**40)
+
+    monkeypatch.setattr(memory, "_measure", spy)
+    monkeypatch.setattr(loop, "_device", torch.device)  # a machine with a GPU (this CPU build cannot hold one)
+    with pytest.raises(memory.OutOfMemory, match="the budget is 1,048,576 bytes"):
+        accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, device="cuda", memory_budget=2**20)
+    assert seen == [({"cuda"}, {"cuda"}, len(list(net.parameters())), True)]  # traced where it would train
+    assert {p.device.type for p in [*net.parameters(), *net.buffers()]} == {"cpu"}  # refused: not moved
+    assert [p.data_ptr() for p in net.parameters()] == storages and not opt.state
+    assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())
