@@ -140,7 +140,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     clip_grad_norm: clip the accumulated gradient to this L2 norm. The norm (recorded as grad_norm) and clipping
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
-    amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16".
+    amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16"
+    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`).
     on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
     included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
     skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
@@ -810,12 +811,18 @@ def _device(device) -> torch.device:
 
 
 def _amp(amp, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype `amp` asks for (None: no autocast). True means fp16 on CUDA, bf16 on CPU."""
+    """The autocast dtype `amp` asks for (None: no autocast). True means fp16 on CUDA, bf16 on CPU. bf16 on a CUDA GPU
+    without native bf16 kernels (a T4: `devices.supports_bf16`) is refused, before anything runs."""
     one_of("amp", amp, (False, True, "fp16", "bf16"))
     if amp is False:
         return None
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
         torch.float16 if device.type == "cuda" else torch.bfloat16)
+    if dtype is torch.bfloat16 and device.type == "cuda" and not devices.supports_bf16(device):
+        raise ValueError(_("amp={value!r} but the GPU {device} has no native bfloat16 (it would only emulate it, "
+                           "slowly); valid here: amp='fp16', which trains with a GradScaler, or amp=False").format(
+                               value=amp, device=str(device)))
+    return dtype
 
 
 def _state(name: str, value) -> dict:

@@ -321,3 +321,28 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
     assert {p.device.type for p in [*net.parameters(), *net.buffers()]} == {"cpu"}  # refused: not moved
     assert [p.data_ptr() for p in net.parameters()] == storages and not opt.state
     assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())
+
+
+def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(monkeypatch):
+    # A T4 (compute capability 7.5) only emulates bf16: train(amp="bf16") there is refused by name, with what is
+    # valid, before any forward pass, weight or optimizer state changes. The GPU is a stand-in: this CPU build has
+    # none, so train's device check and supports_bf16 are patched; the refusal is all that runs.
+    from accumlib import devices as library_devices, loop
+    net = torch.nn.Linear(64, 10)
+    opt = torch.optim.Adam(net.parameters())
+    state = {name: t.clone() for name, t in net.state_dict().items()}
+    seen, asked = [], []
+    net.register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    monkeypatch.setattr(loop, "_device", torch.device)
+    monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or False)  # a T4
+    with pytest.raises(ValueError, match=r"amp='bf16' but the GPU cuda has no native bfloat16 .*; valid here: "
+                                         r"amp='fp16', which trains with a GradScaler, or amp=False"):
+        accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, amp="bf16", device="cuda")
+    assert asked == [torch.device("cuda")] and not seen and not opt.state
+    assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())
+    # fp16 (and amp=True, fp16 on CUDA) on that GPU, and bf16 on the CPU, are not asked about: no refusal there
+    assert loop._amp("fp16", torch.device("cuda")) is loop._amp(True, torch.device("cuda")) is torch.float16
+    assert loop._amp("bf16", torch.device("cpu")) is torch.bfloat16 and len(asked) == 1
+    # a GPU with native bf16 (an A100): accepted
+    monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or True)
+    assert loop._amp("bf16", torch.device("cuda:1")) is torch.bfloat16 and asked[-1] == torch.device("cuda:1")
