@@ -140,7 +140,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     clip_grad_norm: clip the accumulated gradient to this L2 norm. The norm (recorded as grad_norm) and clipping
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
-    amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16".
+    amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16"
+    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`).
     on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
     included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
     skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
@@ -158,7 +159,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     check_gradients (on by default) reads the gradient norm every step, so a NaN/inf gradient under a finite loss is
     caught too; False leaves that norm out unless clipping or a scaler needs it (grad_norm is then None, and such a
     gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
-    measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak of every cycle; on
+    measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak over every cycle
+    (torch.cuda.max_memory_allocated) less what was allocated before it and the cycle does not hold (the data, other
+    models, cuBLAS's workspace; the weights, gradients and optimizer state count), as `memory.step_peak` measures; on
     the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
     those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step. A step that
     makes the optimizer's state (Adam's first, SGD with momentum's) is traced again on copies, as a later step, and
@@ -168,10 +171,10 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     lacks is refused by name), else the first CUDA GPU if there is one, else the CPU.
     memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
     is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
-    copies of the model and optimizer, nothing computed): for (X, y) tensors or a Dataset of tensor pairs once,
-    before the run; for a loader (or a Dataset of dicts) each cycle's batches as they are, before that cycle
-    changes anything, once per layout of batch shapes (a loader that pads each batch to its own length has many:
-    each costs a traced cycle).
+    copies of the model and optimizer, nothing computed, on `device`: before the model moves there, so a refused
+    run leaves it where it was): for (X, y) tensors or a Dataset of tensor pairs once, before the run; for a loader
+    (or a Dataset of dicts) each cycle's batches as they are, before that cycle changes anything, once per layout
+    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle).
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
@@ -277,7 +280,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     example = source.example() if run.memory_budget is not None and isinstance(source, _Indexed) else None
     if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
         memory.check_fits(model, optimizer, *example, options=options, accum_steps=accum_steps,
-                          budget_bytes=run.memory_budget)
+                          budget_bytes=run.memory_budget, device=device)  # traced on the run's device, not moved
     each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
     model.to(device)
     seen = skips = 0  # samples so far; skipped steps in a row
@@ -808,12 +811,18 @@ def _device(device) -> torch.device:
 
 
 def _amp(amp, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype `amp` asks for (None: no autocast). True means fp16 on CUDA, bf16 on CPU."""
+    """The autocast dtype `amp` asks for (None: no autocast). True means fp16 on CUDA, bf16 on CPU. bf16 on a CUDA GPU
+    without native bf16 kernels (a T4: `devices.supports_bf16`) is refused, before anything runs."""
     one_of("amp", amp, (False, True, "fp16", "bf16"))
     if amp is False:
         return None
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
         torch.float16 if device.type == "cuda" else torch.bfloat16)
+    if dtype is torch.bfloat16 and device.type == "cuda" and not devices.supports_bf16(device):
+        raise ValueError(_("amp={value!r} but the GPU {device} has no native bfloat16 (it would only emulate it, "
+                           "slowly); valid here: amp='fp16', which trains with a GradScaler, or amp=False").format(
+                               value=amp, device=str(device)))
+    return dtype
 
 
 def _state(name: str, value) -> dict:

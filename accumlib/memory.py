@@ -518,10 +518,11 @@ def _fake_measure(model, batches, loss_weights, optimizer, device, options, micr
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with FakeCopyMode(mode):
         copied = copy.deepcopy(model)
+    _fake_on(copied, device, mode)  # where the step will run: train traces a model before it moves it there
     batches = _on(batches, mode.from_tensor)
     try:
-        with mode:  # moved where the model is (a fake 'cuda' model too); clones: storages of the micro-batch's size
-            batches = _on(batches, lambda t: t.to(device).clone())
+        with mode:  # where the step runs (a fake 'cuda' one too); new storages of the micro-batch's size
+            batches = _on(batches, functools.partial(_fake_made_on, device=device))
             return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights, FAKE,
                             f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)", options, micro_batch_size,
                             explain)
@@ -531,6 +532,33 @@ def _fake_measure(model, batches, loss_weights, optimizer, device, options, micr
         if isinstance(error.__cause__, _DATA_DEPENDENT):
             raise _Untraceable(error.__cause__) from None
         raise
+
+
+def _fake_made_on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake tensor like `t` (shape, dtype, layout) in a storage of its own on `device`, as t.to(device).clone()
+    would be: a fake tensor has no values to move, and a CPU build of torch cannot .to('cuda') even a fake one."""
+    return torch.empty_like(t, device=device)
+
+
+def _fake_on(model: torch.nn.Module, device: torch.device, mode: FakeTensorMode) -> None:
+    """Put the fake copy's parameters (their .grad too) and buffers on `device`, as model.to(device) would
+    (`_fake_made_on`). A parameter shared by two modules stays one parameter."""
+    on = functools.partial(_fake_made_on, device=device)
+    made: dict[int, torch.Tensor] = {}
+    with mode:
+        for module in model.modules():
+            for kind in (module._parameters, module._buffers):
+                for name, t in kind.items():
+                    if t is None or t.device == device:
+                        continue
+                    if id(t) not in made:
+                        if isinstance(t, torch.nn.Parameter):
+                            made[id(t)] = torch.nn.Parameter(on(t), t.requires_grad)
+                            if t.grad is not None:
+                                made[id(t)].grad = on(t.grad)
+                        else:
+                            made[id(t)] = on(t)
+                    kind[name] = made[id(t)]
 
 
 @contextlib.contextmanager
@@ -597,7 +625,8 @@ def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[tor
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
 
 
-def _step_peak(model, optimizer, x, y, options: cycle.CycleOptions, accum_steps: int) -> MemoryReport:
+def _step_peak(model, optimizer, x, y, options: cycle.CycleOptions, accum_steps: int,
+               device: torch.device | None = None) -> MemoryReport:
     """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
 
     Exact, not an estimate: from the second pass on every pass starts from the same live tensors (weights, the
@@ -606,24 +635,28 @@ def _step_peak(model, optimizer, x, y, options: cycle.CycleOptions, accum_steps:
     """
     passes = min(accum_steps, 2)
     report = _measure_cycle(model, optimizer, [(x, y)] * passes, [1 / passes] * passes, options.measured(), len(x),
-                            True, next(model.parameters()).device, functools.partial(explained_failure, x, y))
+                            True, device or next(model.parameters()).device,
+                            functools.partial(explained_failure, x, y))
     return dataclasses.replace(report, accum_steps=accum_steps)
 
 
 def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, loss_fn: Callable | None = None,
-               options: cycle.CycleOptions | None = None) -> MemoryReport:
+               options: cycle.CycleOptions | None = None, device=None) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
 
-    Measured under FakeTensorMode (see `_step_peak`), on the model's device, with `train`'s cycle: `options` (the
-    `cycle.CycleOptions` train runs its cycles with; its scheduler and scaler are left out) or, without them,
-    loss_fn (default cross-entropy) and the cycle's defaults; returns the MemoryReport of that step.
+    Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `cycle.CycleOptions`
+    train runs its cycles with; its scheduler and scaler are left out) or, without them, loss_fn (default
+    cross-entropy) and the cycle's defaults; returns the MemoryReport of that step. device: where the step will
+    run (default: where the model is); a fake copy of the model is traced there (on CUDA each block counted as the
+    allocator rounds it) and the model itself does not move, so a refusal leaves it where it was.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
     if options is None:
         options = _step_options(loss_fn, {})
     elif loss_fn is not None:
         raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
-    report = _step_peak(model, optimizer, x, y, options, accum_steps)
+    report = _step_peak(model, optimizer, x, y, options, accum_steps,
+                        None if device is None else torch.device(device))
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
     return report

@@ -25,6 +25,28 @@ def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
     assert devices.choose({"ACCUMLIB_DEVICE": "cpu"}) == torch.device("cpu")
 
 
+def test_the_dashboards_page_says_its_dashboards_run_there_in_either_language(monkeypatch, capsys):
+    from accumlib import i18n
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.choose({}, page="dashboards") == torch.device("cpu")
+    assert capsys.readouterr().out == "These dashboards run on the CPU.\n"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA T4")
+    assert (devices.describe(torch.device("cuda"), page="dashboards")
+            == "These dashboards run on the GPU: NVIDIA T4 (cuda).")
+    before = i18n.language()
+    try:
+        i18n.set_language("hi")
+        assert devices.describe(torch.device("cpu"), page="dashboards") != "These dashboards run on the CPU."
+        assert devices.describe(torch.device("cpu"), page="dashboards") != devices.describe(torch.device("cpu"))
+    finally:
+        i18n.set_language(before)
+    # a page it has no sentence for: refused, naming it and what is valid, before anything is printed
+    with pytest.raises(ValueError, match="page='notebook': valid: 'lesson', 'dashboards'"):
+        devices.choose({}, page="notebook")
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize("asked, message", [("cuda", "ACCUMLIB_DEVICE='cuda' but this machine has no CUDA GPU"),
                                             ("cuda:3", "no CUDA GPU"), ("tpu", "ACCUMLIB_DEVICE='tpu'"),
                                             ("gpu please", "is not a device; valid: cpu, cuda, cuda:N, mps")])
@@ -236,8 +258,8 @@ def test_bf16_is_offered_where_the_device_has_it(monkeypatch):
     assert not library_devices.supports_bf16(torch.device("mps"))
 
 
-CHOOSING = ["01_large_batch_problem", "02_grad_accumulates", "03_the_loop", "04_last_cycle", "05_memory", "06_time",
-            "08_once_per_step", "09_ddp", "dashboards"]  # lessons 0, 7 and 10: not yet (issue 20)
+CHOOSING = ["00_in_ten_minutes", "01_large_batch_problem", "02_grad_accumulates", "03_the_loop", "04_last_cycle",
+            "05_memory", "06_time", "07_batchnorm", "08_once_per_step", "09_ddp", "10_recap_and_quiz", "dashboards"]
 
 
 @pytest.mark.parametrize("name", CHOOSING)
@@ -252,10 +274,11 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
     from pathlib import Path
     notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "en" / f"{name}.ipynb", 4)
     code = [c.source for c in notebook.cells if c.cell_type == "code" and c.get("id") != "platform-setup"]
-    chosen = ('device = torch.device("cpu")' if name == "09_ddp" else "device = devices.choose()")
+    chosen = {"09_ddp": 'device = torch.device("cpu")',
+              "dashboards": 'device = devices.choose(page="dashboards")'}.get(name, "device = devices.choose()")
     assert chosen in code[0] and not any("device = " in cell for cell in code[1:])
     text = "\n".join(code)
-    for call in re.findall(r"accumlib\.train\((?:[^()]|\([^()]*\))*\)", text):
+    for call in re.findall(r"\btrain\((?:[^()]|\([^()]*\))*\)", text):  # accumlib.train, or train imported
         assert "device=device" in call, call
     for built in re.finditer(r"models\.\w+\((?:[^()]|\([^()]*\))*\)", text):
         assert text[built.end():].startswith(".to(device)"), built.group()
@@ -263,3 +286,63 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
         assert text[:loaded.start()].endswith("(t.to(device) for t in ") or name == "09_ddp", text[loaded.start():][:60]
     # an exercise cell is the learner's: its checker gives it everything on its own device (fingerprint.py)
     assert not any('"cpu"' in cell.replace(chosen, "") for cell in code if "exercises." not in cell)
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refusal_leaves_it_there(monkeypatch):
+    # train(device="cuda") on a model still on the CPU: memory_budget's check must trace the step as CUDA runs it
+    # (each block as the allocator rounds it), not with the CPU's bytes, and a refusal must leave the model on the
+    # CPU, untouched. Autograd on a fake CUDA tensor aborts a CPU build, so the trace stops at memory._measure: a
+    # spy records where the traced copy and its micro-batches are, and answers with a peak over the budget.
+    import dataclasses
+
+    from accumlib import loop, memory
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 64))
+    net[3].weight = net[0].weight  # a shared weight stays one parameter in the copy (the optimizer's mapping)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    state = {name: t.clone() for name, t in net.state_dict().items()}
+    storages = [p.data_ptr() for p in net.parameters()]
+    report = memory.check_fits(net, opt, X[:4], Y[:4], accum_steps=2, budget_bytes=2**30)  # on the CPU, for real
+    seen = []
+
+    def spy(model, optimizer, batches, *args, **kwargs):
+        seen.append(({t.device.type for t in [*model.parameters(), *model.buffers()]},
+                     {t.device.type for batch in batches for t in batch}, len(list(model.parameters())),
+                     {id(p) for group in optimizer.param_groups for p in group["params"]} == {
+                         id(p) for p in model.parameters()}))
+        return dataclasses.replace(report, peak=2**40)
+
+    monkeypatch.setattr(memory, "_measure", spy)
+    monkeypatch.setattr(loop, "_device", torch.device)  # a machine with a GPU (this CPU build cannot hold one)
+    with pytest.raises(memory.OutOfMemory, match="the budget is 1,048,576 bytes"):
+        accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, device="cuda", memory_budget=2**20)
+    assert seen == [({"cuda"}, {"cuda"}, len(list(net.parameters())), True)]  # traced where it would train
+    assert {p.device.type for p in [*net.parameters(), *net.buffers()]} == {"cpu"}  # refused: not moved
+    assert [p.data_ptr() for p in net.parameters()] == storages and not opt.state
+    assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())
+
+
+def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(monkeypatch):
+    # A T4 (compute capability 7.5) only emulates bf16: train(amp="bf16") there is refused by name, with what is
+    # valid, before any forward pass, weight or optimizer state changes. The GPU is a stand-in: this CPU build has
+    # none, so train's device check and supports_bf16 are patched; the refusal is all that runs.
+    from accumlib import devices as library_devices, loop
+    net = torch.nn.Linear(64, 10)
+    opt = torch.optim.Adam(net.parameters())
+    state = {name: t.clone() for name, t in net.state_dict().items()}
+    seen, asked = [], []
+    net.register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    monkeypatch.setattr(loop, "_device", torch.device)
+    monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or False)  # a T4
+    with pytest.raises(ValueError, match=r"amp='bf16' but the GPU cuda has no native bfloat16 .*; valid here: "
+                                         r"amp='fp16', which trains with a GradScaler, or amp=False"):
+        accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, amp="bf16", device="cuda")
+    assert asked == [torch.device("cuda")] and not seen and not opt.state
+    assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())
+    # fp16 (and amp=True, fp16 on CUDA) on that GPU, and bf16 on the CPU, are not asked about: no refusal there
+    assert loop._amp("fp16", torch.device("cuda")) is loop._amp(True, torch.device("cuda")) is torch.float16
+    assert loop._amp("bf16", torch.device("cpu")) is torch.bfloat16 and len(asked) == 1
+    # a GPU with native bf16 (an A100): accepted
+    monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or True)
+    assert loop._amp("bf16", torch.device("cuda:1")) is torch.bfloat16 and asked[-1] == torch.device("cuda:1")

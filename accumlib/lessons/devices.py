@@ -16,23 +16,42 @@ from typing import Mapping
 import torch
 
 from ..devices import VARIABLE, pick, supports_bf16  # the library's: accumlib.train(device=None) makes this choice
-from ..i18n import _
+from ..i18n import N_, _
 
 __all__ = ["VARIABLE", "pick", "supports_bf16", "describe", "choose"]
 
 
-def describe(device: torch.device) -> str:
-    """One sentence naming the device (and the GPU's model on CUDA)."""
+# The printed line, for each kind of page: a lesson, or the dashboards page (GPU, Apple's GPU, CPU).
+_SENTENCES = {
+    "lesson": (N_("This lesson runs on the GPU: {name} ({device})."), N_("This lesson runs on Apple's GPU (mps)."),
+               N_("This lesson runs on the CPU.")),
+    "dashboards": (N_("These dashboards run on the GPU: {name} ({device})."),
+                   N_("These dashboards run on Apple's GPU (mps)."), N_("These dashboards run on the CPU.")),
+}
+
+
+def _sentences(page: str) -> tuple[str, str, str]:
+    if page not in _SENTENCES:
+        raise ValueError(_("page={value!r}: valid: {valid}").format(
+            value=page, valid=", ".join(repr(k) for k in _SENTENCES)))
+    return _SENTENCES[page]
+
+
+def describe(device: torch.device, page: str = "lesson") -> str:
+    """One sentence naming the device (and the GPU's model on CUDA), for a lesson or (page="dashboards") the
+    dashboards page."""
+    gpu, mps, cpu = _sentences(page)
     if device.type == "cuda":
-        return _("This lesson runs on the GPU: {name} ({device}).").format(
-            name=torch.cuda.get_device_name(device), device=device)
+        return _(gpu).format(name=torch.cuda.get_device_name(device), device=device)
     if device.type == "mps":
-        return _("This lesson runs on Apple's GPU (mps).")
-    return _("This lesson runs on the CPU.")
+        return _(mps)
+    return _(cpu)
 
 
-def choose(environ: Mapping[str, str] = os.environ) -> torch.device:
-    """Pick the lesson's device (`pick`), print which it is, and return it."""
+def choose(environ: Mapping[str, str] = os.environ, *, page: str = "lesson") -> torch.device:
+    """Pick the device (`pick`), print which it is (for a lesson, or page="dashboards" for the dashboards page),
+    and return it."""
+    _sentences(page)  # a wrong page is refused before anything is chosen or printed
     device = pick(environ)
-    print(describe(device))
+    print(describe(device, page))
     return device
