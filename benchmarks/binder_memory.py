@@ -7,7 +7,7 @@ them, so the sum of PSS over the processes is what they occupy together. This sc
 nbclient (this process plays the Jupyter server's part, so its own PSS is counted too), sums the PSS of itself,
 the kernel and all of the kernel's descendants every 20 ms, and prints the peak and when it happened (the cell).
 
-    python tools/binder_memory.py notebooks/en/09_ddp.ipynb notebooks/en/05_memory.ipynb
+    python benchmarks/binder_memory.py notebooks/en/*.ipynb notebooks/hi/09_ddp.ipynb > benchmarks/binder_memory.txt
 
 Linux only (/proc). Run it with OMP_NUM_THREADS=1 as `make test` does; the numbers are this machine's and move by
 a few MiB from run to run (allocator and import order), so they are rounded to 10 MiB.
@@ -116,15 +116,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     args = parser.parse_args()
-    for path in args.notebooks:
-        sampler = measure(path.resolve())
-        print(f"{path}: peak {round(sampler.peak / MIB, -1):.0f} MiB PSS, during {sampler.peak_label}, "
-              f"{len(sampler.peak_processes)} processes:")
-        for process, size in sampler.peak_processes:
-            print(f"    {size / MIB:4.0f} MiB  {process}")
-        print("  peak by cell:")
-        for label, peak in sampler.by_label.items():
-            print(f"    {label}: {peak / MIB:.0f} MiB")
+    if len(args.notebooks) > 1:  # each in a driving process of its own, as each learner's server starts clean
+        import platform
+        from importlib.metadata import version  # not `import torch`: this process's PSS would count it
+
+        print(f"Python {platform.python_version()}, torch {version('torch')}, OMP_NUM_THREADS="
+              f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {os.cpu_count()} CPUs; PSS of the driving process, "
+              f"the kernel and its descendants, sampled every 20 ms; one fresh driving process per notebook",
+              flush=True)
+        import subprocess
+        return max(subprocess.run([sys.executable, __file__, str(path)]).returncode for path in args.notebooks)
+    path = args.notebooks[0]
+    sampler = measure(path.resolve())
+    print(f"{path}: peak {round(sampler.peak / MIB, -1):.0f} MiB PSS, during {sampler.peak_label}, "
+          f"{len(sampler.peak_processes)} processes:")
+    for process, size in sampler.peak_processes:
+        print(f"    {size / MIB:4.0f} MiB  {process}")
+    print("  peak by cell:")
+    for label, peak in sampler.by_label.items():
+        print(f"    {label}: {peak / MIB:.0f} MiB")
     return 0
 
 
