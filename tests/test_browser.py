@@ -157,17 +157,21 @@ def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browse
         stop(app)
 
 
-# ---- a phone (390 px) and a desktop (1280 px): the dashboards and the quiz in Voila ----
-LAYOUT = """() => {
+# ---- a phone (390 px) and a desktop (1280 px): the dashboards and the quiz in Voila and JupyterLab ----
+# The controls' layout. scope: null in Voila (the page is the bound: no horizontal scrolling, nothing past its
+# right edge); in JupyterLab the selector of the output area each control must stay inside, none of them (nor the
+# notebook) scrolling sideways.
+LAYOUT = """(scope) => {
   const doc = document.documentElement, r = e => e.getBoundingClientRect();
   const sliders = [...document.querySelectorAll('.widget-slider')].map(s => {
     const track = s.querySelector('.slider-container');
     const label = s.querySelector('label');
     return {label: label ? label.textContent : '', track: track ? r(track).width : 0};
   });
-  const controls = [...document.querySelectorAll('.widget-radio-box label, .widget-button, .widget-toggle-button, '
-                                                + '.widget-checkbox, .widget-slider, .widget-text, .widget-html')]
-    .filter(e => r(e).width > 0);
+  const within = scope ? scope + ' ' : '';
+  const controls = [...document.querySelectorAll(within + '.widget-radio-box label, ' + within + ':is(.widget-button, '
+      + '.widget-toggle-button, .widget-checkbox, .widget-slider, .widget-text, .widget-html, .widget-label)')]
+    .filter(e => r(e).width > 0 && r(e).height > 0);
   const overlaps = [];
   for (let i = 0; i < controls.length; i++) for (let j = i + 1; j < controls.length; j++) {
     const a = controls[i], b = controls[j];
@@ -176,10 +180,38 @@ LAYOUT = """() => {
     if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1 && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
       overlaps.push([a.textContent.slice(0, 30), b.textContent.slice(0, 30)]);
   }
-  const clipped = controls.filter(e => r(e).right > doc.clientWidth + 1 || e.scrollWidth > e.clientWidth + 1)
-    .map(e => e.className.slice(0, 40) + ': ' + e.textContent.slice(0, 30));
-  return {overflow: doc.scrollWidth - doc.clientWidth, sliders, overlaps: overlaps.slice(0, 5), clipped: clipped.slice(0, 5)};
+  const clipped = controls.filter(e => {
+    const box = r(e), area = scope ? r(e.closest(scope)) : {left: 0, right: doc.clientWidth};
+    return box.left < area.left - 1 || box.right > area.right + 1 || e.scrollWidth > e.clientWidth + 1;
+  }).map(e => `${e.className.slice(0, 40)}: ${e.textContent.slice(0, 30)} (${r(e).left}-${r(e).right} px)`);
+  const scrollers = scope ? [...document.querySelectorAll(scope + ', .jp-WindowedPanel-outer, .jp-Notebook')] : [doc];
+  const overflow = Math.max(0, ...scrollers.map(e => e.scrollWidth - e.clientWidth));
+  return {overflow, sliders, overlaps: overlaps.slice(0, 5), clipped: clipped.slice(0, 5)};
 }"""
+
+
+def assert_usable(page, width: int, scope: str | None = None, sliders: int = 0, per_step: int = 0) -> None:
+    """Nothing scrolls sideways, overlaps or is cut off; with `sliders`, that many, each with a track of at least
+    150 px, and accum_steps (1 to 16) at least `per_step` px per step."""
+    m = page.evaluate(LAYOUT, scope)
+    assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, m)
+    if sliders:
+        assert len(m["sliders"]) == sliders and min(s["track"] for s in m["sliders"]) >= 150, (width, m["sliders"])
+        for s in m["sliders"]:
+            if s["label"] == "accum_steps":
+                assert s["track"] / 15 >= per_step, (width, s)
+
+
+def assert_every_question_usable(page, width: int, screenshot: Path, scope: str | None = None) -> None:
+    """Step through the Hindi quiz (the longest texts) with Next, checking the layout at every question; the
+    screenshot at question 13 (long options that wrap on a phone)."""
+    questions = int(re.search(r"/ (\d+)", page.locator(".accumlib-quiz").inner_text()).group(1))
+    for number in range(1, questions + 1):
+        page.get_by_text(f"प्रश्न {number} / {questions}").wait_for(timeout=10_000)
+        assert_usable(page, width, scope)
+        if number == 13:
+            page.locator(".accumlib-quiz").screenshot(path=str(screenshot))
+        page.get_by_role("button", name="अगला").click()
 
 
 def quiz_notebook(folder: Path) -> str:
@@ -210,24 +242,12 @@ def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browse
             page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=180_000)
             page.locator(".widget-output img").first.wait_for(timeout=60_000)
             page.locator(".widget-output img").nth(2).wait_for(timeout=60_000)  # the third dashboard's figure
-            m = page.evaluate(LAYOUT)
-            assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, m)
-            assert len(m["sliders"]) == 7 and min(s["track"] for s in m["sliders"]) >= 150, (width, m["sliders"])
-            for s in m["sliders"]:
-                if s["label"] == "accum_steps":
-                    assert s["track"] / 15 >= per_step, (width, s)
+            assert_usable(page, width, sliders=7, per_step=per_step)
             page.locator(".widget-vbox").filter(has=page.locator(".widget-slider")).first.screenshot(
                 path=str(shots / f"voila-dashboard-{width}.png"))
             page.goto(f"http://127.0.0.1:{port}/voila/render/{quiz}", timeout=180_000)
             page.locator(".widget-radio-box, .widget-text").first.wait_for(timeout=180_000)
-            questions = int(re.search(r"/ (\d+)", page.locator(".accumlib-quiz").inner_text()).group(1))
-            for number in range(1, questions + 1):
-                page.get_by_text(f"प्रश्न {number} / {questions}").wait_for(timeout=10_000)
-                m = page.evaluate(LAYOUT)
-                assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, number, m)
-                if number == 13:  # long options that wrap on a phone
-                    page.locator(".accumlib-quiz").screenshot(path=str(shots / f"voila-quiz-{width}.png"))
-                page.get_by_role("button", name="अगला").click()
+            assert_every_question_usable(page, width, shots / f"voila-quiz-{width}.png")
             page.close()
     finally:
         stop(app)
@@ -240,32 +260,6 @@ def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browse
 # (/doc), as on a phone, with every cell rendered (windowingMode none: the checks see them all), and no news toast.
 LAB_SETTINGS = {"apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
                 "notebook-extension/tracker": {"windowingMode": "none"}}
-LAB_LAYOUT = """() => {
-  const r = e => e.getBoundingClientRect();
-  const sliders = [...document.querySelectorAll('.widget-slider')].map(s => {
-    const track = s.querySelector('.slider-container');
-    const label = s.querySelector('label');
-    return {label: label ? label.textContent : '', track: track ? r(track).width : 0};
-  });
-  const controls = [...document.querySelectorAll('.jp-OutputArea-output .widget-radio-box label, '
-      + '.jp-OutputArea-output :is(.widget-button, .widget-toggle-button, .widget-checkbox, .widget-slider, '
-      + '.widget-text, .widget-html, .widget-label)')].filter(e => r(e).width > 0 && r(e).height > 0);
-  const overlaps = [];
-  for (let i = 0; i < controls.length; i++) for (let j = i + 1; j < controls.length; j++) {
-    const a = controls[i], b = controls[j];
-    if (a.contains(b) || b.contains(a)) continue;
-    const p = r(a), q = r(b);
-    if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1 && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
-      overlaps.push([a.textContent.slice(0, 30), b.textContent.slice(0, 30)]);
-  }
-  const clipped = controls.filter(e => {
-    const area = r(e.closest('.jp-OutputArea-output')), box = r(e);
-    return box.left < area.left - 1 || box.right > area.right + 1 || e.scrollWidth > e.clientWidth + 1;
-  }).map(e => e.className.slice(0, 40) + ': ' + e.textContent.slice(0, 30) + ` ${e.scrollWidth}/${e.clientWidth} ${r(e).left}-${r(e).right} in ${r(e.closest('.jp-OutputArea-output')).left}-${r(e.closest('.jp-OutputArea-output')).right}`);
-  const scrollers = [...document.querySelectorAll('.jp-OutputArea-output, .jp-WindowedPanel-outer, .jp-Notebook')];
-  const overflow = Math.max(0, ...scrollers.map(e => e.scrollWidth - e.clientWidth));
-  return {overflow, sliders, overlaps: overlaps.slice(0, 5), clipped: clipped.slice(0, 5), controls: controls.length};
-}"""
 # every code cell has run (a number in its prompt, after Clear Outputs left "[ ]") and the kernel is idle again
 ALL_RAN = """() => {
   const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
@@ -288,11 +282,13 @@ def run_all_in_lab(page, url: str, shots: Path, name: str) -> None:
     assert_no_errors(page)
 
 
-def lab_screenshot(page, path: Path, width: int) -> None:
-    """The whole notebook at this width: a viewport as tall as its content (the width, hence the layout, is kept)."""
+def lab_screenshot(page, path: Path) -> None:
+    """The whole notebook: for the shot, a viewport as tall as its content (the width, hence the layout, is kept)."""
+    viewport = page.viewport_size
     height = page.evaluate("() => document.querySelector('.jp-WindowedPanel-outer').scrollHeight") + 200
-    page.set_viewport_size({"width": width, "height": min(height, 8000)})
+    page.set_viewport_size({"width": viewport["width"], "height": min(height, 8000)})
     page.screenshot(path=str(path))
+    page.set_viewport_size(viewport)
 
 
 def test_jupyterlab_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(tmp_path, browser):
@@ -325,24 +321,12 @@ def test_jupyterlab_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(tmp_
             dashboards = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-slider"))
             assert dashboards.count() == 3 and all(dashboards.nth(i).locator(".widget-output img").count() >= 1
                                                    for i in range(3))  # each dashboard drew its figures
-            m = page.evaluate(LAB_LAYOUT)
-            lab_screenshot(page, shots / f"lab-dashboards-{width}.png", width)
-            assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, m)
-            assert len(m["sliders"]) == 7 and min(s["track"] for s in m["sliders"]) >= 150, (width, m["sliders"])
-            for s in m["sliders"]:
-                if s["label"] == "accum_steps":
-                    assert s["track"] / 15 >= per_step, (width, s)
+            lab_screenshot(page, shots / f"lab-dashboards-{width}.png")
+            assert_usable(page, width, ".jp-OutputArea-output", sliders=7, per_step=per_step)
             page.close()
             page = browser.new_page(viewport={"width": width, "height": height})
             run_all_in_lab(page, f"http://127.0.0.1:{port}/doc/tree/{width}/{quiz}", shots, f"lab-quiz-{width}")
-            questions = int(re.search(r"/ (\d+)", page.locator(".accumlib-quiz").inner_text()).group(1))
-            for number in range(1, questions + 1):
-                page.get_by_text(f"प्रश्न {number} / {questions}").wait_for(timeout=10_000)
-                m = page.evaluate(LAB_LAYOUT)
-                assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, number, m)
-                if number == 13:  # long options that wrap on a phone
-                    page.locator(".accumlib-quiz").screenshot(path=str(shots / f"lab-quiz-{width}.png"))
-                page.get_by_role("button", name="अगला").click()
+            assert_every_question_usable(page, width, shots / f"lab-quiz-{width}.png", ".jp-OutputArea-output")
             page.close()
     finally:
         stop(lab)
