@@ -2,7 +2,7 @@
 
 `launch` starts one fresh Python process (not forked from the caller, so a Jupyter kernel stays out of it) that
 imports torch, reads the job and forks `world_size` ranks from it, so they share its pages instead of each
-importing torch again. Each rank gets the rendezvous environment torchrun would give it: RANK, WORLD_SIZE,
+importing torch again (on Linux; on macOS and Windows each rank is a fresh process). Each rank gets the rendezvous environment torchrun would give it: RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT, on loopback only. They form one gloo process group and run each `DDPRun` of the job in
 turn: every process trains DistributedDataParallel(builder()) with `accumlib.train`, while a DDP communication hook
 counts the gradient all-reduces of each optimizer step. Rank 0's results come back; when one rank fails the others
@@ -171,7 +171,8 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
     """Start the job's processes, report rank 0's steps, stop every process if one fails or time runs out.
 
     One fresh Python process (the job's parent, in a session of its own) imports torch and reads the job, then forks
-    the ranks: they share its pages (torch's Python objects, the job's data) instead of each holding a copy.
+    the ranks: they share its pages (torch's Python objects, the job's data) instead of each holding a copy
+    (`_start_rank`: fresh processes where fork() is not safe).
     Returns (exit codes by rank, the processes' stderr together).
     """
     package_root = str(Path(__file__).resolve().parents[1])  # the processes import this very accumlib
@@ -208,7 +209,7 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
         parent.wait(timeout=max(deadline - time.monotonic(), 0.1))
     finally:
         # Stopped early (time out, interrupt, a failure) the parent and its ranks go together: they are its session.
-        _kill_session(parent.pid)
+        _kill_session(parent)
         parent.wait()
         parent.stdout.close()
     codes_file = job / "exit-codes.txt"
@@ -220,9 +221,13 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
     return codes, errors
 
 
-def _kill_session(pid: int) -> None:
+def _kill_session(process: subprocess.Popen) -> None:
+    """Stop the job's parent and its ranks: its whole session where there are sessions (POSIX)."""
+    if not hasattr(os, "killpg"):  # Windows has no sessions: the parent alone (its ranks finish or fail on their own)
+        process.kill()
+        return
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -296,43 +301,69 @@ def _rank(job: Path, rank: int, runs: list) -> None:
         os._exit(code)  # the parent's interpreter state is not ours to shut down (gloo's threads, atexit hooks)
 
 
+# Linux forks the ranks from the job's parent, sharing its pages. macOS's system libraries are not safe to use
+# after fork() (Python's multiprocessing spawns there) and Windows has no fork(): there each rank is a fresh process.
+_FORK = sys.platform.startswith("linux")
+
+
+def _start_rank(job: Path, rank: int, runs: list):
+    """A rank: a forked child's pid on Linux, a fresh process elsewhere (it reads the job itself)."""
+    if _FORK:
+        pid = os.fork()
+        if pid == 0:
+            _rank(job, rank, runs)
+        return pid
+    # this runs in the job's parent, whose __name__ is "__main__"; its module's name is in its spec
+    return subprocess.Popen([sys.executable, "-m", __spec__.name, str(job), str(rank)], stdin=subprocess.DEVNULL)
+
+
+def _exit_code(handle) -> int | None:
+    """A rank's exit code (negative: the signal that stopped it), None while it runs."""
+    if isinstance(handle, subprocess.Popen):
+        return handle.poll()
+    pid, status = os.waitpid(handle, os.WNOHANG)
+    return os.waitstatus_to_exitcode(status) if pid else None
+
+
+def _stop(handle) -> None:
+    if isinstance(handle, subprocess.Popen):
+        handle.kill()
+    else:
+        os.kill(handle, signal.SIGKILL)
+
+
 def _parent(job: Path) -> int:
-    """Read the job, fork its ranks, wait for them; stop them all when one fails or this process is orphaned."""
+    """Read the job, start its ranks, wait for them; stop them all when one fails or this process is orphaned."""
     torch.set_num_threads(1)  # before forking: no thread pool starts in the parent
     world_size = int(os.environ["WORLD_SIZE"])
-    runs = torch.load(job / "job.pt", weights_only=False)  # imports the builders' modules here, shared by the ranks
-    importlib.import_module("torch._dynamo")  # DistributedDataParallel() imports it (and sympy: about 70 MB)
+    # the builders' modules are imported here, shared by the ranks; tensors on the CPU: CUDA must not start before fork
+    runs = torch.load(job / "job.pt", weights_only=False, map_location="cpu") if _FORK else []
+    if _FORK:
+        importlib.import_module("torch._dynamo")  # DistributedDataParallel() imports it (and sympy: about 70 MB)
     launcher = os.getppid()
     sys.stdout.flush()
     sys.stderr.flush()
     gc.collect()
     gc.freeze()  # the ranks' collections leave the parent's objects alone: their pages stay shared
-    pids = {}
-    for rank in range(world_size):
-        pid = os.fork()
-        if pid == 0:
-            _rank(job, rank, runs)
-        pids[pid] = rank
+    ranks = [_start_rank(job, rank, runs) for rank in range(world_size)]
     with open(os.devnull, "w") as null:
         os.dup2(null.fileno(), 1)  # rank 0 alone holds the progress pipe: it closes when rank 0 ends
     codes = [None] * world_size
     while None in codes:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid:
-            codes[pids[pid]] = os.waitstatus_to_exitcode(status)
-            if codes[pids[pid]] != 0:  # the others would wait for it in their next collective: stop them
-                for other, rank in pids.items():
-                    if codes[rank] is None:
-                        os.kill(other, signal.SIGKILL)
-        elif os.getppid() != launcher:  # the kernel that launched the job has gone: so does the job
-            for other, rank in pids.items():
+        for rank, handle in enumerate(ranks):
+            if codes[rank] is None:
+                codes[rank] = _exit_code(handle)
+        # a failed rank: the others would wait for it in their next collective. An orphan job: its kernel has gone.
+        if any(codes) or os.getppid() != launcher:
+            for rank, handle in enumerate(ranks):
                 if codes[rank] is None:
-                    os.kill(other, signal.SIGKILL)
-        else:
-            time.sleep(0.02)
+                    _stop(handle)
+        time.sleep(0.02)
     (job / "exit-codes.txt").write_text(" ".join(map(str, codes)))
     return 0 if not any(codes) else 1
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3:  # a rank started as a fresh process (not on Linux)
+        _rank(Path(sys.argv[1]), int(sys.argv[2]), torch.load(Path(sys.argv[1]) / "job.pt", weights_only=False))
     sys.exit(_parent(Path(sys.argv[1])))
