@@ -1,24 +1,29 @@
 """Accumulation across processes, for real: DistributedDataParallel on the CPU with the gloo backend.
 
-`launch` starts `world_size` fresh Python processes on this machine (not forked from the caller, so a Jupyter
-kernel stays out of them) with the rendezvous environment torchrun would give them: RANK, WORLD_SIZE, MASTER_ADDR
-and MASTER_PORT, on loopback only. They form one gloo process group and run each `DDPRun` of the job in turn: every
-process trains DistributedDataParallel(builder()) with `accumlib.train`, while a DDP communication hook counts the
-gradient all-reduces of each optimizer step. Rank 0's results come back. `compare_no_sync` is lesson 9's job (one
-run with and one without `no_sync()`), `run_ddp` a single run.
+`launch` starts one fresh Python process (not forked from the caller, so a Jupyter kernel stays out of it) that
+imports torch, reads the job and forks `world_size` ranks from it, so they share its pages instead of each
+importing torch again (on Linux; on macOS and Windows each rank is a fresh process). Each rank gets the rendezvous environment torchrun would give it: RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT, on loopback only. They form one gloo process group and run each `DDPRun` of the job in
+turn: every process trains DistributedDataParallel(builder()) with `accumlib.train`, while a DDP communication hook
+counts the gradient all-reduces of each optimizer step. Rank 0's results come back; when one rank fails the others
+are stopped and its error is raised. `compare_no_sync` is lesson 9's job (one run with and one without
+`no_sync()`), `run_ddp` a single run.
 """
 from __future__ import annotations
 
 import gc
+import importlib
 import math
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -163,21 +168,24 @@ def _free_port() -> int:
 
 
 def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on_progress) -> tuple[list, str]:
-    """Start the worker processes, report rank 0's steps, stop every process if one fails or time runs out.
+    """Start the job's processes, report rank 0's steps, stop every process if one fails or time runs out.
 
+    One fresh Python process (the job's parent, in a session of its own) imports torch and reads the job, then forks
+    the ranks: they share its pages (torch's Python objects, the job's data) instead of each holding a copy
+    (`_start_rank`: fresh processes where fork() is not safe).
     Returns (exit codes by rank, the processes' stderr together).
     """
-    package_root = str(Path(__file__).resolve().parents[1])  # the workers import this very accumlib
+    package_root = str(Path(__file__).resolve().parents[1])  # the processes import this very accumlib
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    logs = [(job / f"stderr-{rank}.txt").open("w") for rank in range(world_size)]
-    processes = [subprocess.Popen([sys.executable, "-m", __name__, str(job)], stderr=log, text=True,
-                                  stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                  env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
-                 for rank, log in enumerate(logs)]
+    for name in ("RANK", "LOCAL_RANK"):  # the parent sets them in each rank
+        env.pop(name, None)
+    with (job / "stderr-parent.txt").open("w") as log:
+        parent = subprocess.Popen([sys.executable, "-m", __name__, str(job)], stdout=subprocess.PIPE,
+                                  stderr=log, stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump, args=(processes[0].stdout, lines), daemon=True).start()
+    threading.Thread(target=_pump, args=(parent.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + timeout
     try:
         if on_progress is not None:
@@ -188,27 +196,40 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
                 line = lines.get(timeout=0.05)
             except queue.Empty:
                 line = ""
-            if line is None:  # rank 0 has closed its output: it has finished
+            if line is None:  # rank 0 has closed its output: it has finished (or failed)
                 break
             if line == "step\n":
                 done += 1
                 if on_progress is not None:
                     on_progress(done, total)
-            if any(p.poll() not in (None, 0) for p in processes):  # one failed: the others would wait for it
+            if parent.poll() not in (None, 0):  # a rank failed: the parent has stopped the others and exited
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(_("DDP job did not finish within timeout={timeout} s").format(timeout=timeout))
-        for p in processes:
-            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        parent.wait(timeout=max(deadline - time.monotonic(), 0.1))
     finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    errors = "\n".join((job / f"stderr-{rank}.txt").read_text() for rank in range(world_size))
-    return [p.returncode for p in processes], errors
+        # Stopped early (time out, interrupt, a failure) the parent and its ranks go together: they are its session.
+        _kill_session(parent)
+        parent.wait()
+        parent.stdout.close()
+    codes_file = job / "exit-codes.txt"
+    codes = ([int(code) for code in codes_file.read_text().split()] if codes_file.exists()
+             else [parent.returncode or 1] * world_size)  # it failed before starting the ranks
+    errors = "\n".join(path.read_text() for path in [job / "stderr-parent.txt",
+                                                     *(job / f"stderr-{rank}.txt" for rank in range(world_size))]
+                       if path.exists())
+    return codes, errors
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    """Stop the job's parent and its ranks: its whole session where there are sessions (POSIX)."""
+    if not hasattr(os, "killpg"):  # Windows has no sessions: the parent alone (its ranks finish or fail on their own)
+        process.kill()
+        return
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _pump(stream, lines: queue.Queue) -> None:
@@ -246,21 +267,103 @@ def _train_rank(run: DDPRun) -> dict:
             "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()}}
 
 
-def _worker(job: Path) -> None:
-    """One process of a job (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from launch); rank 0 saves."""
-    torch.set_num_threads(1)
+def _worker(job: Path, runs: list) -> None:
+    """One rank of a job (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set); rank 0 saves the results."""
     dist.init_process_group("gloo")
     try:
-        results = [_train_rank(run) for run in torch.load(job / "job.pt", weights_only=False)]
+        results = [_train_rank(run) for run in runs]
         if dist.get_rank() == 0:
             torch.save(results, job / "result.pt")
         dist.barrier()
     finally:
-        # DDP's reducer holds the process group and sits in reference cycles. Left to the interpreter's shutdown,
-        # gloo's threads are destroyed after Python is gone and the process aborts (SIGABRT, seen under load).
+        # DDP's reducer holds the process group and sits in reference cycles: free it before the group goes.
         gc.collect()
         dist.destroy_process_group()
 
 
+def _rank(job: Path, rank: int, runs: list) -> None:
+    """A forked rank: its own stderr file, output only on rank 0 (the progress), then os._exit, never a return."""
+    code = 1
+    try:
+        with (job / f"stderr-{rank}.txt").open("w") as log:
+            os.dup2(log.fileno(), 2)
+        if rank:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+        os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+        _worker(job, runs)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # the parent's interpreter state is not ours to shut down (gloo's threads, atexit hooks)
+
+
+# Linux forks the ranks from the job's parent, sharing its pages. macOS's system libraries are not safe to use
+# after fork() (Python's multiprocessing spawns there) and Windows has no fork(): there each rank is a fresh process.
+_FORK = sys.platform.startswith("linux")
+
+
+def _start_rank(job: Path, rank: int, runs: list):
+    """A rank: a forked child's pid on Linux, a fresh process elsewhere (it reads the job itself)."""
+    if _FORK:
+        pid = os.fork()
+        if pid == 0:
+            _rank(job, rank, runs)
+        return pid
+    # this runs in the job's parent, whose __name__ is "__main__"; its module's name is in its spec
+    return subprocess.Popen([sys.executable, "-m", __spec__.name, str(job), str(rank)], stdin=subprocess.DEVNULL)
+
+
+def _exit_code(handle) -> int | None:
+    """A rank's exit code (negative: the signal that stopped it), None while it runs."""
+    if isinstance(handle, subprocess.Popen):
+        return handle.poll()
+    pid, status = os.waitpid(handle, os.WNOHANG)
+    return os.waitstatus_to_exitcode(status) if pid else None
+
+
+def _stop(handle) -> None:
+    if isinstance(handle, subprocess.Popen):
+        handle.kill()
+    else:
+        os.kill(handle, signal.SIGKILL)
+
+
+def _parent(job: Path) -> int:
+    """Read the job, start its ranks, wait for them; stop them all when one fails or this process is orphaned."""
+    torch.set_num_threads(1)  # before forking: no thread pool starts in the parent
+    world_size = int(os.environ["WORLD_SIZE"])
+    # the builders' modules are imported here, shared by the ranks; tensors on the CPU: CUDA must not start before fork
+    runs = torch.load(job / "job.pt", weights_only=False, map_location="cpu") if _FORK else []
+    if _FORK:
+        importlib.import_module("torch._dynamo")  # DistributedDataParallel() imports it (and sympy: about 70 MB)
+    launcher = os.getppid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+    gc.freeze()  # the ranks' collections leave the parent's objects alone: their pages stay shared
+    ranks = [_start_rank(job, rank, runs) for rank in range(world_size)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)  # rank 0 alone holds the progress pipe: it closes when rank 0 ends
+    codes = [None] * world_size
+    while None in codes:
+        for rank, handle in enumerate(ranks):
+            if codes[rank] is None:
+                codes[rank] = _exit_code(handle)
+        # a failed rank: the others would wait for it in their next collective. An orphan job: its kernel has gone.
+        if any(codes) or os.getppid() != launcher:
+            for rank, handle in enumerate(ranks):
+                if codes[rank] is None:
+                    _stop(handle)
+        time.sleep(0.02)
+    (job / "exit-codes.txt").write_text(" ".join(map(str, codes)))
+    return 0 if not any(codes) else 1
+
+
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]))
+    if len(sys.argv) == 3:  # a rank started as a fresh process (not on Linux)
+        _rank(Path(sys.argv[1]), int(sys.argv[2]), torch.load(Path(sys.argv[1]) / "job.pt", weights_only=False))
+    sys.exit(_parent(Path(sys.argv[1])))

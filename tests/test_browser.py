@@ -157,17 +157,21 @@ def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browse
         stop(app)
 
 
-# ---- a phone (390 px) and a desktop (1280 px): the dashboards and the quiz in Voila ----
-LAYOUT = """() => {
+# ---- a phone (390 px) and a desktop (1280 px): the dashboards and the quiz in Voila and JupyterLab ----
+# The controls' layout. scope: null in Voila (the page is the bound: no horizontal scrolling, nothing past its
+# right edge); in JupyterLab the selector of the output area each control must stay inside, none of them (nor the
+# notebook) scrolling sideways.
+LAYOUT = """(scope) => {
   const doc = document.documentElement, r = e => e.getBoundingClientRect();
   const sliders = [...document.querySelectorAll('.widget-slider')].map(s => {
     const track = s.querySelector('.slider-container');
     const label = s.querySelector('label');
     return {label: label ? label.textContent : '', track: track ? r(track).width : 0};
   });
-  const controls = [...document.querySelectorAll('.widget-radio-box label, .widget-button, .widget-toggle-button, '
-                                                + '.widget-checkbox, .widget-slider, .widget-text, .widget-html')]
-    .filter(e => r(e).width > 0);
+  const within = scope ? scope + ' ' : '';
+  const controls = [...document.querySelectorAll(within + '.widget-radio-box label, ' + within + ':is(.widget-button, '
+      + '.widget-toggle-button, .widget-checkbox, .widget-slider, .widget-text, .widget-html, .widget-label)')]
+    .filter(e => r(e).width > 0 && r(e).height > 0);
   const overlaps = [];
   for (let i = 0; i < controls.length; i++) for (let j = i + 1; j < controls.length; j++) {
     const a = controls[i], b = controls[j];
@@ -176,10 +180,38 @@ LAYOUT = """() => {
     if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1 && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
       overlaps.push([a.textContent.slice(0, 30), b.textContent.slice(0, 30)]);
   }
-  const clipped = controls.filter(e => r(e).right > doc.clientWidth + 1 || e.scrollWidth > e.clientWidth + 1)
-    .map(e => e.className.slice(0, 40) + ': ' + e.textContent.slice(0, 30));
-  return {overflow: doc.scrollWidth - doc.clientWidth, sliders, overlaps: overlaps.slice(0, 5), clipped: clipped.slice(0, 5)};
+  const clipped = controls.filter(e => {
+    const box = r(e), area = scope ? r(e.closest(scope)) : {left: 0, right: doc.clientWidth};
+    return box.left < area.left - 1 || box.right > area.right + 1 || e.scrollWidth > e.clientWidth + 1;
+  }).map(e => `${e.className.slice(0, 40)}: ${e.textContent.slice(0, 30)} (${r(e).left}-${r(e).right} px)`);
+  const scrollers = scope ? [...document.querySelectorAll(scope + ', .jp-WindowedPanel-outer, .jp-Notebook')] : [doc];
+  const overflow = Math.max(0, ...scrollers.map(e => e.scrollWidth - e.clientWidth));
+  return {overflow, sliders, overlaps: overlaps.slice(0, 5), clipped: clipped.slice(0, 5)};
 }"""
+
+
+def assert_usable(page, width: int, scope: str | None = None, sliders: int = 0, per_step: int = 0) -> None:
+    """Nothing scrolls sideways, overlaps or is cut off; with `sliders`, that many, each with a track of at least
+    150 px, and accum_steps (1 to 16) at least `per_step` px per step."""
+    m = page.evaluate(LAYOUT, scope)
+    assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, m)
+    if sliders:
+        assert len(m["sliders"]) == sliders and min(s["track"] for s in m["sliders"]) >= 150, (width, m["sliders"])
+        for s in m["sliders"]:
+            if s["label"] == "accum_steps":
+                assert s["track"] / 15 >= per_step, (width, s)
+
+
+def assert_every_question_usable(page, width: int, screenshot: Path, scope: str | None = None) -> None:
+    """Step through the Hindi quiz (the longest texts) with Next, checking the layout at every question; the
+    screenshot at question 13 (long options that wrap on a phone)."""
+    questions = int(re.search(r"/ (\d+)", page.locator(".accumlib-quiz").inner_text()).group(1))
+    for number in range(1, questions + 1):
+        page.get_by_text(f"प्रश्न {number} / {questions}").wait_for(timeout=10_000)
+        assert_usable(page, width, scope)
+        if number == 13:
+            page.locator(".accumlib-quiz").screenshot(path=str(screenshot))
+        page.get_by_role("button", name="अगला").click()
 
 
 def quiz_notebook(folder: Path) -> str:
@@ -210,24 +242,91 @@ def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browse
             page.get_by_text("curves equal to within 1e-5: yes").first.wait_for(timeout=180_000)
             page.locator(".widget-output img").first.wait_for(timeout=60_000)
             page.locator(".widget-output img").nth(2).wait_for(timeout=60_000)  # the third dashboard's figure
-            m = page.evaluate(LAYOUT)
-            assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, m)
-            assert len(m["sliders"]) == 7 and min(s["track"] for s in m["sliders"]) >= 150, (width, m["sliders"])
-            for s in m["sliders"]:
-                if s["label"] == "accum_steps":
-                    assert s["track"] / 15 >= per_step, (width, s)
+            assert_usable(page, width, sliders=7, per_step=per_step)
             page.locator(".widget-vbox").filter(has=page.locator(".widget-slider")).first.screenshot(
                 path=str(shots / f"voila-dashboard-{width}.png"))
             page.goto(f"http://127.0.0.1:{port}/voila/render/{quiz}", timeout=180_000)
             page.locator(".widget-radio-box, .widget-text").first.wait_for(timeout=180_000)
-            questions = int(re.search(r"/ (\d+)", page.locator(".accumlib-quiz").inner_text()).group(1))
-            for number in range(1, questions + 1):
-                page.get_by_text(f"प्रश्न {number} / {questions}").wait_for(timeout=10_000)
-                m = page.evaluate(LAYOUT)
-                assert m["overflow"] <= 0 and not m["overlaps"] and not m["clipped"], (width, number, m)
-                if number == 13:  # long options that wrap on a phone
-                    page.locator(".accumlib-quiz").screenshot(path=str(shots / f"voila-quiz-{width}.png"))
-                page.get_by_role("button", name="अगला").click()
+            assert_every_question_usable(page, width, shots / f"voila-quiz-{width}.png")
             page.close()
     finally:
         stop(app)
+
+
+# ---- the same in JupyterLab, at a phone's 390 x 844 and a desktop's 1280 x 800 ----
+# JupyterLab's own frame stays as JupyterLab draws it (at 390 px its side bars' tab strips keep about 70 px); what is
+# checked is ours: every control inside its cell's output area, none over another, no output or the notebook
+# scrolling sideways, slider tracks of a usable width. The notebooks open in JupyterLab's single-document view
+# (/doc), as on a phone, with every cell rendered (windowingMode none: the checks see them all), and no news toast.
+LAB_SETTINGS = {"apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+                "notebook-extension/tracker": {"windowingMode": "none"}}
+# every code cell has run (a number in its prompt, after Clear Outputs left "[ ]") and the kernel is idle again
+ALL_RAN = """() => {
+  const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
+  const status = [...document.querySelectorAll('.jp-StatusBar-Widget')].map(e => e.textContent).join(' ');
+  return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t)) && status.includes('| Idle');
+}"""
+
+
+def run_all_in_lab(page, url: str, shots: Path, name: str) -> None:
+    """Open a notebook, wait for its kernel, clear the stored outputs and run every cell; wait until all have run."""
+    page.goto(url, timeout=120_000)
+    page.get_by_text("Python 3 (ipykernel) | Idle").first.wait_for(timeout=120_000)  # the kernel is ready
+    menu(page, "Edit", "Clear Outputs of All Cells")  # so what is measured was drawn now
+    menu(page, "Run", "Run All Cells")
+    try:
+        page.wait_for_function(ALL_RAN, timeout=300_000, polling=250)
+    except Exception:
+        page.screenshot(path=str(shots / f"{name}-failure.png"))
+        raise AssertionError(f"{url}: not every cell ran; screenshot {shots / f'{name}-failure.png'}")
+    assert_no_errors(page)
+
+
+def lab_screenshot(page, path: Path) -> None:
+    """The whole notebook: for the shot, a viewport as tall as its content (the width, hence the layout, is kept)."""
+    viewport = page.viewport_size
+    height = page.evaluate("() => document.querySelector('.jp-WindowedPanel-outer').scrollHeight") + 200
+    page.set_viewport_size({"width": viewport["width"], "height": min(height, 8000)})
+    page.screenshot(path=str(path))
+    page.set_viewport_size(viewport)
+
+
+def test_jupyterlab_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(tmp_path, browser):
+    """The dashboards notebook and the Hindi quiz, run in JupyterLab at 390 x 844 and 1280 x 800: the checks of the
+    Voila test above (sliders of at least 150 px, accum_steps at least 10 px per step on the phone and 20 on the
+    desktop, no overlap, nothing cut off or scrolling sideways; every quiz question). Each width opens its own
+    copies, so each runs in a fresh kernel. Screenshots: build/screenshots/lab-*.png."""
+    import json
+
+    shots = ROOT / "build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    root, settings = tmp_path / "root", tmp_path / "settings" / "@jupyterlab"
+    for width in (390, 1280):
+        (root / str(width)).mkdir(parents=True)
+        shutil.copy(ROOT / "notebooks" / "en" / "dashboards.ipynb", root / str(width))
+        quiz = quiz_notebook(root / str(width))
+    for name, values in LAB_SETTINGS.items():
+        (settings / name).parent.mkdir(parents=True, exist_ok=True)
+        (settings / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
+    port = free_port()
+    lab = server([str(BIN / "jupyter"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
+                  "--ServerApp.token=", "--IdentityProvider.token=", f"--ServerApp.root_dir={root}",
+                  f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+                  f"--LabApp.user_settings_dir={tmp_path / 'settings'}"], root, f"http://127.0.0.1:{port}/api/status")
+    try:
+        for width, height, per_step in ((390, 844, 10), (1280, 800, 20)):
+            page = browser.new_page(viewport={"width": width, "height": height})
+            run_all_in_lab(page, f"http://127.0.0.1:{port}/doc/tree/{width}/dashboards.ipynb", shots,
+                           f"lab-dashboards-{width}")
+            dashboards = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-slider"))
+            assert dashboards.count() == 3 and all(dashboards.nth(i).locator(".widget-output img").count() >= 1
+                                                   for i in range(3))  # each dashboard drew its figures
+            lab_screenshot(page, shots / f"lab-dashboards-{width}.png")
+            assert_usable(page, width, ".jp-OutputArea-output", sliders=7, per_step=per_step)
+            page.close()
+            page = browser.new_page(viewport={"width": width, "height": height})
+            run_all_in_lab(page, f"http://127.0.0.1:{port}/doc/tree/{width}/{quiz}", shots, f"lab-quiz-{width}")
+            assert_every_question_usable(page, width, shots / f"lab-quiz-{width}.png", ".jp-OutputArea-output")
+            page.close()
+    finally:
+        stop(lab)

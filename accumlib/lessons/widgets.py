@@ -42,10 +42,21 @@ CARD_MIB = tuple(0.25 * i for i in range(1, 17))  # the memory dashboard's card 
 STYLE = {"description_width": "initial"}  # a control's label as wide as its text
 
 
+# Where a slider's box is narrow (a phone's JupyterLab leaves a cell about 280 px), its label takes a line of its own
+# above the track: in a row, a label of 110 px and the readout left the track 80 px (5 px per accum_steps step).
+# A container query on each slider, so it follows the slider's width, not the window's. Scoped by the class.
+_LAYOUT_CSS = ("<style>"
+               ".accumlib-dashboard .widget-hslider{container-type:inline-size;flex-wrap:wrap;height:auto}"
+               "@container (max-width: 22rem){.accumlib-dashboard .widget-hslider>.widget-label"
+               "{flex:1 0 100%;max-width:none;text-align:left}}"
+               "</style>")
+
+
 def slider_layout() -> w.Layout:
     """A slider's box: a row of its own on a phone (it keeps about 200 px of track at 390 px: over 12 px per
     accum_steps step), two or three to a row on a desktop, growing to 36rem (about 28 px per step)."""
-    return w.Layout(flex="1 1 22rem", min_width="min(100%, 18rem)", max_width="36rem")
+    # 100% less the widget's margins (2 px a side): a box of 100% overflowed a 280 px cell by 2 px
+    return w.Layout(flex="1 1 22rem", min_width="min(100% - 4px, 18rem)", max_width="36rem")
 
 
 def row_layout() -> w.Layout:
@@ -180,8 +191,10 @@ class Dashboard:
         if extra_controls:
             label = [w.HTML(html.escape(extra_label), layout=w.Layout(margin="0 1em 0 0"))] if extra_label else []
             rows.append(w.HBox(label + list(extra_controls), layout=row_layout()))
-        self.widget = w.VBox([w.HTML(f"<h3>{html.escape(_(self.title))}</h3>"), self.task_list, *rows, self.figures,
+        self.widget = w.VBox([w.HTML(_LAYOUT_CSS, layout=w.Layout(display="none")),
+                              w.HTML(f"<h3>{html.escape(_(self.title))}</h3>"), self.task_list, *rows, self.figures,
                               self.settings])
+        self.widget.add_class("accumlib-dashboard")
         self.plots: list[plots.Plot] = []  # the figures shown, once final
         self.summary = ""  # the finding of the figures shown
         self.shown: dict | None = None  # settings of the figures shown; None while computing or after a failure

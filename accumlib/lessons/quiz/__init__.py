@@ -292,7 +292,8 @@ class QuizWidget:
         self.heading = w.HTML()
         self.prompt = w.HTML()
         self.choices = w.RadioButtons(options=[], value=None, layout=w.Layout(width="auto", max_width="100%"))
-        self.number = w.Text(layout=w.Layout(width="100%", max_width="24rem"), style={"description_width": "initial"})
+        self.number = w.Text(layout=w.Layout(width="calc(100% - 4px)", max_width="24rem"),  # less its 2 px margins
+                             style={"description_width": "initial"})
         self.check = _button(button_style="primary")
         self.run = _button()
         self.previous, self.next = _button(), _button()
