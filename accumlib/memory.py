@@ -765,7 +765,8 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     example_batch: (x, y) with at least one sample (its first sample stands for every sample: only shapes matter;
     nothing of the size of a candidate batch is allocated). target_batch: 1 to 10**9 samples. optimizer and
     loss_fn as for `measure_step`. Measured under FakeTensorMode: nothing is computed, the model is untouched.
-    Raises OutOfMemory when even one sample per pass does not fit.
+    Raises OutOfMemory when even one sample per pass does not fit (for a model with BatchNorm, which refuses one
+    sample per channel in training, the smallest divisor of target_batch above 1).
     """
     x, y = _validate.pair("example_batch", example_batch)
     _check_step_inputs(model, x, y, optimizer, loss_fn, 1)
@@ -783,9 +784,20 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     peaks = {target_batch: peak(target_batch)}
     if peaks[target_batch] <= budget_bytes:
         return FitPlan(target_batch, budget_bytes, target_batch, 1, peaks[target_batch], target_batch, None, None)
-    peaks[1] = peak(1)
-    if peaks[1] > budget_bytes:
-        raise OutOfMemory(peaks[1], budget_bytes, _("even one sample per pass"),
+    try:
+        peaks[1] = peak(1)
+    except ValueError:  # BatchNorm in training refuses one value per channel: its smallest micro-batch is 2 or more
+        if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise
+        candidates = [d for d in candidates if d > 1]
+    smallest = candidates[0]
+    if smallest not in peaks:
+        peaks[smallest] = peak(smallest)
+    if peaks[smallest] > budget_bytes:
+        what = _("even one sample per pass") if smallest == 1 else _(
+            "even {size} samples per pass, the smallest micro-batch that divides target_batch={target} and that "
+            "BatchNorm accepts in training").format(size=smallest, target=target_batch)
+        raise OutOfMemory(peaks[smallest], budget_bytes, what,
                           advice=_("a larger card, a smaller model or an optimizer with less state is needed"))
     # Below target_batch every candidate accumulates (>= 2 passes) and its peak grows with the micro-batch:
     # bisect for the largest divisor that fits; the one after it (at worst target_batch itself) does not.

@@ -91,13 +91,13 @@ def test_a_skipped_cycle_puts_batchnorms_statistics_back():
 
 
 def test_fit_batchs_plan_is_accepted_and_fits():
-    # (a BatchNorm model cannot be planned: fit_batch measures one sample per pass, which BatchNorm refuses in
-    # training mode)
-    for build in (Masked,):
+    # BatchNorm1d refuses one sample per pass in training: its plan starts from the smallest divisor above 1 (its
+    # accumulated steps undercut the whole batch only at a larger target: its activations are small)
+    for build, target in ((Masked, 16), (batchnorm, 96)):
         model = build()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        whole = memory.measure_step(model, X[:16], Y[:16], optimizer=optimizer).peak
-        plan = memory.fit_batch(model, (X[:1], Y[:1]), 16, whole - 1, optimizer=optimizer)
+        whole = memory.measure_step(model, X[:target], Y[:target], optimizer=optimizer).peak
+        plan = memory.fit_batch(model, (X[:1], Y[:1]), target, whole - 1, optimizer=optimizer)
         assert plan.accum_steps > 1 and plan.peak_bytes <= plan.budget_bytes < whole
         history = accumlib.train(model, (X, Y), optimizer, micro_batch_size=plan.micro_batch_size,
                                  accum_steps=plan.accum_steps, memory_budget=plan.budget_bytes, measure_memory=True,
@@ -105,7 +105,17 @@ def test_fit_batchs_plan_is_accepted_and_fits():
         assert max(r.peak_memory_bytes for r in history) == plan.peak_bytes
         with pytest.raises(memory.OutOfMemory):
             accumlib.train(model, (X, Y), optimizer, micro_batch_size=plan.next_micro_batch_size,
-                           accum_steps=16 // plan.next_micro_batch_size, memory_budget=plan.budget_bytes)
+                           accum_steps=target // plan.next_micro_batch_size, memory_budget=plan.budget_bytes)
+
+
+def test_a_batchnorm_model_too_large_for_two_samples_per_pass_is_refused_naming_them():
+    model = batchnorm()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    two = memory.measure_step(model, X[:2], Y[:2], optimizer=optimizer, accum_steps=48).peak
+    with pytest.raises(memory.OutOfMemory, match="even 2 samples per pass") as refused:
+        memory.fit_batch(model, (X[:1], Y[:1]), 96, two - 1, optimizer=optimizer)
+    assert refused.value.needed_bytes == two  # the smallest micro-batch BatchNorm accepts, measured as train runs it
+    assert memory.fit_batch(model, (X[:1], Y[:1]), 96, two, optimizer=optimizer).micro_batch_size == 2
 
 
 def test_decompose_time_times_trains_cycle():
