@@ -443,7 +443,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
     if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
     elif with_norm:
-        grads = [p.grad for p in params if p.grad is not None]  # no .grad: the loss does not depend on it
+        grads = [grad for p in params if (grad := p.grad) is not None]  # no .grad: the loss does not depend on it
         norms = torch._foreach_norm(grads) if grads else ()  # each gradient's L2 norm, in one call
     else:
         norms = ()  # the loss alone
@@ -521,18 +521,22 @@ class _Kept(_BuffersKept):
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]):
         super().__init__(model)
-        self.grads = [(p, p.grad) for p in params]
-        for p in params:
+        self.params = params
+        # the .grad found, where there is one (after a step there is none: nothing to set aside, nothing to set)
+        self.grads = [(p, grad) for p in params if (grad := p.grad) is not None]
+        for p, _grad in self.grads:
             p.grad = None  # once per cycle: from here on, every backward() adds into .grad
 
     def restore(self) -> None:
         super().restore()
+        for p in self.params:
+            p.grad = None  # what the block's backward() made
         for p, grad in self.grads:
-            p.grad = grad
+            p.grad = grad  # what the call found
 
     def stepped(self) -> None:
         self.done = True
-        for p, _grad in self.grads:
+        for p in self.params:
             p.grad = None
 
 

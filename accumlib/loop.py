@@ -603,9 +603,14 @@ class _Indexed:
 
     def cycles(self, epochs: int | None):
         for epoch, cycle_samples, indices, sizes in self.plan(epochs):
-            raw = functools.partial(map, self.samples.fetch, [idx for idx, size in zip(indices, sizes) if size])
+            raw = functools.partial(_real_batches, self.samples.fetch, indices, sizes)  # built only when called
             yield _Cycle(epoch, _MicroBatches(self.samples, indices, self.device), sizes, cycle_samples, tuple(sizes),
                          raw)
+
+
+def _real_batches(fetch: Callable, indices: list, sizes: list[int]):
+    """A cycle's real micro-batches (padding left out), fetched as they are iterated."""
+    return map(fetch, [idx for idx, size in zip(indices, sizes) if size])
 
 
 class _Plan:

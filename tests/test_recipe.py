@@ -223,3 +223,56 @@ def test_a_buffer_first_changed_in_a_skipped_cycle_is_named_and_kept_from_then_o
     assert model.passes == 2  # said, not hidden: it could not be put back
     assert accumlib.accumulate_and_step(model, sgd, bad, [0.5, 0.5]).skipped  # now it is copied: no warning
     assert model.passes == 2
+
+
+class Stacked(nn.Module):
+    """Layers in a ModuleList, run in order: ModuleList.insert edits the module dict directly (no registration
+    hook sees it), the path a cached module walk would miss."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList([nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("grow", ["insert", "append"])
+def test_a_batchnorm_added_after_the_first_step_is_put_back_by_a_skipped_cycle(grow):
+    """The snapshot follows the model as it is at each cycle: a BatchNorm added after a step (inserted into a
+    ModuleList, or appended to a Sequential) has its running statistics put back, exactly, by a skipped cycle."""
+    if grow == "insert":
+        model = Stacked()
+    else:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    good = [(X[:8], Y[:8]), (X[8:16], Y[8:16])]
+    assert not accumlib.accumulate_and_step(model, optimizer, good, [0.5, 0.5]).skipped
+    norm = nn.BatchNorm1d(32)
+    model.layers.insert(1, norm) if grow == "insert" else model.append(norm)
+    if grow == "append":
+        model.append(nn.Linear(32, 10))
+    assert not accumlib.accumulate_and_step(model, optimizer, good, [0.5, 0.5]).skipped  # the statistics move
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert before["layers.1.running_mean" if grow == "insert" else "3.running_mean"].abs().sum() > 0
+    bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
+    assert accumlib.accumulate_and_step(model, optimizer, bad, [0.5, 0.5]).skipped
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_skipped_cycle_gives_back_each_grad_it_found_none_or_not():
+    """.grad found on some parameters and None on others: after a skipped cycle each is the very tensor (or None)
+    the call found, and its values are unchanged (backward() added into fresh gradients, not into these)."""
+    model = batchnorm()
+    params = list(model.parameters())
+    found = [torch.full_like(p, 0.25) if i % 2 else None for i, p in enumerate(params)]
+    for p, grad in zip(params, found):
+        p.grad = grad
+    bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
+    assert accumlib.accumulate_and_step(model, torch.optim.SGD(params, lr=0.1), bad, [0.5, 0.5]).skipped
+    assert all(p.grad is grad for p, grad in zip(params, found))
+    assert all(torch.equal(grad, torch.full_like(grad, 0.25)) for grad in found if grad is not None)
