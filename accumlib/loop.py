@@ -115,7 +115,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
       the step, each moved to the device only when its turn comes: host memory for `accum_steps` batches, and in
       return the last, short cycle is exact without len() (its weights need its sizes, or counts, before its first
       backward). Under DDP each process's loader is its own (a DistributedSampler, say; train calls its
-      set_epoch(epoch) every epoch), and each cycle costs one small all-reduce of the processes' batch counts.
+      set_epoch(epoch) every epoch), and each cycle costs one small all-reduce of the processes' batch counts;
+      through it a process whose batch is refused, whose loader fails or that has no batch stops every process at
+      that cycle, each saying why, none left waiting.
     A batch is (x, y) -> model(x), loss_fn(output, y); (inputs, y) with a tuple of inputs -> model(*inputs), with a
     dict -> model(**inputs); or a dict -> model(**batch), loss_fn(output, batch). Tensors inside, nested, are moved
     to `device`. Without loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a
@@ -681,7 +683,7 @@ class _Loader:
             self.length = len(data)
         except TypeError:  # no len(): a stream, or a DataLoader over an IterableDataset
             self.length = None
-        if self.length == 0:
+        if self.length == 0 and world == 1:  # under DDP the first cycle's all-reduce says it, to every process
             raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=0))
 
     def check_epochs(self, epochs) -> None:
@@ -695,17 +697,20 @@ class _Loader:
             return None
         return epochs * math.ceil(self.length / self.accum_steps)
 
-    def _busiest(self, batches: int, samples: int) -> tuple[int, int]:
-        """(the most batches any process holds in this cycle, the cycle's samples over all processes), from one
-        all-reduce (one host read) of every process's counts."""
-        counts = torch.zeros(self.world + 1, dtype=torch.float64, device=self.device)
-        counts[0], counts[1 + self.rank] = samples, batches
+    def _busiest(self, batches: int, samples: int, failed: bool = False,
+                 empty: bool = False) -> tuple[int, int, int, int]:
+        """(the most batches any process holds in this cycle, the cycle's samples over all processes, how many
+        processes failed fetching or checking their batches, how many never had a batch), from one all-reduce (one
+        host read) of every process's counts: a process that stops, stops every process, none waits for it."""
+        counts = torch.zeros(self.world + 3, dtype=torch.float64, device=self.device)
+        counts[0], counts[1], counts[2], counts[3 + self.rank] = samples, float(failed), float(empty), batches
         dist.all_reduce(counts)
-        total, *per_process = counts.tolist()
-        return int(max(per_process)), int(total)
+        total, failures, empties, *per_process = counts.tolist()
+        return int(max(per_process)), int(total), int(failures), int(empties)
 
     def cycles(self, epochs: int | None):
         pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
+        made = 0  # cycles given so far, all epochs
         for epoch in range(epochs) if epochs is not None else itertools.count():
             if self.once and epoch:
                 return
@@ -714,17 +719,35 @@ class _Loader:
                 sampler.set_epoch(epoch)  # a DistributedSampler's new order for this epoch
             batches, cycle = iter(self.data), 0
             while True:
-                held = list(itertools.islice(batches, self.accum_steps))  # this cycle's batches, until its step
-                sizes = [_check_batch(b, _("data's batch {i} of epoch {epoch}").format(
-                    i=cycle * self.accum_steps + i, epoch=epoch)) for i, b in enumerate(held)]
-                busiest, samples = self._busiest(len(held), sum(sizes)) if self.world > 1 else (len(held), sum(sizes))
+                try:
+                    held = list(itertools.islice(batches, self.accum_steps))  # this cycle's batches, until its step
+                    sizes = [_check_batch(b, _("data's batch {i} of epoch {epoch}").format(
+                        i=cycle * self.accum_steps + i, epoch=epoch)) for i, b in enumerate(held)]
+                except Exception:  # under DDP the other processes learn of it in the counts' all-reduce and stop
+                    if self.world > 1:  # too, instead of waiting for this one in their next all-reduce
+                        self._busiest(0, 0, failed=True)
+                    raise
+                pad = held[-1] if held else pad
+                if self.world == 1:
+                    busiest, samples, failures, empties = len(held), sum(sizes), 0, 0
+                else:
+                    busiest, samples, failures, empties = self._busiest(len(held), sum(sizes), empty=pad is None)
+                if failures:
+                    raise ValueError(ngettext(
+                        "{count} other process failed fetching or checking its batches for step {step} (epoch "
+                        "{epoch}): its own error says why; this process stops with it, before this step changes "
+                        "anything",
+                        "{count} other processes failed fetching or checking their batches for step {step} (epoch "
+                        "{epoch}): their own errors say why; this process stops with them, before this step changes "
+                        "anything", failures).format(count=failures, step=made + 1, epoch=epoch))
                 if busiest == 0:  # the epoch has ended on every process
                     if cycle == 0:
                         raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=epoch))
                     break
-                pad = held[-1] if held else pad
-                if pad is None:
+                if empties:  # every process stops: the one without a batch says so, the others that it exists
                     raise ValueError(_("data gave this process no batch while another process has some: give every "
+                                       "process a share of the data (a DistributedSampler)") if pad is None else
+                                     _("data gave another process no batch while this one has some: give every "
                                        "process a share of the data (a DistributedSampler)"))
                 padding = busiest - len(held)
                 if epoch == 0 and cycle == 0 and busiest < self.accum_steps:
@@ -733,6 +756,7 @@ class _Loader:
                 moved = _Moved(held + [pad] * padding, self.device)
                 layout = tuple(tuple(tuple(t.shape) for t in _tensors(b)) for b in held)
                 yield _Cycle(epoch, moved, sizes + [0] * padding, samples, layout, functools.partial(iter, held))
+                made += 1
                 if busiest < self.accum_steps:  # the loader has ended, on every process
                     break
                 cycle += 1

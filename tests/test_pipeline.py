@@ -446,10 +446,11 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     assert result["samples"] == [24, 5] * 2
     assert result["micro_batches"] == [4, 2] * 2  # process 0's; process 1 has one real and one padding in step 2
     assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
-    # per step, Python-level all-reduces: the cycle's batch counts (3 values: samples and each process's batches),
-    # its loss terms (2: terms and bad counts) once, and the loss (1); a short cycle (fewer than accum_steps batches
-    # on every process) ends the epoch without another
-    assert result["sizes"] == [3, 2, 1] * 4
+    # per step, Python-level all-reduces: the cycle's batch counts (5 values: samples, processes that failed
+    # fetching, processes without any batch, and each process's batches), its loss terms (2: terms and bad counts)
+    # once, and the loss (1); a short cycle (fewer than accum_steps batches on every process) ends the epoch without
+    # another
+    assert result["sizes"] == [5, 2, 1] * 4
 
 
 def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
@@ -532,3 +533,79 @@ def test_two_processes_resumed_equal_the_uninterrupted_run(two_processes):
     resumed = two_processes["resumed"]
     assert resumed["steps"] == [2, 3, 4] and resumed["samples_seen"] == [29, 53, 58]
     assert accumlib.parameter_gap(resumed["state"], two_processes["DataLoader"]["state"]) == 0.0
+
+
+REFUSING_WORKER = '''
+import gc, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, case = dist.get_rank(), sys.argv[3]
+torch.manual_seed(0)
+good = [(torch.randn(2, 6), torch.zeros(2, dtype=torch.long)) for _ in range(4)]
+if rank == 1:  # the other process's data is as rank 0's but for what the case breaks
+    scalar = (torch.zeros(()), torch.zeros(()))  # a batch without a batch dimension: refused as its cycle comes
+    good = {"bad batch": good[:3] + [scalar], "no batch": [], "loader error": good[:3] + [None]}[case]
+
+
+def batches(items):  # a stream (no len()): each batch is checked as its cycle is fetched
+    for batch in items:
+        if batch is None:
+            raise OSError("the disk went away")
+        yield batch
+
+
+model = DistributedDataParallel(torch.nn.Linear(6, 3))
+try:
+    accumlib.train(model, batches(good), torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
+                   device="cpu")
+    outcome = "trained"
+except Exception as error:
+    outcome = f"{type(error).__name__}: {error}"
+with open(sys.argv[2] + f".{rank}", "w") as out:
+    out.write(outcome)
+gc.collect()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error"])
+def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
+    """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch) stops, and the
+    others stop at the same cycle with a message that says so, instead of waiting for it in an all-reduce."""
+    import os
+    import pathlib
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "worker.py").write_text(REFUSING_WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    processes = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(pathlib.Path(__file__).parent),
+                                   str(tmp_path / "outcome"), case], env={**env, "RANK": str(rank)},
+                                  stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        errors = [p.communicate(timeout=120)[1] for p in processes]  # before the fix: rank 0 waited forever
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in processes] == [0, 0], "\n".join(errors)
+    ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
+    expected = {"bad batch": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
+                              "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension"),
+                "no batch": ("ValueError: data gave another process no batch while this one has some",
+                             "ValueError: data gave this process no batch while another process has some"),
+                "loader error": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
+                                 "OSError: the disk went away")}[case]
+    assert ours.startswith(expected[0]) and theirs.startswith(expected[1]), (ours, theirs)
