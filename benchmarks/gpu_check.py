@@ -43,6 +43,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -307,9 +308,7 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
     from accumlib.lessons.quiz import experiments
 
     lines, ok = [], True
-    saved = os.environ.get(devices.VARIABLE)
-    os.environ[devices.VARIABLE] = "cpu"
-    try:
+    with mock.patch.dict(os.environ, {devices.VARIABLE: "cpu"}):  # put back as it was, whatever happens
         model = models.mlp()
         X, y = data.digits(64, flat=True)
         accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8,
@@ -317,11 +316,6 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
         on = next(model.parameters()).device
         ok &= on.type == "cpu"
         lines.append(f"train(device=None) with {devices.VARIABLE}=cpu trained on {on}")
-    finally:
-        if saved is None:
-            del os.environ[devices.VARIABLE]
-        else:
-            os.environ[devices.VARIABLE] = saved
 
     class Job:  # a dashboard computation that is never stale
         def check(self):
@@ -333,8 +327,7 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
             board = getattr(widgets, name)(device=device)
             board.compute(board.current_settings(), Job())
         runs[f"dashboard: {name}"] = compute
-    os.environ[devices.VARIABLE] = str(device)  # the checkers' device is the lesson's: accumlib.devices.pick()
-    try:
+    with mock.patch.dict(os.environ, {devices.VARIABLE: str(device)}):  # the checkers' device: devices.pick()'s
         runs["checker: memory_plan"] = lambda: exercises.memory_plan.verdict(8, 32)
         runs["checker: batchnorm_split"] = lambda: exercises.batchnorm_split.verdict(lambda fits, batch: (1, batch))
         runs["checker: time_cost"] = lambda: exercises.time_cost.verdict(1)
@@ -350,11 +343,6 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
             except Exception as error:  # noqa: BLE001 - reported as the check's result
                 ok = False
                 lines.append(f"{label}: {type(error).__name__}: {str(error)[:160]}")
-    finally:
-        if saved is None:
-            del os.environ[devices.VARIABLE]
-        else:
-            os.environ[devices.VARIABLE] = saved
     return ("ok" if ok else "FAILED"), lines
 
 

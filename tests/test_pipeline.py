@@ -404,18 +404,16 @@ finally:
 '''
 
 
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
-    """The HF-style call, its IterableDataset form and a tuple-input model on 2 gloo processes, each with its own
-    loader (its own shard of the sequences, as a DistributedSampler gives)."""
+def run_on_two_processes(script: str, folder, *arguments: str, timeout: float) -> None:
+    """Run `script` as 2 gloo processes (RANK 0 and 1) with this folder's modules importable, its arguments after
+    the tests' folder; both must exit 0 within `timeout` seconds."""
     import os
     import pathlib
     import socket
     import subprocess
     import sys
 
-    folder = tmp_path_factory.mktemp("ddp")
-    (folder / "worker.py").write_text(WORKER)
+    (folder / "worker.py").write_text(script)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -423,16 +421,24 @@ def two_processes(tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     processes = [subprocess.Popen([sys.executable, str(folder / "worker.py"), str(pathlib.Path(__file__).parent),
-                                   str(folder / "result.pt")], env={**env, "RANK": str(rank)},
-                                  stderr=subprocess.PIPE, text=True) for rank in range(2)]
+                                   *arguments], env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE, text=True)
+                 for rank in range(2)]
     try:
-        errors = [p.communicate(timeout=240)[1] for p in processes]
+        errors = [p.communicate(timeout=timeout)[1] for p in processes]
     finally:
         for p in processes:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     assert [p.returncode for p in processes] == [0, 0], "\n".join(errors)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """The HF-style call, its IterableDataset form and a tuple-input model on 2 gloo processes, each with its own
+    loader (its own shard of the sequences, as a DistributedSampler gives)."""
+    folder = tmp_path_factory.mktemp("ddp")
+    run_on_two_processes(WORKER, folder, str(folder / "result.pt"), timeout=240)
     return torch.load(folder / "result.pt")
 
 
@@ -577,30 +583,7 @@ dist.destroy_process_group()
 def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch) stops, and the
     others stop at the same cycle with a message that says so, instead of waiting for it in an all-reduce."""
-    import os
-    import pathlib
-    import socket
-    import subprocess
-    import sys
-
-    (tmp_path / "worker.py").write_text(REFUSING_WORKER)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = str(pathlib.Path(__file__).resolve().parents[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    processes = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(pathlib.Path(__file__).parent),
-                                   str(tmp_path / "outcome"), case], env={**env, "RANK": str(rank)},
-                                  stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    try:
-        errors = [p.communicate(timeout=120)[1] for p in processes]  # before the fix: rank 0 waited forever
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in processes] == [0, 0], "\n".join(errors)
+    run_on_two_processes(REFUSING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)  # both exit: none waits
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
     expected = {"bad batch": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
                               "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension"),
