@@ -173,7 +173,7 @@ class TimeDecomposition:
 
 def _least_squares(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     """(intercept, slope) of the ordinary least-squares line through the points (size, seconds)."""
-    n, mean_size, mean_seconds = len(sizes), statistics.fmean(sizes), statistics.fmean(seconds)
+    mean_size, mean_seconds = statistics.fmean(sizes), statistics.fmean(seconds)
     spread = sum((s - mean_size) ** 2 for s in sizes)
     slope = sum((s - mean_size) * (t - mean_seconds) for s, t in zip(sizes, seconds)) / spread
     return mean_seconds - slope * mean_size, slope

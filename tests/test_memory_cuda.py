@@ -2,7 +2,6 @@
 the live-tensor count (fake 'cuda' storages, which FakeTensorMode makes in this CPU build), and cuda_budget's hard
 cap with torch.cuda mocked (every call it makes recorded). Only benchmarks/gpu_check.py on a GPU confirms that the
 real allocator behaves so; these tests pin what accumlib asks of it."""
-import contextlib
 
 import pytest
 import torch

@@ -10,7 +10,7 @@ from torch import nn
 
 import accumlib
 from accumlib import memory, timing
-from accumlib.lessons import data, models
+from accumlib.lessons import data
 
 X, Y = data.digits(96, flat=True)
 

@@ -14,7 +14,7 @@ from babel.messages.extract import extract_from_file
 from matplotlib.text import Text
 
 from accumlib import i18n
-from accumlib.lessons import pitfalls, plots, widgets
+from accumlib.lessons import plots, widgets
 from hindi import allowed_latin, untranslated
 
 SIZES = widgets.MICRO_BATCH_SIZES
