@@ -134,17 +134,6 @@ def pair(name: str, value) -> tuple:
     return x, y
 
 
-def loss_function(name: str, value):
-    """Return `value` if it is None or a callable loss (an instance such as nn.CrossEntropyLoss(), not the class)."""
-    if isinstance(value, type):
-        raise TypeError(f"{name} must be a loss function or an instance, got the class {value.__name__}: "
-                        f"pass {value.__name__}() or torch.nn.functional.cross_entropy")
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable as {name}(model output, y), got {value!r} of type "
-                        f"{type(value).__name__}")
-    return value
-
-
 def optimizer_or_none(name: str, value):
     """Return `value` if it is None or a torch.optim.Optimizer instance (not the class) whose step() needs no
     closure (LBFGS re-evaluates the loss itself, which accumulation cannot give it)."""

@@ -300,7 +300,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss_fn: Cal
     """
     _validate.module("model", model)
     _validate.samples("x", x, "y", y)
-    loss_fn = _validate.loss_function("loss_fn", loss_fn) or nn.functional.cross_entropy
+    loss_fn = _validate.function("loss_fn", loss_fn, optional=True) or nn.functional.cross_entropy
     x, y = _on_model(model, x), _on_model(model, y)
     modes = {m: m.training for m in model.modules()}
     try:
@@ -324,7 +324,7 @@ def gradient_size(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch
     `accumlib.gradient_gap` is read. The model's parameters, buffers and `.grad` are left as they were."""
     _validate.module("model", model)
     _validate.samples("x", x, "y", y)
-    loss_fn = _validate.loss_function("loss_fn", loss_fn) or nn.functional.cross_entropy
+    loss_fn = _validate.function("loss_fn", loss_fn, optional=True) or nn.functional.cross_entropy
     model = copy.deepcopy(model).train()
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss_fn(model(x), y), params, allow_unused=True, materialize_grads=True)

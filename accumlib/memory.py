@@ -379,12 +379,12 @@ def resolve_device(model: torch.nn.Module, device) -> torch.device:
     return resolved
 
 
-def _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps) -> int:
-    """Validate the arguments every step measurement shares; return accum_steps."""
+def _check_step_inputs(model, x, y, optimizer, accum_steps) -> int:
+    """Validate the arguments every step measurement shares (loss_fn: when its `cycle.CycleOptions` is built, with
+    train's message); return accum_steps."""
     _validate.trainable_parameters("model", model)
     _validate.samples("x", x, "y", y)
     _validate.optimizer_or_none("optimizer", optimizer)
-    _validate.loss_function("loss_fn", loss_fn)
     return _validate.positive_int("accum_steps", accum_steps)
 
 
@@ -412,7 +412,7 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     leave room for (not run on our CPUs).
     The model, its gradients, the optimizer and the global random state are left exactly as they were.
     """
-    accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
+    accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     fake = _validate.boolean("fake", fake)
     options = _step_options(loss_fn, cycle_options)
     home = next(model.parameters()).device
@@ -650,7 +650,7 @@ def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, l
     run (default: where the model is); a fake copy of the model is traced there (on CUDA each block counted as the
     allocator rounds it) and the model itself does not move, so a refusal leaves it where it was.
     """
-    accum_steps = _check_step_inputs(model, x, y, optimizer, loss_fn, accum_steps)
+    accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     if options is None:
         options = _step_options(loss_fn, {})
     elif loss_fn is not None:
@@ -769,7 +769,7 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     sample per channel in training, the smallest divisor of target_batch above 1).
     """
     x, y = _validate.pair("example_batch", example_batch)
-    _check_step_inputs(model, x, y, optimizer, loss_fn, 1)
+    _check_step_inputs(model, x, y, optimizer, 1)
     options = _step_options(loss_fn, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:

@@ -97,7 +97,7 @@ def time_config(model: torch.nn.Module, data, *, micro_batch_size: int, accum_st
     accum_steps = _validate.positive_int("accum_steps", accum_steps)
     warmup, repeats = _validate.non_negative_int("warmup", warmup), _validate.positive_int("repeats", repeats)
     X, y = _validate.pair("data", data)
-    _validate.loss_function("loss_fn", loss_fn)
+    _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
     effective = micro_batch_size * accum_steps
     if effective > len(X):
         raise ValueError(f"micro_batch_size * accum_steps = {effective} exceeds the {len(X)} samples of data")
@@ -215,7 +215,7 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     X, y = _validate.pair("data", data)
     if len(X) < effective_batch:
         raise ValueError(f"data has {len(X)} samples but effective_batch={effective_batch} needs at least that many")
-    _validate.loss_function("loss_fn", loss_fn)
+    _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     device = _timing_device(model, device)
     model, optimizer = _copy_with_optimizer(model, optimizer_fn)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import accumlib
-from accumlib import cycle, memory
+from accumlib import batchnorm, cycle, memory, timing
 
 X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(1))
@@ -77,6 +77,33 @@ def test_train_refuses_each_cycle_option_with_accumulate_and_steps_message_and_c
         else:
             accumlib.CycleOptions(**{name: value})
     assert str(options_error.value) == str(cycle_error.value)
+
+
+LOSS_FN_REFUSED = [5, nn.CrossEntropyLoss, "cross_entropy"]
+MEASUREMENTS = {  # every function of the library that takes loss_fn, called with a refused one
+    "measure_step": lambda bad, model, opt: memory.measure_step(model, X[:8], Y[:8], optimizer=opt, loss_fn=bad),
+    "check_fits": lambda bad, model, opt: memory.check_fits(model, opt, X[:8], Y[:8], accum_steps=2,
+                                                            budget_bytes=10**9, loss_fn=bad),
+    "fit_batch": lambda bad, model, opt: memory.fit_batch(model, (X[:8], Y[:8]), target_batch=16,
+                                                          budget_bytes=10**9, optimizer=opt, loss_fn=bad),
+    "time_config": lambda bad, model, opt: timing.time_config(model, (X, Y), micro_batch_size=8, accum_steps=2,
+                                                              loss_fn=bad),
+    "decompose_time": lambda bad, model, opt: timing.decompose_time(model, (X, Y), effective_batch=16, loss_fn=bad),
+    "batchnorm.evaluate": lambda bad, model, opt: batchnorm.evaluate(model, X[:8], Y[:8], loss_fn=bad),
+}
+
+
+@pytest.mark.parametrize("where", list(MEASUREMENTS))
+@pytest.mark.parametrize("value", LOSS_FN_REFUSED, ids=["number", "class", "string"])
+def test_every_function_that_takes_loss_fn_refuses_it_with_the_cycles_message_and_changes_nothing(where, value):
+    model, optimizer = trained()
+    before = snapshot(model, optimizer)
+    with pytest.raises(TypeError) as cycle_error:
+        accumlib.CycleOptions(loss_fn=value)
+    with pytest.raises(TypeError) as error:
+        MEASUREMENTS[where](value, model, optimizer)
+    assert str(error.value) == str(cycle_error.value)
+    assert same(snapshot(model, optimizer), before)
 
 
 def test_the_options_are_checked_once_per_run_not_per_step(monkeypatch):
