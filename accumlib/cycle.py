@@ -246,8 +246,8 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
                 with model.no_sync() if no_sync and i < len(loss_weights) - 1 else _NOTHING, autocast:
                     loss = _forward(model, loss_fn, x, y)
             weight = loss_weights[i]  # this micro-batch's share of the cycle's loss (0 for padding)
-            if total is None:
-                weighted = loss * weight  # the first micro-batch's weighted loss
+            if total is None:  # the first micro-batch's weighted loss; one micro-batch of weight 1: the loss itself
+                weighted = loss if type(weight) in (float, int) and weight == 1 else loss * weight
             elif isinstance(weight, torch.Tensor):  # a weight on the device, multiplied there (no host read)
                 weighted = total + loss * weight
             else:  # the cycle's loss so far plus loss * weight, in one op
@@ -329,11 +329,9 @@ class _Unit:
 
     def __enter__(self) -> _Unit:
         step = self.step
-        if step.previous is None and threading.get_ident() == _MAIN_THREAD:
-            previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion, once per step
-            if previous is not None:  # None: a handler installed outside Python; left alone
-                _signal.signal(signal.SIGINT, step.hold)
-                step.previous = previous
+        if threading.get_ident() == _MAIN_THREAD and _signal.getsignal(signal.SIGINT) is not step.handler:
+            step.install()  # not installed by a run (or replaced since): from here until the unit is released
+        step.held = True
         return self
 
     def __exit__(self, kind, error, traceback) -> bool:
@@ -368,6 +366,27 @@ class _Recorded:
             raise waiting
 
 
+class _Running:
+    """`_Step.run`'s block: the holding handler installed once for all the block's steps (main thread only)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: _Step):
+        self.step = step
+
+    def __enter__(self) -> None:
+        step = self.step
+        if threading.get_ident() == _MAIN_THREAD and _signal.getsignal(signal.SIGINT) is not step.handler:
+            step.install()
+        step.runs += 1
+
+    def __exit__(self, kind, error, traceback) -> None:
+        step = self.step
+        step.runs -= 1
+        if not step.runs:
+            step.uninstall()
+
+
 _MAIN_THREAD = threading.main_thread().ident  # only the main thread receives signals
 
 
@@ -378,13 +397,20 @@ class _Step(threading.local):
     never left without its record (main thread only: only it receives signals). An error raised inside after the
     optimizer step (a scheduler's) carries the step's result as `cycle_result`; inside `until_recorded` it is
     raised after the record too. One per thread: a dashboard's training thread has its own.
+
+    The holding handler (`handler`) is installed by the first unit and given back when the unit closes; inside a
+    `run()` block (train's whole run) it stays installed between the steps, where a SIGINT is passed straight on to
+    the handler it displaced, so that a step costs no handler swaps.
     """
 
     def __init__(self):
         self.depth = 0  # open `until_recorded` blocks of this thread
-        self.previous = None  # the SIGINT handler to give back, while the unit holds the signal
+        self.runs = 0  # open `run` blocks of this thread
+        self.held = False  # inside a unit: a SIGINT waits for its end
+        self.previous = None  # the SIGINT handler that `handler` displaced, while it is installed
         self.pending = None  # (signal number, frame) of a SIGINT that arrived meanwhile
         self.error = None  # an error raised after the optimizer step, waiting for the step's record
+        self.handler = self.hold  # the one bound method installed (its identity tells whether it still is)
 
     def unit(self) -> _Unit:
         """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
@@ -394,19 +420,43 @@ class _Step(threading.local):
         """`train`: the unit lasts until this block (the cycle and its record) ends."""
         return _Recorded(self)
 
+    def run(self) -> _Running:
+        """`train`: the holding handler stays installed for the whole block, between its units too."""
+        return _Running(self)
+
+    def install(self) -> None:
+        previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion
+        if previous is not None:  # None: a handler installed outside Python; left alone
+            _signal.signal(signal.SIGINT, self.handler)
+            self.previous = previous
+
+    def uninstall(self) -> None:
+        previous, self.previous = self.previous, None
+        if previous is not None and _signal.getsignal(signal.SIGINT) is self.handler:  # not replaced meanwhile
+            _signal.signal(signal.SIGINT, previous)
+
     def hold(self, signum, frame) -> None:
-        self.pending = (signum, frame)
+        if self.held:
+            self.pending = (signum, frame)
+        else:  # between the steps of a run: at once, as the displaced handler would
+            _deliver(self.previous, signum, frame)
 
     def release(self) -> None:
-        if self.previous is None:
-            return
-        previous, self.previous = self.previous, None
-        _signal.signal(signal.SIGINT, previous)
+        self.held = False
+        previous = self.previous
+        if not self.runs:
+            self.uninstall()
         pending, self.pending = self.pending, None
-        if pending is not None and callable(previous):
-            previous(*pending)  # Python's default handler raises KeyboardInterrupt here, after the unit
-        elif pending is not None and previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
+        if pending is not None:
+            _deliver(previous, *pending)
+
+
+def _deliver(handler, signum, frame) -> None:
+    """What `handler` (a SIGINT handler as signal.getsignal gives it) does with a SIGINT."""
+    if callable(handler):
+        handler(signum, frame)  # Python's default handler raises KeyboardInterrupt here, after the unit
+    elif handler == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 STEP = _Step()
@@ -414,7 +464,10 @@ STEP = _Step()
 
 def _forward(model: torch.nn.Module, loss_fn: Callable, x, y) -> torch.Tensor:
     """One micro-batch's forward pass and its loss (inputs that are not one tensor unpacked)."""
-    return _scalar_loss(loss_fn(model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x), y))
+    loss = loss_fn(model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x), y)
+    if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
+        return loss
+    return _scalar_loss(loss)  # any other: checked there (a tensor subclass passes as well)
 
 
 def _scalar_loss(loss) -> torch.Tensor:

@@ -291,7 +291,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     fitted: set[tuple] = set()  # a loader's cycle layouts measured under memory_budget
     step = -1
     try:
-        with memory.cuda_budget(device, run.memory_budget), _modes_kept(model):
+        # STEP.run(): Ctrl-C's holding handler installed once for the run, not swapped at every step
+        with memory.cuda_budget(device, run.memory_budget), _modes_kept(model), STEP.run():
             for step, cycle in enumerate(itertools.islice(source.cycles(run.epochs), run.max_steps)):  # none past it
                 seen += cycle.samples
                 if step < run.resume_from_step:
@@ -662,14 +663,16 @@ class _MicroBatches:
     def __init__(self, samples: _Samples, indices: list, device: torch.device):
         self.samples, self.indices, self.device = samples, indices, device
         self.move = samples.device != device
+        self.pairs = samples.dataset is None and not self.move  # (X, y) on the device: (x, y) pairs as fetched
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __iter__(self):
-        for idx in self.indices:
-            batch = self.samples.fetch(idx)
-            yield _as_pair(_to(batch, self.device) if self.move else batch)
+        if self.pairs:
+            return map(self.samples.fetch, self.indices)
+        return (_as_pair(_to(batch, self.device) if self.move else batch) for batch in map(self.samples.fetch,
+                                                                                             self.indices))
 
 
 class _Loader:

@@ -26,10 +26,11 @@ def test_at_a_fixed_effective_batch_only_what_the_micro_batch_brings_shrinks():
     # at 1 x 64 the peak comes halfway through backward, with part of the gradient built; accumulating keeps it whole
     assert split["gradients"] == split["parameters"] > one["gradients"]
     # what was called "other" is backward's gradients with respect to activations; only the scalar losses remain:
-    # the loss and the weighted loss, which with accumulation is also the loss summed so far (the cycle adds each
-    # micro-batch's weighted loss to the sum in one op): no scalar more than without accumulation
+    # with accumulation the loss and the weighted loss, which is also the loss summed so far (the cycle adds each
+    # micro-batch's weighted loss to the sum in one op); a single micro-batch of weight 1 backpropagates its loss
+    # itself, with no weighted copy: one 4-byte scalar fewer
     assert one["activation gradients"] > one["activations"] > 0
-    assert one["other"] == split["other"] <= 16
+    assert one["other"] + 4 == split["other"] <= 16
 
 
 def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps():

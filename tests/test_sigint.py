@@ -227,3 +227,34 @@ def test_a_sigint_inside_a_direct_accumulate_and_step_arrives_after_the_whole_st
     assert check(model, optimizer, [accumlib.StepRecord(1, 0, 8, 2, 8, 0.0, 0.0, None, 1.0, None)]) == 1
     assert scheduler.last_epoch == 1  # the scheduler stepped too: the unit was not cut
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler given back
+
+
+def test_a_handler_that_on_step_installs_holds_and_is_left_installed():
+    """train installs its holding handler once for the run; a SIGINT handler that the learner's code installs
+    during the run is displaced again at the next step (a SIGINT inside that step waits for the step and then
+    reaches it) and is the one left installed after the run; the handler found before the run comes back after a
+    run that nobody changed."""
+    received, optimizers = [], []
+
+    def handler(signum, frame):  # Adam's step count when the SIGINT reaches it
+        received.append({float(state["step"]) for state in optimizers[0].state.values()})
+
+    def on_step(record):
+        if record.step == 2:
+            signal.signal(signal.SIGINT, handler)
+
+    def pre(optimizer, *args):
+        optimizers[:] = [optimizer]
+        at_four(optimizer, *args)
+
+    at_four = at_step(4, interrupt)
+    model, optimizer, history, error = run(on_step=on_step, pre=pre)
+    try:
+        assert error is None and history.stopped is None
+        assert received == [{4.0}]  # after step 4, not inside it (3.0) where the SIGINT was sent
+        assert check(model, optimizer, history.records) == STEPS
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    run()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
