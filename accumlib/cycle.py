@@ -109,9 +109,9 @@ class CycleOptions:
 
     def measured(self) -> CycleOptions:
         """These options as a measurement of the cycle runs them on copies of the model and optimizer: without the
-        scheduler (built on the real optimizer, it would step it) and the scaler (its scale would change), and
-        without autocast, as `memory.measure_step` measures."""
-        return dataclasses.replace(self, scaler=None, autocast_dtype=None, scheduler=None)
+        scheduler (built on the real optimizer, it would step it) and the scaler (its scale would change; what it
+        adds is a few scalars), with autocast (its lower-precision activations are what an amp step holds)."""
+        return dataclasses.replace(self, scaler=None, scheduler=None)
 
 
 def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
@@ -246,17 +246,29 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
                 with model.no_sync() if no_sync and i < len(loss_weights) - 1 else _NOTHING, autocast:
                     loss = _forward(model, loss_fn, x, y)
             weight = loss_weights[i]  # this micro-batch's share of the cycle's loss (0 for padding)
-            if total is None:  # the first micro-batch's weighted loss; one micro-batch of weight 1: the loss itself
-                weighted = loss if type(weight) in (float, int) and weight == 1 else loss * weight
-            elif isinstance(weight, torch.Tensor):  # a weight on the device, multiplied there (no host read)
-                weighted = total + loss * weight
-            else:  # the cycle's loss so far plus loss * weight, in one op
-                weighted = torch.add(total, loss, alpha=weight)
-            total = weighted.detach()  # without its graph: only this micro-batch's term is backpropagated
+            if scaler is None and not isinstance(weight, torch.Tensor):
+                # backward() from the loss itself, its gradient seeded with the weight: what (loss * weight) would
+                # give, bit for bit, without the multiply and its node in the graph
+                root, value = loss, loss.detach()  # the loss without its graph: for the cycle's loss so far
+                if total is None:
+                    total = value if weight == 1 else value * weight
+                else:  # the cycle's loss so far plus value * weight, in one op
+                    total = torch.add(total, value, alpha=weight)
+                seed = weight  # backward()'s gradient of the loss: made a tensor only there, freed with it
+            else:  # backward() from the weighted loss: scaled (no fp16 underflow), or a weight on the device
+                if total is None:
+                    root = loss * weight
+                elif isinstance(weight, torch.Tensor):  # multiplied on the device (no host read)
+                    root = total + loss * weight
+                else:  # the cycle's loss so far plus loss * weight, in one op
+                    root = torch.add(total, loss, alpha=weight)
+                total, seed = root.detach(), 1  # without its graph: only this micro-batch's term is backpropagated
+                if scaler:
+                    root = scaler.scale(root)
             if watch:
                 watch("backward")
-            # adds weight * the loss's gradient into .grad (scaled: no fp16 underflow)
-            (scaler.scale(weighted) if scaler else weighted).backward()
+            root.backward(None if seed == 1 else torch.full_like(total, seed))  # adds seed * root's gradient into .grad
+        loss = root = value = None  # the last micro-batch's loss and graph: not kept through the step (total is)
         if watch:
             watch("read")
         if scaler:
@@ -411,6 +423,7 @@ class _Step(threading.local):
         self.pending = None  # (signal number, frame) of a SIGINT that arrived meanwhile
         self.error = None  # an error raised after the optimizer step, waiting for the step's record
         self.handler = self.hold  # the one bound method installed (its identity tells whether it still is)
+        self.recorded = _Recorded(self)  # `until_recorded`'s block, reused: its state is `depth`
 
     def unit(self) -> _Unit:
         """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
@@ -418,7 +431,7 @@ class _Step(threading.local):
 
     def until_recorded(self) -> _Recorded:
         """`train`: the unit lasts until this block (the cycle and its record) ends."""
-        return _Recorded(self)
+        return self.recorded
 
     def run(self) -> _Running:
         """`train`: the holding handler stays installed for the whole block, between its units too."""

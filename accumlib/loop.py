@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import devices, memory
-from .cycle import (_NOTHING, STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
+from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
                     _cycle, _is_ddp, _scalar_loss)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
@@ -317,10 +317,12 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 measure = run.measure_memory and (device.type == "cuda" or layout not in peaks)
                 started = time.perf_counter()
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
-                    with memory.step_peak(device, run.params, optimizer) if measure else _NOTHING as peak:
-                        result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
                     if measure:
+                        with memory.step_peak(device, run.params, optimizer) as peak:
+                            result = _cycle(model, optimizer, cycle.micro_batches, weights, options)
                         peaks[layout] = peak.bytes
+                    else:
+                        result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
                                         cycle.samples, result.loss, result.lr, result.grad_norm,
                                         time.perf_counter() - started,
@@ -585,6 +587,8 @@ class _Indexed:
             raise ValueError(_("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to "
                                "{n}").format(value=micro_batch_size, n=samples.n))
         self.samples, self.micro, self.device = samples, micro_batch_size, device
+        self.move = samples.device != device  # (X, y) elsewhere, or a Dataset (its device is known once fetched)
+        self.pairs = samples.dataset is None and not self.move  # (X, y) on the device: (x, y) pairs as fetched
         self.plan = functools.partial(_Plan, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle)
         self.effective = micro_batch_size * accum_steps * world
         if self.effective > samples.n:
@@ -607,7 +611,7 @@ class _Indexed:
     def cycles(self, epochs: int | None):
         for epoch, cycle_samples, indices, sizes in self.plan(epochs):
             raw = functools.partial(_real_batches, self.samples.fetch, indices, sizes)  # built only when called
-            yield _Cycle(epoch, _MicroBatches(self.samples, indices, self.device), sizes, cycle_samples, tuple(sizes),
+            yield _Cycle(epoch, _MicroBatches(self, indices), sizes, cycle_samples, tuple(sizes),
                          raw)
 
 
@@ -660,19 +664,20 @@ class _Plan:
 class _MicroBatches:
     """A cycle's micro-batches, fetched (and moved to the device) one at a time as the loop reaches them."""
 
-    def __init__(self, samples: _Samples, indices: list, device: torch.device):
-        self.samples, self.indices, self.device = samples, indices, device
-        self.move = samples.device != device
-        self.pairs = samples.dataset is None and not self.move  # (X, y) on the device: (x, y) pairs as fetched
+    __slots__ = ("source", "indices")
+
+    def __init__(self, source: _Indexed, indices: list):
+        self.source, self.indices = source, indices
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __iter__(self):
-        if self.pairs:
-            return map(self.samples.fetch, self.indices)
-        return (_as_pair(_to(batch, self.device) if self.move else batch) for batch in map(self.samples.fetch,
-                                                                                             self.indices))
+        source = self.source
+        if source.pairs:
+            return map(source.samples.fetch, self.indices)
+        return (_as_pair(_to(batch, source.device) if source.move else batch)
+                for batch in map(source.samples.fetch, self.indices))
 
 
 class _Loader:

@@ -510,16 +510,19 @@ def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_noth
     assert torch.equal(unused, torch.ones(3, dtype=torch.float64)) and unused.grad is None
 
 
-def test_the_cycles_one_op_weighting_gives_the_six_line_recipes_gradient_bit_for_bit():
-    """The cycle computes micro-batch i's weighted loss as the cycle's loss so far plus w_i * loss_i in one op; its
-    backward() must add exactly w_i * grad(loss_i) into .grad, as (loss_i * w_i).backward() does. float32, weights
-    that are not powers of two (so a different rounding would show): the step from either gradient is equal bit for
-    bit; the recorded loss is the float32 sum of the weighted losses, to float32 rounding (2**-24 per operation,
-    6 of them)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("weights", [[0.1, 1 / 3, 0.7], [0.0, 2.0, 1 / 3]], ids=["shares", "padding-and-two"])
+def test_the_cycles_seeded_backward_gives_the_six_line_recipes_gradient_bit_for_bit(dtype, weights):
+    """The cycle backpropagates micro-batch i's loss with its gradient seeded with w_i (no multiply in the graph)
+    and sums the weighted losses in one op per micro-batch; backward() must add exactly w_i * grad(loss_i) into
+    .grad, as (loss_i * w_i).backward() does. Weights that are not powers of two (so a different rounding would
+    show), 0 (a padding micro-batch) and 2 (a DDP share), in float32, float64 and bfloat16: the step from either
+    gradient is equal bit for bit; the recorded loss is the sum of the weighted losses, to the dtype's rounding
+    (its machine epsilon per operation, 6 of them)."""
     x, y = data.digits(48)
+    x = x.to(dtype)
     micro_batches = [(x[:8], y[:8]), (x[8:24], y[8:24]), (x[24:48], y[24:48])]
-    weights = [0.1, 1 / 3, 0.7]
-    model, reference = models.cnn(seed=3), models.cnn(seed=3)
+    model, reference = models.cnn(seed=3).to(dtype), models.cnn(seed=3).to(dtype)
     result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batches, weights)
     losses = []
     for (xs, ys), w in zip(micro_batches, weights):
@@ -528,4 +531,4 @@ def test_the_cycles_one_op_weighting_gives_the_six_line_recipes_gradient_bit_for
         weighted.backward()
     torch.optim.SGD(reference.parameters(), lr=1.0).step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
-    assert result.loss == pytest.approx(math.fsum(losses), rel=6 * 2**-24)
+    assert result.loss == pytest.approx(math.fsum(losses), rel=6 * torch.finfo(dtype).eps)

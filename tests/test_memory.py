@@ -213,6 +213,24 @@ def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch
     assert all(r.peak_memory_bytes == budget for r in history)  # the estimate is the step train runs
 
 
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1), lambda p: torch.optim.Adam(p, lr=0.01)],
+                         ids=["SGD", "Adam"])
+def test_an_amp_step_is_planned_and_recorded_with_its_autocast_byte_for_byte(make):
+    """train(amp="bf16") on the CPU: the budget's trace and measure_step run the forward passes under autocast as
+    the step does, so the plan is the trained peak; the bf16 activations are fewer bytes than float32's."""
+    net = models.cnn()
+    amp = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4,
+                              autocast_dtype=torch.bfloat16, fake=True)
+    full = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4, fake=True)
+    assert amp.activations < full.activations and amp.peak < full.peak
+    with pytest.raises(accumlib.OutOfMemory):
+        accumlib.train(net, (X[:128], Y[:128]), make(net.parameters()), micro_batch_size=16, accum_steps=4,
+                       amp="bf16", memory_budget=amp.peak - 1, device="cpu")
+    history = accumlib.train(net, (X[:128], Y[:128]), make(net.parameters()), micro_batch_size=16, accum_steps=4,
+                             amp="bf16", memory_budget=amp.peak, measure_memory=True, device="cpu")
+    assert [r.peak_memory_bytes for r in history] == [amp.peak] * 2  # the trace is the step train runs
+
+
 def test_an_optimizer_of_the_head_alone_keeps_state_for_the_head_alone():
     net = models.cnn()
     head = net[-1]
