@@ -224,7 +224,11 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
     model = models.cnn(seed=0).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
-    samples = loop._Samples((X, y))
+    source = loop._Indexed(loop._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
+
+    def per_micro_batch(loss):  # what the cycle adds for a micro-batch: the loss detached, the running total, the seed
+        value = loss.detach()
+        return torch.add(value, value, alpha=0.25), torch.full_like(value, 0.25)
 
     def gradient_norms():  # what the cycle's one read takes its norms from
         return torch._foreach_norm([p.grad for p in params])
@@ -238,10 +242,9 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: gradient_norms(),
         "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
-        "loss check, weighted running total (per micro-batch)": lambda loss, norms: (  # as the cycle does it
-            torch.add(loss.detach(), loop._scalar_loss(loss), alpha=0.25).detach()),
+        "detached loss, running total, backward's seed (per micro-batch)": lambda loss, norms: per_micro_batch(loss),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
-            loop._loss_weights("samples", "mean", [64], 64, 1, 1), loop._MicroBatches(samples, [X], device),
+            loop._loss_weights("samples", "mean", [64], 64, 1, 1), loop._MicroBatches(source, [X]),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None)),
     }
     times = {name: [] for name in pieces}
