@@ -444,9 +444,10 @@ class _Step(threading.local):
             self.previous = previous
 
     def uninstall(self) -> None:
-        previous, self.previous = self.previous, None
+        previous = self.previous  # kept until the handler is given back: a SIGINT meanwhile still reaches it
         if previous is not None and _signal.getsignal(signal.SIGINT) is self.handler:  # not replaced meanwhile
             _signal.signal(signal.SIGINT, previous)
+        self.previous = None
 
     def hold(self, signum, frame) -> None:
         if self.held:
