@@ -341,8 +341,7 @@ class _Unit:
 
     def __enter__(self) -> _Unit:
         step = self.step
-        if threading.get_ident() == _MAIN_THREAD and _signal.getsignal(signal.SIGINT) is not step.handler:
-            step.install()  # not installed by a run (or replaced since): from here until the unit is released
+        step.install()  # unless a run installed it (and nobody replaced it since): until the unit is released
         step.held = True
         return self
 
@@ -388,8 +387,7 @@ class _Running:
 
     def __enter__(self) -> None:
         step = self.step
-        if threading.get_ident() == _MAIN_THREAD and _signal.getsignal(signal.SIGINT) is not step.handler:
-            step.install()
+        step.install()
         step.runs += 1
 
     def __exit__(self, kind, error, traceback) -> None:
@@ -438,7 +436,12 @@ class _Step(threading.local):
         return _Running(self)
 
     def install(self) -> None:
+        """The holding handler in place of the current one, unless it is already installed (main thread only)."""
+        if threading.get_ident() != _MAIN_THREAD:
+            return
         previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion
+        if previous is self.handler:
+            return
         if previous is not None:  # None: a handler installed outside Python; left alone
             _signal.signal(signal.SIGINT, self.handler)
             self.previous = previous

@@ -26,9 +26,8 @@ def test_at_a_fixed_effective_batch_only_what_the_micro_batch_brings_shrinks():
     # at 1 x 64 the peak comes halfway through backward, with part of the gradient built; accumulating keeps it whole
     assert split["gradients"] == split["parameters"] > one["gradients"]
     # what was called "other" is backward's gradients with respect to activations; only the scalar losses remain:
-    # with accumulation the loss and the weighted loss, which is also the loss summed so far (the cycle adds each
-    # micro-batch's weighted loss to the sum in one op); a single micro-batch of weight 1 backpropagates its loss
-    # itself, with no weighted copy: one 4-byte scalar fewer
+    # with accumulation the micro-batch's loss and the loss summed so far (one op per micro-batch adds the loss times
+    # its weight); a single micro-batch of weight 1 is its own sum: one 4-byte scalar fewer
     assert one["activation gradients"] > one["activations"] > 0
     assert one["other"] + 4 == split["other"] <= 16
 
@@ -64,7 +63,7 @@ def test_when_weights_and_adam_state_dominate_accumulation_barely_helps():
     assert one.peak_phase == full.peak_phase == "step"  # Adam's update, after backward has freed the activations
     assert one.activations == one.activation_gradients == 0
     # at the step only what the model fixes, the micro-batch and the loss summed so far (one 4-byte scalar: the
-    # last micro-batch's weighted loss, which the cycle adds to the sum of the others in one op) are live
+    # last micro-batch's loss and graph are dropped before the step) are live
     assert one.parameters + one.gradients + one.optimizer_state + one.optimizer_temporaries + one.inputs + 4 == one.peak
     assert one.other == 4
     assert one.optimizer_temporaries > one.parameters  # Adam's update works on whole-layer temporaries

@@ -32,8 +32,8 @@ def test_categories_sort_what_shrinks_stays_and_grows_and_say_why_the_gradient_g
     reports = [cnn_report(64, 1), cnn_report(16, 4), cnn_report(4, 16)]
     changes = show.categories(reports)
     assert changes.shrinks == ("inputs", "activations", "activation gradients")
-    # other: the scalar losses. One micro-batch of weight 1 backpropagates its loss itself; under accumulation the
-    # weighted loss, which is also the loss summed so far, is a second 4-byte scalar
+    # other: the scalar losses. One micro-batch of weight 1 is its own sum; under accumulation the loss summed so
+    # far is a second 4-byte scalar beside the micro-batch's loss
     assert changes.stays == ("parameters",)
     assert changes.grows == ("gradients", "other")
     assert [r.categories()["other"] for r in reports] == [4, 8, 8]
