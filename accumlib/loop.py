@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 from . import devices, memory
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
                     _cycle, _is_ddp, _scalar_loss)
-from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
+from ._validate import as_real, boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
 
@@ -234,6 +234,7 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     ddp = _is_ddp(model)  # torch.compile(DDP(model)) included
     world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
     device = _device(device)
+    seed = integer("seed", seed, -2 ** 63, 2 ** 64)  # a Python int before the source draws its order from it
     history = History()
     source = _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, history.notes)
     params = _check_optimizer(model, optimizer)
@@ -249,7 +250,6 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
     reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
-    seed = integer("seed", seed, -2 ** 63, 2 ** 64)
     boolean("shuffle", shuffle)
     boolean("measure_memory", measure_memory)
     on_step = function("on_step", on_step, optional=True)
@@ -814,11 +814,13 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
 
 
 def _count_value(value) -> torch.Tensor:
-    """count(...) as a 0-d float64 tensor where it was computed (an int, a float or a 0-d tensor), unread."""
+    """count(...) as a 0-d float64 tensor where it was computed (an int, a float, a NumPy number or a 0-d tensor),
+    unread."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not (value.is_complex() or value.dtype == torch.bool):
         return value.to(torch.float64)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(float(value), dtype=torch.float64)
+    number = as_real(value) if not isinstance(value, torch.Tensor) else None  # a NumPy number as Python takes it
+    if number is not None:
+        return torch.tensor(number, dtype=torch.float64)
     raise TypeError(_("count must return the number of loss terms of a micro-batch (a number or a 0-d tensor), got "
                       "{value!r} of type {type}").format(value=value, type=type(value).__name__))
 

@@ -651,8 +651,13 @@ def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, l
     allocator rounds it) and the model itself does not move, so a refusal leaves it where it was.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
+    budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
     if options is None:
         options = _step_options(loss_fn, {})
+    elif not isinstance(options, cycle.CycleOptions):
+        raise TypeError(_("options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
+                          "e.g. CycleOptions(clip_grad_norm=1.0)) or None, got {value!r} of type {type}").format(
+                              value=_validate.Shown(options), type=type(options).__name__))
     elif loss_fn is not None:
         raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
     report = _step_peak(model, optimizer, x, y, options, accum_steps,
