@@ -10,6 +10,7 @@ import inspect
 import math
 import numbers
 import operator
+import re
 import sys
 
 import torch
@@ -21,14 +22,14 @@ LARGEST = sys.maxsize
 
 
 class Shown:
-    """`value` as an error message shows it (`{value!r}`): its repr, shortened in the middle past 80 characters (an
-    integer of 400 digits, a long list), so that a message stays readable."""
+    """`value` as an error message shows it (`{value!r}`): its repr on one line, shortened in the middle past 80
+    characters (an integer of 400 digits, a tensor, a long list), so that a message stays readable."""
 
     def __init__(self, value):
         self.value = value
 
     def __repr__(self) -> str:
-        text = repr(self.value)
+        text = re.sub(r"\s*\n\s*", " ", repr(self.value))  # a tensor's repr spans lines
         return text if len(text) <= 80 else f"{text[:38]}...{text[-38:]} ({len(text)} characters)"
 
 

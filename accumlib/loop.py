@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 from . import devices, memory
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
                     _cycle, _is_ddp, _scalar_loss)
-from ._validate import as_real, boolean, function, integer, non_negative_int, one_of, positive_int
+from ._validate import Shown, as_real, boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
 
@@ -447,8 +447,8 @@ class _Cycle(NamedTuple):
 
 def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
     """Where the cycles come from: (X, y) tensors or a Dataset split by micro_batch_size, or a loader's batches."""
-    indexed = isinstance(data, tuple) or isinstance(data, list) and any(
-        not isinstance(item, (tuple, list, Mapping)) for item in data)  # a list of tensors is (X, y), not batches
+    indexed = isinstance(data, tuple) or isinstance(data, list) and bool(data) and all(
+        isinstance(item, torch.Tensor) for item in data)  # a list of tensors is (X, y); any other list, batches
     indexed = indexed or isinstance(data, Dataset) and not isinstance(data, IterableDataset)
     if indexed:
         samples = _Samples(data)
@@ -539,7 +539,7 @@ def _check_batch(batch, name: str, sample: bool = False) -> int | None:
     pair = isinstance(batch, (tuple, list)) and len(batch) == 2
     if not (pair or isinstance(batch, Mapping)):
         raise TypeError(_("{name} must be (x, y), (inputs, y) with a tuple or dict of inputs, or a dict of model "
-                          "inputs, got {value!r} of type {type}").format(name=name, value=batch,
+                          "inputs, got {value!r} of type {type}").format(name=name, value=Shown(batch),
                                                                         type=type(batch).__name__))
     _refuse_meta(batch)
     if sample:
@@ -693,6 +693,17 @@ class _Loader:
             self.length = None
         if self.length == 0 and world == 1:  # under DDP the first cycle's all-reduce says it, to every process
             raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=0))
+        # a list's batches, each checked before the run (one in a step that resume_from_step passes over too); under
+        # DDP the refusal waits for the first cycle's all-reduce, which stops every process with it
+        self.refused = None
+        if isinstance(data, list):
+            try:
+                for i, batch in enumerate(data):
+                    _check_batch(batch, _("data[{i}] (batch {i} of the list)").format(i=i))
+            except (TypeError, ValueError) as error:
+                if world == 1:
+                    raise
+                self.refused = error
 
     def check_epochs(self, epochs) -> None:
         if self.once and epochs is not None and epochs > 1:
@@ -701,20 +712,32 @@ class _Loader:
                                    value=epochs, type=type(self.data).__name__))
 
     def steps(self, epochs: int | None) -> int | None:
-        if self.length is None or epochs is None:
+        if self.length is None or epochs is None or self.length == 0:  # 0: under DDP, the first cycle says it
             return None
         return epochs * math.ceil(self.length / self.accum_steps)
 
     def _busiest(self, batches: int, samples: int, failed: bool = False,
-                 empty: bool = False) -> tuple[int, int, int, int]:
-        """(the most batches any process holds in this cycle, the cycle's samples over all processes, how many
-        processes failed fetching or checking their batches, how many never had a batch), from one all-reduce (one
-        host read) of every process's counts: a process that stops, stops every process, none waits for it."""
-        counts = torch.zeros(self.world + 3, dtype=torch.float64, device=self.device)
-        counts[0], counts[1], counts[2], counts[3 + self.rank] = samples, float(failed), float(empty), batches
+                 empty: bool = False) -> tuple[int, int, list[int], list[int]]:
+        """(the most batches any process holds in this cycle, the cycle's samples over all processes, the ranks of
+        the processes that failed fetching or checking their batches, the ranks of those that never had a batch),
+        from one all-reduce (one host read) of every process's counts: a process that stops, stops every process,
+        none waits for it."""
+        world = self.world
+        counts = torch.zeros(1 + 3 * world, dtype=torch.float64, device=self.device)
+        counts[0], counts[1 + self.rank] = samples, batches
+        counts[1 + world + self.rank], counts[1 + 2 * world + self.rank] = float(failed), float(empty)
         dist.all_reduce(counts)
-        total, failures, empties, *per_process = counts.tolist()
-        return int(max(per_process)), int(total), int(failures), int(empties)
+        total, *per_process = counts.tolist()
+        failures, empties = per_process[world:2 * world], per_process[2 * world:]
+        return (int(max(per_process[:world])), int(total), [rank for rank, f in enumerate(failures) if f],
+                [rank for rank, e in enumerate(empties) if e])
+
+    def _reasons(self, error: Exception | None) -> list:
+        """Every process's error in words ("TypeError: ..."; None for one that did not fail): one all_gather_object,
+        run only once the counts have said that a process failed, so every process takes part."""
+        reasons = [None] * self.world
+        dist.all_gather_object(reasons, None if error is None else f"{type(error).__name__}: {error}")
+        return reasons
 
     def cycles(self, epochs: int | None):
         pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
@@ -728,35 +751,46 @@ class _Loader:
             batches, cycle = iter(self.data), 0
             while True:
                 try:
+                    if self.refused is not None:  # a list's bad batch: every process stops at the first cycle
+                        raise self.refused
                     held = list(itertools.islice(batches, self.accum_steps))  # this cycle's batches, until its step
                     sizes = [_check_batch(b, _("data's batch {i} of epoch {epoch}").format(
                         i=cycle * self.accum_steps + i, epoch=epoch)) for i, b in enumerate(held)]
-                except Exception:  # under DDP the other processes learn of it in the counts' all-reduce and stop
-                    if self.world > 1:  # too, instead of waiting for this one in their next all-reduce
+                except Exception as error:  # under DDP the other processes learn of it in the counts' all-reduce
+                    if self.world > 1:  # and stop too, with its words, instead of waiting for this one
                         self._busiest(0, 0, failed=True)
+                        self._reasons(error)
                     raise
                 pad = held[-1] if held else pad
                 if self.world == 1:
-                    busiest, samples, failures, empties = len(held), sum(sizes), 0, 0
+                    busiest, samples, failures, empties = len(held), sum(sizes), [], []
                 else:
                     busiest, samples, failures, empties = self._busiest(len(held), sum(sizes), empty=pad is None)
                 if failures:
+                    reasons = self._reasons(None)
                     raise ValueError(ngettext(
-                        "{count} other process failed fetching or checking its batches for step {step} (epoch "
-                        "{epoch}): its own error says why; this process stops with it, before this step changes "
+                        "the process of rank {ranks} failed fetching or checking its batches for step {step} (epoch "
+                        "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes "
                         "anything",
-                        "{count} other processes failed fetching or checking their batches for step {step} (epoch "
-                        "{epoch}): their own errors say why; this process stops with them, before this step changes "
-                        "anything", failures).format(count=failures, step=made + 1, epoch=epoch))
+                        "the processes of ranks {ranks} failed fetching or checking their batches for step {step} "
+                        "(epoch {epoch}): {reasons}. This process (rank {rank}) stops with them, before this step "
+                        "changes anything", len(failures)).format(
+                            ranks=", ".join(map(str, failures)), step=made + 1, epoch=epoch, rank=self.rank,
+                            reasons="; ".join(_("{reason} (rank {rank})").format(reason=reasons[r], rank=r)
+                                              for r in failures)))
                 if busiest == 0:  # the epoch has ended on every process
                     if cycle == 0:
                         raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=epoch))
                     break
-                if empties:  # every process stops: the one without a batch says so, the others that it exists
-                    raise ValueError(_("data gave this process no batch while another process has some: give every "
-                                       "process a share of the data (a DistributedSampler)") if pad is None else
-                                     _("data gave another process no batch while this one has some: give every "
-                                       "process a share of the data (a DistributedSampler)"))
+                if empties:  # every process stops: the one without a batch says so, the others which it is
+                    raise ValueError(_("data gave this process (rank {rank}) no batch while another process has "
+                                       "some: give every process a share of the data (a DistributedSampler)").format(
+                                           rank=self.rank) if pad is None else ngettext(
+                        "data gave the process of rank {ranks} no batch while this one (rank {rank}) has some: give "
+                        "every process a share of the data (a DistributedSampler)",
+                        "data gave the processes of ranks {ranks} no batch while this one (rank {rank}) has some: "
+                        "give every process a share of the data (a DistributedSampler)", len(empties)).format(
+                            ranks=", ".join(map(str, empties)), rank=self.rank))
                 padding = busiest - len(held)
                 if epoch == 0 and cycle == 0 and busiest < self.accum_steps:
                     self.notes.append(_("accum_steps={k} is more than the {n} batches of an epoch of data: every "
