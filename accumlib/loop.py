@@ -17,6 +17,8 @@ import dataclasses
 import functools
 import itertools
 import math
+import random
+import sys
 import time
 from collections.abc import Iterator as _Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -176,7 +178,10 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     copies of the model and optimizer, nothing computed, on `device`: before the model moves there, so a refused
     run leaves it where it was): for (X, y) tensors or a Dataset of tensor pairs once, before the run; for a loader
     (or a Dataset of dicts) each cycle's batches as they are, before that cycle changes anything, once per layout
-    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle).
+    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle). The
+    micro-batches it traces are fetched under their own random state, so a Dataset that augments randomly trains as
+    without the budget, bit for bit. Under DDP each process traces what it needs itself, without collectives: the
+    module, plus DDP's gradient buckets.
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
@@ -358,9 +363,27 @@ def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     """The cycle's real micro-batches as the cycle takes them (not moved: a trace moves its copies), without DDP's
     padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
     the run's random state."""
-    with torch.random.fork_rng(devices=[]):
+    with _random_kept():
         batches = [_as_pair(batch) for batch in cycle.raw()]
     return batches, [weight for weight, size in zip(weights, cycle.sizes) if size]
+
+
+@contextlib.contextmanager
+def _random_kept():
+    """Every random state a Dataset's __getitem__ may draw from (torch's on the CPU and on each CUDA device in use,
+    Python's `random`, NumPy's global one) put back as found: a fetch for memory_budget's trace leaves the run's
+    draws as they would be without it."""
+    python = random.getstate()
+    numpy = sys.modules.get("numpy")  # NumPy's state only where NumPy is in use
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        random.setstate(python)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
@@ -604,8 +627,10 @@ class _Indexed:
         return None if epochs is None else epochs * math.ceil(self.samples.n / self.effective)
 
     def example(self):
-        """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors."""
-        x, y = self.samples.fetch(list(range(self.micro)))
+        """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors.
+        Fetched under its own random state: a Dataset that augments randomly draws for the run as without it."""
+        with _random_kept():
+            x, y = self.samples.fetch(list(range(self.micro)))
         return (x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else None
 
     def cycles(self, epochs: int | None):
