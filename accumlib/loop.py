@@ -297,7 +297,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     step = -1
     try:
         # STEP.run(): Ctrl-C's holding handler installed once for the run, not swapped at every step
-        with memory.cuda_budget(device, run.memory_budget), _modes_kept(model), STEP.run():
+        with memory.cuda_budget(device, run.memory_budget), _ModesKept(model), STEP.run():
             for step, cycle in enumerate(itertools.islice(source.cycles(run.epochs), run.max_steps)):  # none past it
                 seen += cycle.samples
                 if step < run.resume_from_step:
@@ -349,7 +349,10 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     except KeyboardInterrupt:
         history.stopped = "KeyboardInterrupt"
     except Exception as error:
-        error.history = history  # nothing is lost: the records so far travel with the exception
+        # nothing is lost: the records so far travel with the exception; one that takes no attribute (a read-only
+        # history, a frozen dataclass) is raised as it is
+        with contextlib.suppress(AttributeError, TypeError):
+            error.history = history
         raise
     finally:
         optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
@@ -419,14 +422,18 @@ def _skipped_message(skips: int, scaler) -> str:
                  count=skips, scale=scaler.get_scale())
 
 
-@contextlib.contextmanager
-def _modes_kept(model: torch.nn.Module):
-    """Put back every module's training/eval mode as found, whatever happens in the block."""
-    modes = [(module, module.training) for module in model.modules()]
-    try:
-        yield
-    finally:
-        for module, training in modes:
+class _ModesKept:
+    """Put back every module's training/eval mode as found, whatever happens in the block. A class, not a generator:
+    a generator's exit sets the error's __traceback__, which a frozen dataclass exception refuses."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.modes = [(module, module.training) for module in model.modules()]
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exception) -> None:
+        for module, training in self.modes:
             module.training = training
 
 
@@ -435,12 +442,38 @@ def _own_loss(output, target):
     (a `.loss` attribute or a "loss" key)."""
     if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
         return torch.nn.functional.cross_entropy(output, target)
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if loss is not None:
+    mapping = isinstance(output, Mapping)
+    loss = output.get("loss") if mapping else getattr(output, "loss", None)
+    if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
+    if loss is not None:
+        _refuse_model_loss(loss, "output['loss']" if mapping else "output.loss")
     raise TypeError(_("the model returned {type} without a loss (no .loss attribute or 'loss' key) and no loss_fn "
                       "was given: put the labels in the batch so that the model computes its loss, or give "
                       "loss_fn(output, target)").format(type=type(output).__name__))
+
+
+def _refuse_model_loss(loss, where: str) -> None:
+    """The model's own loss (`where`: its output's .loss or 'loss' key; no loss_fn was given), refused naming it
+    unless it is a floating-point 0-d tensor with a gradient (no value read from the device)."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(_("the model's own loss ({where}; no loss_fn was given) must be a scalar tensor, got "
+                          "{value!r} of type {type}: let the model return the tensor itself (not loss.item() or "
+                          "float(loss)), or give loss_fn(output, target)").format(
+                              where=where, value=Shown(loss), type=type(loss).__name__))
+    if loss.dim() != 0:
+        raise ValueError(_("the model's own loss ({where}; no loss_fn was given) must be a scalar, got a tensor of "
+                           "shape {shape}: reduce it in the model (a mean or a sum), or give loss_fn(output, target) "
+                           "that does").format(where=where, shape=tuple(loss.shape)))
+    if not loss.is_floating_point():
+        raise TypeError(_("the model's own loss ({where}; no loss_fn was given) is a tensor of {dtype}, which has no "
+                          "gradient: a loss is a floating-point scalar computed from the model's outputs").format(
+                              where=where, dtype=loss.dtype))
+    if not loss.requires_grad:
+        raise ValueError(_("the model's own loss ({where}; no loss_fn was given) has no gradient "
+                           "(requires_grad=False): the model computed it outside its parameters' graph (under "
+                           "torch.no_grad() or with .detach()), or every parameter is frozen (requires_grad=False: "
+                           "an on_step that freezes the model does this)").format(where=where))
 
 
 def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,

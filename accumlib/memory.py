@@ -719,7 +719,6 @@ def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.
     return report
 
 
-@contextlib.contextmanager
 def cuda_budget(device: torch.device, budget_bytes: int | None):
     """On CUDA, cap this process's caching allocator for the block where a real card could honour `budget_bytes`;
     the allocator's OOM becomes OutOfMemory. Elsewhere, or without a budget, it does nothing.
@@ -733,10 +732,17 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
     outside the allocator and never counted: a real card of N bytes offers N minus the context. cuDNN's workspaces
     inside the step are not in the trace either; the segment allowance absorbs small ones.
     (Not run on a GPU yet: benchmarks/gpu_check.py checks these rules where there is one.)
+    Where it does nothing it is a plain nullcontext (no generator, whose exit would set an error's __traceback__:
+    a frozen dataclass exception would be replaced by the FrozenInstanceError of that).
     """
     if device.type != "cuda" or budget_bytes is None or budget_bytes < CUDA_CAP_MINIMUM:
-        yield
-        return
+        return contextlib.nullcontext()
+    return _capped(device, budget_bytes)
+
+
+@contextlib.contextmanager
+def _capped(device: torch.device, budget_bytes: int):
+    """`cuda_budget` where it caps the allocator."""
     _take_workspaces(device)
     torch.cuda.synchronize(device)
     cap = torch.cuda.memory_reserved(device) + budget_bytes + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT
