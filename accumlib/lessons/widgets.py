@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import ipywidgets as w
 import torch
+import traitlets
 from IPython.display import display
 
 from .. import batchnorm, devices, memory
@@ -62,6 +63,22 @@ def slider_layout() -> w.Layout:
 def row_layout() -> w.Layout:
     """A row of controls that wraps onto the next line instead of squeezing or cutting them off."""
     return w.Layout(display="flex", flex_flow="row wrap", align_items="center", width="100%")
+
+
+class _SizeSlider(w.SelectionSlider):
+    """ipywidgets' SelectionSlider, refusing None as it refuses any other value not among its options: its own
+    takes value=None (a trait that allows None skips its validation), then fails setting the index and keeps None:
+    every later change then failed."""
+
+    value = traitlets.Any(None, help="Selected value")
+    value.allow_none = False  # None validated too, below (Any's allow_none=False argument leaves it allowed)
+
+    @traitlets.validate("value")
+    def _validate_value(self, proposal):
+        if proposal.value is None:
+            raise traitlets.TraitError(_("micro-batch size must be one of {sizes}, got None; it stays {value}").format(
+                sizes=", ".join(map(str, self.options)), value=self.value))
+        return super()._validate_value(proposal)
 
 
 @dataclass
@@ -178,7 +195,7 @@ class Dashboard:
         self.device = devices.pick() if device is None else torch.device(device)
         self.accum_steps = w.IntSlider(value=accum_steps, min=1, max=MAX_ACCUM_STEPS, description="accum_steps",
                                        continuous_update=False, style=STYLE, layout=slider_layout())
-        self.micro_batch_size = w.SelectionSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
+        self.micro_batch_size = _SizeSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
                                                   description=_("micro-batch size"), continuous_update=False,
                                                   style=STYLE, layout=slider_layout())
         self.effective = w.HTML(layout=w.Layout(flex="1 1 100%", min_width="0"))  # a line of its own, below the sliders
@@ -305,8 +322,10 @@ class Dashboard:
 
     def wait(self, timeout: float = 120) -> None:
         """Block until every run started so far has finished; raise the error of any run that failed since the
-        last wait(), and TimeoutError when runs are still going after `timeout` seconds."""
-        thread = self._thread
+        last wait(), and TimeoutError when runs are still going after `timeout` seconds. Safe from any thread: the
+        latest run's thread is read under the lock that a change holds until it has started it."""
+        with self._lock:
+            thread = self._thread
         if thread is not None:
             thread.join(timeout)
             if thread.is_alive():
@@ -348,8 +367,14 @@ class Dashboard:
         return bundle
 
 
-@functools.lru_cache(maxsize=None)
 def _digits(n: int | None = None, flat: bool = False, device: torch.device = torch.device("cpu")):
+    """The first n digits on `device`, copied from the cache for each caller: a dashboard (or a learner) that
+    changes its tensors in place leaves every other dashboard's digits as they are."""
+    return tuple(t.clone() for t in _cached_digits(n, flat, device))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_digits(n: int | None, flat: bool, device: torch.device):
     return tuple(t.to(device) for t in data.digits(n, flat=flat))
 
 
