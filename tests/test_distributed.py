@@ -267,7 +267,7 @@ def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_p
     if case == "changed after signing":
         (job / "job.pt").write_bytes(pickled + b"\0")
     done = subprocess.run([sys.executable, "-m", "accumlib.distributed", str(job)], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     if case == "signed with the job's key":  # the control: what launch() writes is unpickled, payload and all
         assert marker.read_text() == "it ran"
         return

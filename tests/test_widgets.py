@@ -94,6 +94,9 @@ def test_every_loss_combination_gives_a_figure_on_the_full_batch(loss, m, k):
     assert len(rx) == -(-96 // full) and rx[-1] == ax_[-1] == 96  # one batch of m x k, or of all 96 samples
     assert np.array_equal(rx, ax_) and np.max(np.abs(ry - ay)) <= 1e-5
     assert (f"all {full} samples" in reference_label) == (m * k > 96)
+    clamped = f"(the effective batch of {m * k} is more than the 96 samples: every step takes all 96)"
+    title = " ".join(loss.plots[0].figure.axes[0].get_title().split())  # wrapped onto lines to fit the figure
+    assert (clamped in title) == (clamped in loss.plots[0].alt) == (clamped in loss.summary) == (m * k > 96)
     assert f"micro-batch{'es' if k > 1 else ''} of {m}" in label
     assert "curves equal to within 1e-5: yes" in loss.summary
 
@@ -576,3 +579,16 @@ def test_the_cached_digits_are_copied_for_each_caller():
     again = widgets._digits(4, flat=True)
     expected = widgets.data.digits(4, flat=True)
     assert torch.equal(again[0], expected[0]) and torch.equal(again[1], expected[1])
+
+
+def test_dashboard_settings_take_numpy_integers_as_python_ints():
+    """np.int64 from a config or np.random: the dashboard is the one built from the Python ints."""
+    dashboard = widgets.LossDashboard(samples=np.int64(96), epochs=1, micro_batch_size=np.int64(16),
+                                      accum_steps=np.int32(2))
+    assert dashboard.current_settings() == widgets.LossDashboard(samples=96, epochs=1, micro_batch_size=16,
+                                                                 accum_steps=2).current_settings()
+    assert all(type(v) is int for v in (dashboard.samples, dashboard.micro_batch_size.value,
+                                         dashboard.accum_steps.value))
+    for bad in (8.0, True, np.True_):
+        with pytest.raises(ValueError, match=r"^micro_batch_size must be one of \(2, 4, 8, 16, 32, 64\), got "):
+            widgets.LossDashboard(micro_batch_size=bad)
