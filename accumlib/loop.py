@@ -131,9 +131,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(x, y)` (or
     `count(batch)` for a dict batch) per micro-batch over the cycle's total. loss_reduction says what the loss is
     over its micro-batch, never guessed from values: "mean" (weight: its samples or terms over the cycle's) or "sum"
-    (weight: 1 over the cycle's samples or terms). Default: "sum" with normalize="count" and your own loss_fn, as
-    before this parameter existed; "mean" otherwise (the model's own loss is a mean: a Hugging Face model's is, over
-    its non-ignored tokens). Counts are computed a cycle at a time, as the cycle comes: a run starts at once, and each
+    (weight: 1 over the cycle's samples or terms). With normalize="count" and your own loss_fn it is required (a
+    wrong guess trains other weights, silently); otherwise the default is "mean" (the model's own loss is a mean: a
+    Hugging Face model's is, over its non-ignored tokens). Counts are computed a cycle at a time, as the cycle comes: a run starts at once, and each
     cycle costs one host read of its counts (and one all-reduce under DDP) before its first forward; a cycle without
     loss terms, or a count that is negative or not finite, is refused before that cycle changes anything.
     scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
@@ -248,7 +248,12 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         if normalize == "steps":
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
-    reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
+    elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights
+        raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
+                           "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
+                           "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
+                           "loss_reduction='sum' (their sum, as reduction='sum' gives it)"))
+    reduction = loss_reduction or "mean"  # the model's own loss is a mean (a Hugging Face model's: over its tokens)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)
     boolean("shuffle", shuffle)
     boolean("measure_memory", measure_memory)

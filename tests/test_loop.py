@@ -296,7 +296,7 @@ def test_token_count_normalisation_equals_the_full_batch():
         model = models.sequence_model(dtype=torch.float64)
         accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
                        accum_steps=k, epochs=2, loss_fn=models.token_loss_sum, normalize="count",
-                       count=data.count_tokens)
+                       loss_reduction="sum", count=data.count_tokens)
         return model
 
     def fit_mean_of_means(m, k):
@@ -532,3 +532,65 @@ def test_the_cycles_seeded_backward_gives_the_six_line_recipes_gradient_bit_for_
     torch.optim.SGD(reference.parameters(), lr=1.0).step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
     assert result.loss == pytest.approx(math.fsum(losses), rel=6 * torch.finfo(dtype).eps)
+
+
+def identical(a, b) -> bool:
+    """Two nested structures (state dicts) equal, every tensor bit for bit (its dtype and shape too)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(identical, a, b))
+    return a == b
+
+
+def ignoring(n=48, every=3):
+    """X64[:n] with every `every`-th label ignored (-100): micro-batches of 4 hold 2 to 4 counted labels."""
+    y = Y64[:n].clone()
+    y[::every] = -100
+    return X64[:n], y
+
+
+def counted(batch) -> torch.Tensor:
+    """The loss terms of an (x, y) micro-batch: its labels that are not ignored."""
+    return (batch[-1] != -100).sum()
+
+
+def test_a_mean_loss_fn_with_counts_said_to_be_a_mean_equals_the_full_batch_and_a_sum_does_not():
+    """F.cross_entropy (a mean over the counted labels, PyTorch's default) with normalize="count": said to be a
+    mean, 3 micro-batches of 4 are one step on all 12 samples' counted labels, to float64's rounding (sums of ~10
+    terms of size ~1: 1e-13 leaves room); taken for a sum, it is weighted by its counts twice, far off."""
+    X, y = ignoring()
+
+    def fit(m, k, **options):
+        model = models.mlp(dtype=torch.float64)
+        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
+                       accum_steps=k, shuffle=False, loss_fn=torch.nn.functional.cross_entropy, normalize="count",
+                       count=lambda *batch: counted(batch), **options)
+        return model
+
+    full = fit(12, 1, loss_reduction="mean")
+    assert max_param_diff(fit(4, 3, loss_reduction="mean"), full) <= 1e-13
+    assert max_param_diff(fit(4, 3, loss_reduction="sum"), full) > 1e-3
+
+
+def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_changed():
+    X, y = ignoring()
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, max_steps=1)  # Adam holds state
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)  # a gradient of the learner's own, left as it is
+    before = copy.deepcopy((model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict()))
+    with pytest.raises(ValueError, match="loss_reduction is missing") as refused:
+        accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, normalize="count",
+                       loss_fn=torch.nn.functional.cross_entropy, count=lambda *batch: counted(batch))
+    assert "loss_reduction='mean'" in str(refused.value) and "loss_reduction='sum'" in str(refused.value)
+    after = (model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    assert all(torch.equal(a, b) for a, b in zip(before[1], after[1]))
+    assert identical(before[2], after[2])  # the step counts and moments, bit for bit
+    # the model's own loss needs none: it is a mean
+    accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
+                   normalize="count", count=lambda *batch: counted(batch), max_steps=1)

@@ -133,8 +133,8 @@ def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
 
 
 def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
-    """The same model's loss, reduced by sum (loss_fn, the default reduction "sum" with normalize="count") or by mean
-    (loss_reduction="mean" said explicitly): the same steps, both equal to the full batch."""
+    """The same model's loss, reduced by sum (loss_reduction="sum") or by mean (loss_reduction="mean"): the same
+    steps, both equal to the full batch."""
     def token_sum(output, batch):
         logits, labels = output.logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1)
         return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
@@ -144,7 +144,7 @@ def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
 
     loader = torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad)
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 1))
-    for options in (dict(loss_fn=token_sum), dict(loss_fn=token_mean, loss_reduction="mean")):
+    for options in (dict(loss_fn=token_sum, loss_reduction="sum"), dict(loss_fn=token_mean, loss_reduction="mean")):
         model = TinyCausalLM()
         accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                        normalize="count", count=tokens, **options)
@@ -178,7 +178,7 @@ def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
     loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=lambda b: as_tuple(pad(b)))
     model = TupleInputLM()
     history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
-                             loss_fn=token_sum_of_logits, normalize="count",
+                             loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
                              count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
     assert len(history) == 6
@@ -207,7 +207,7 @@ def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
     n = len(dataset)
     tuple_model = TupleInputLM()
     accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
-                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count",
+                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
                    count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     dict_model = TinyCausalLM()
     accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
@@ -372,7 +372,8 @@ try:
         collate = (lambda b: t.as_tuple(t.pad(b))) if name == "tuple inputs" else t.pad
         loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=collate)
         model = DistributedDataParallel(t.TupleInputLM() if name == "tuple inputs" else t.TinyCausalLM())
-        options = (dict(loss_fn=t.token_sum_of_logits, count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
+        options = (dict(loss_fn=t.token_sum_of_logits, loss_reduction="sum",
+                        count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
                    if name == "tuple inputs" else dict(count=lambda batch: (batch["labels"][:, 1:] != -100).sum()))
         history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                                  normalize="count", epochs=2, device="cpu", **options)
