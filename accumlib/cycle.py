@@ -75,6 +75,8 @@ class CycleOptions:
         if self.scaler is not None and not isinstance(self.scaler, torch.amp.GradScaler):
             raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
                 value=self.scaler, type=type(self.scaler).__name__))
+        if self.scaler is not None and not self.scaler.is_enabled():  # GradScaler(enabled=use_amp), use_amp False
+            object.__setattr__(self, "scaler", None)  # a disabled scaler is no scaler: it scales and skips nothing
         if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, torch.dtype):
             raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got "
                               "{value!r}").format(value=self.autocast_dtype))
@@ -189,7 +191,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     loss_weights: one number per micro-batch, what its loss is multiplied by before backward(); for k micro-batches
     of a mean-reduced loss that is each one's share of the cycle's samples (1/k when they are equal).
     loss_fn(model(x), y) must return a scalar tensor. clip_grad_norm: clip the accumulated gradient to this L2 norm.
-    scaler: a GradScaler (fp16). autocast_dtype: run the forward passes under torch.autocast with this dtype.
+    scaler: a GradScaler (fp16); a disabled one (GradScaler(enabled=False)) is no scaler. autocast_dtype: run the
+    forward passes under torch.autocast with this dtype.
     scheduler: stepped once after the optimizer; a ReduceLROnPlateau gets this cycle's loss.
     ddp_no_sync: with a DistributedDataParallel model (compiled or not), all-reduce the gradients only on the last
     micro-batch.

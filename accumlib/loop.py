@@ -143,7 +143,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
     amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16"
-    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`).
+    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`). A
+    disabled scaler, GradScaler(enabled=False) (PyTorch's recipe: enabled=use_amp), is no scaler: accepted without
+    amp, refused with fp16.
     on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
     included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
     skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
@@ -261,13 +263,16 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     if memory_budget is not None:
         memory_budget = positive_int("memory_budget", memory_budget)
     amp_dtype = _amp(amp, device)
+    if amp_dtype is torch.float16 and isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled():
+        raise ValueError(_("scaler is disabled (GradScaler(enabled=False)) but amp={value!r} trains in fp16, which "
+                           "needs one: pass an enabled GradScaler, or none (train makes one)").format(value=amp))
     if amp_dtype is torch.float16 and scaler is None:
         scaler = torch.amp.GradScaler(device.type)  # fp16 needs one: a new one, unless given
     options = CycleOptions(  # the cycle's options, checked here once; without loss_fn, the model's own loss
         loss_fn=_own_loss if loss_fn is None else loss_fn, clip_grad_norm=clip_grad_norm, scaler=scaler,
         autocast_dtype=amp_dtype, scheduler=scheduler, ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite,
         check_gradients=check_gradients)
-    if amp is False and scaler is not None:
+    if amp is False and options.scaler is not None:  # a disabled scaler (GradScaler(enabled=use_amp)) is none
         raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
     epochs = epochs if epochs is not None or max_steps is not None else 1  # None: as many as max_steps takes
     source.check_epochs(epochs)

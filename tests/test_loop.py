@@ -594,3 +594,44 @@ def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_cha
     # the model's own loss needs none: it is a mean
     accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
                    normalize="count", count=lambda *batch: counted(batch), max_steps=1)
+
+
+def test_a_disabled_grad_scaler_is_no_scaler_in_train():
+    """GradScaler(enabled=use_amp) with use_amp False, PyTorch's own AMP recipe: train takes it for no scaler (the
+    same run, bit for bit, and a NaN gradient raises with on_nonfinite="raise"); with fp16 it is refused."""
+    def disabled():
+        return torch.amp.GradScaler("cpu", enabled=False)
+
+    plain, history = run(4, 3, 48, epochs=1)
+    scaled, scaled_history = run(4, 3, 48, epochs=1, scaler=disabled())
+    assert max_param_diff(scaled, plain) == 0 and scaled_history.deterministic() == history.deterministic()
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        nan_gradient_run(on_nonfinite="raise", scaler=disabled())
+    model = models.mlp()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"scaler is disabled .* amp='fp16'"):
+        accumlib.train(model, (X64[:24].float(), Y64[:24]), torch.optim.SGD(model.parameters(), lr=0.5),
+                       micro_batch_size=4, accum_steps=3, amp="fp16", scaler=disabled(), device="cpu")
+    assert identical(before, model.state_dict())
+
+
+def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
+    """A NaN gradient under a finite loss raises with on_nonfinite="raise" (a real scaler would take it for an
+    overflow and skip), the model and .grad left as they were; a finite cycle steps as without a scaler."""
+    x, y = X64[:16].clone(), Y64[:16].clone()
+    y[5] = 99
+    micro_batches = list(zip(x.split(8), y.split(8)))
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.5, 0.5], loss_fn=nan_gradient_on_label_99,
+                                     scaler=torch.amp.GradScaler("cpu", enabled=False), on_nonfinite="raise")
+    assert identical(before, model.state_dict()) and all(p.grad is None for p in model.parameters())
+    y[5] = 0
+    reference = copy.deepcopy(model)
+    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
+                                 list(zip(x.split(8), y.split(8))), [0.5, 0.5])
+    result = accumlib.accumulate_and_step(model, optimizer, list(zip(x.split(8), y.split(8))), [0.5, 0.5],
+                                          scaler=torch.amp.GradScaler("cpu", enabled=False))
+    assert not result.skipped and max_param_diff(model, reference) == 0
