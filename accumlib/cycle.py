@@ -203,8 +203,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     sqrt or log at 0 in backward) skips or raises too; False leaves the norm out unless clipping or a scaler needs
     it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
     The norm and clipping cover exactly the optimizer's parameters.
-    What it leaves: after a step, the weights and the optimizer stepped and every `.grad` of the optimizer's
-    parameters None (as zero_grad(set_to_none=True) leaves it: read grad_norm from the result). After a skipped
+    What it leaves: after a step, the weights and the optimizer stepped and the gradients zeroed by the optimizer's
+    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result). After a skipped
     cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
     optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
     parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
@@ -238,7 +238,7 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
     watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
     if watch:
         watch("start", model)
-    with _Kept(model, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
+    with _Kept(model, optimizer, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             if watch:
@@ -590,11 +590,11 @@ _CHANGED: dict[int, weakref.ref] = {}  # buffers seen to change in a forward pas
 
 class _Kept(_BuffersKept):
     """`_BuffersKept`, and the .grad of the optimizer's parameters set aside (None during the block): restore()
-    gives back the .grad found, stepped() frees the block's."""
+    gives back the .grad found, stepped() frees the block's with the optimizer's own zero_grad(set_to_none=True)."""
 
-    def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]):
         super().__init__(model)
-        self.params = params
+        self.optimizer, self.params = optimizer, params
         # the .grad found, where there is one (after a step there is none: nothing to set aside, nothing to set)
         self.grads = [(p, grad) for p in params if (grad := p.grad) is not None]
         for p, _grad in self.grads:
@@ -609,8 +609,8 @@ class _Kept(_BuffersKept):
 
     def stepped(self) -> None:
         self.done = True
-        for p in self.params:
-            p.grad = None
+        # the step's zeroing, once: the optimizer's own (a sharded or fused optimizer's override runs too)
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def _check_model(model) -> None:

@@ -357,7 +357,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
         error.history = history  # nothing is lost: the records so far travel with the exception
         raise
     finally:
-        optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
+        if any(p.grad is not None for p in run.params):  # after a step the cycle has zeroed them already
+            optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
     if history.stopped is None and step < run.resume_from_step:  # the data ended before the stopped run's steps
         raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
                            "steps").format(value=run.resume_from_step, steps=step + 1))

@@ -635,3 +635,29 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
     result = accumlib.accumulate_and_step(model, optimizer, list(zip(x.split(8), y.split(8))), [0.5, 0.5],
                                           scaler=torch.amp.GradScaler("cpu", enabled=False))
     assert not result.skipped and max_param_diff(model, reference) == 0
+
+
+class CountingSGD(torch.optim.SGD):
+    """An SGD whose zero_grad (as a sharded or fused optimizer's override would) notes each call's set_to_none."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.calls = [*getattr(self, "calls", []), set_to_none]
+        super().zero_grad(set_to_none)
+
+
+def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
+    """5 cycles, the second holding a NaN (skipped: the model left as found, no zeroing): 4 steps, 4 calls, each
+    set_to_none=True, in train; one call per accumulate_and_step step; the weights those of plain SGD."""
+    X, y = X64[:60].clone(), Y64[:60].clone()
+    y[13] = 99  # the second cycle (micro-batches of 4, accum_steps 3)
+    model, plain = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    optimizer = CountingSGD(model.parameters(), lr=0.5)
+    history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, shuffle=False,
+                             loss_fn=nan_on_label_99)
+    accumlib.train(plain, (X, y), torch.optim.SGD(plain.parameters(), lr=0.5), micro_batch_size=4, accum_steps=3,
+                   shuffle=False, loss_fn=nan_on_label_99)
+    assert [r.skipped for r in history] == [False, True, False, False, False]
+    assert optimizer.calls == [True] * 4 and max_param_diff(model, plain) == 0
+    optimizer.calls = []
+    accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y64[:8].split(4))), [0.5, 0.5])
+    assert optimizer.calls == [True] and all(p.grad is None for p in model.parameters())
