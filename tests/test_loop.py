@@ -661,3 +661,55 @@ def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
     optimizer.calls = []
     accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y64[:8].split(4))), [0.5, 0.5])
     assert optimizer.calls == [True] and all(p.grad is None for p in model.parameters())
+
+
+def linear_run(batches, accum_steps, optimizer=torch.optim.SGD):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3, dtype=torch.float64)
+    history = accumlib.train(model, batches, optimizer(model.parameters(), lr=0.1), accum_steps=accum_steps)
+    return model, history
+
+
+def test_a_batch_of_0_rows_adds_nothing_mid_cycle_and_at_the_end():
+    """A filtering collate_fn's 0-row batch: mid-cycle, the cycle is the step on its other batches, bit for bit (not
+    a skipped step); at the end, its cycle has nothing to learn: recorded as empty, not stepped, no error."""
+    X, y = X64[:18, :6], Y64[:18] % 3
+    batches = list(zip(X.split(3), y.split(3)))
+    none = (X[:0], y[:0])
+    model, history = linear_run([batches[0], none, batches[1]], 3)
+    others, _ = linear_run(batches[:2], 2)
+    assert [(r.skipped, r.empty, r.micro_batches, r.samples) for r in history] == [(False, False, 2, 6)]
+    assert max_param_diff(model, others) == 0
+    model, history = linear_run(batches + [none], 3)
+    plain, _ = linear_run(batches, 3)
+    assert [(r.skipped, r.empty, r.samples) for r in history] == [(False, False, 9), (False, False, 9),
+                                                                    (False, True, 0)]
+    assert max_param_diff(model, plain) == 0
+    model, history = linear_run([none, none], 2)  # only 0-row batches: nothing to learn, nothing changed
+    torch.manual_seed(0)
+    assert [(r.empty, r.micro_batches) for r in history] == [(True, 0)]
+    assert max_param_diff(model, torch.nn.Linear(6, 3, dtype=torch.float64)) == 0
+
+
+def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
+    """A weight-0 micro-batch whose loss is NaN does not poison the cycle (it is not run: the step on the others,
+    bit for bit); all weights 0: nothing run or changed, the result says empty."""
+    x, y = X64[:12], Y64[:12]
+    micro_batches = list(zip(x.split(4), y.split(4)))
+    model, reference = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    calls = []
+
+    def loss_fn(out, target):
+        calls.append(len(target))
+        return torch.nn.functional.cross_entropy(out, target) * (math.nan if target is micro_batches[1][1] else 1.0)
+
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches,
+                                          [0.5, 0, 0.5], loss_fn=loss_fn)
+    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
+                                 [micro_batches[0], micro_batches[2]], [0.5, 0.5])
+    assert not result.skipped and not result.empty and max_param_diff(model, reference) == 0
+    before, calls[:] = copy.deepcopy(model.state_dict()), []
+    optimizer = torch.optim.Adam(model.parameters())
+    result = accumlib.accumulate_and_step(model, optimizer, micro_batches, [0, 0.0, 0], loss_fn=loss_fn)
+    assert (result.empty, result.skipped, result.grad_norm, calls, optimizer.state) == (True, False, None, [], {})
+    assert math.isnan(result.loss) and identical(before, model.state_dict())
