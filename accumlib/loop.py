@@ -57,6 +57,9 @@ class StepRecord:
     seconds: float  # wall time of the cycle, seconds
     peak_memory_bytes: int | None  # peak bytes during the cycle (CUDA allocator / CPU live tensors)
     skipped: bool = False  # True when a NaN/inf loss or gradient made this step leave the model untouched
+    # True when the cycle had nothing to learn from: no samples (0-row batches), or no loss terms with
+    # normalize="count". No step: the model, optimizer, scheduler and scaler untouched; loss NaN, grad_norm None
+    empty: bool = False
 
     @property
     def samples_per_second(self) -> float:
@@ -131,11 +134,16 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(x, y)` (or
     `count(batch)` for a dict batch) per micro-batch over the cycle's total. loss_reduction says what the loss is
     over its micro-batch, never guessed from values: "mean" (weight: its samples or terms over the cycle's) or "sum"
-    (weight: 1 over the cycle's samples or terms). Default: "sum" with normalize="count" and your own loss_fn, as
-    before this parameter existed; "mean" otherwise (the model's own loss is a mean: a Hugging Face model's is, over
-    its non-ignored tokens). Counts are computed a cycle at a time, as the cycle comes: a run starts at once, and each
-    cycle costs one host read of its counts (and one all-reduce under DDP) before its first forward; a cycle without
-    loss terms, or a count that is negative or not finite, is refused before that cycle changes anything.
+    (weight: 1 over the cycle's samples or terms). With normalize="count" and your own loss_fn it is required (a
+    wrong guess trains other weights, silently); otherwise the default is "mean" (the model's own loss is a mean: a
+    Hugging Face model's is, over its non-ignored tokens). Counts are computed a cycle at a time, as the cycle
+    comes: a run starts at once, and each cycle costs one host read of its counts (and one all-reduce under DDP)
+    before its first forward; a count that is negative or not finite is refused before that cycle changes anything.
+    A micro-batch without loss terms (count 0: labels all -100) or without rows (a filtering collate_fn's) adds
+    nothing and is not run, so its NaN mean loss cannot spoil its cycle: the cycle is the step on its other
+    micro-batches. A cycle with nothing to learn (no loss terms or no samples in all, on every process) is not
+    stepped: its record says `empty` (loss NaN), the model, optimizer, scheduler and scaler are left alone, and the
+    run goes on.
     scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
     loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run
     (a loader without len() needs max_steps for that).
@@ -143,7 +151,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
     amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16"
-    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`).
+    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`). A
+    disabled scaler, GradScaler(enabled=False) (PyTorch's recipe: enabled=use_amp), is no scaler: accepted without
+    amp, refused with fp16.
     on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
     included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
     skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
@@ -248,7 +258,12 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         if normalize == "steps":
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
-    reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
+    elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights
+        raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
+                           "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
+                           "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
+                           "loss_reduction='sum' (their sum, as reduction='sum' gives it)"))
+    reduction = loss_reduction or "mean"  # the model's own loss is a mean (a Hugging Face model's: over its tokens)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)
     boolean("shuffle", shuffle)
     boolean("measure_memory", measure_memory)
@@ -256,13 +271,16 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     if memory_budget is not None:
         memory_budget = positive_int("memory_budget", memory_budget)
     amp_dtype = _amp(amp, device)
+    if amp_dtype is torch.float16 and isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled():
+        raise ValueError(_("scaler is disabled (GradScaler(enabled=False)) but amp={value!r} trains in fp16, which "
+                           "needs one: pass an enabled GradScaler, or none (train makes one)").format(value=amp))
     if amp_dtype is torch.float16 and scaler is None:
         scaler = torch.amp.GradScaler(device.type)  # fp16 needs one: a new one, unless given
     options = CycleOptions(  # the cycle's options, checked here once; without loss_fn, the model's own loss
         loss_fn=_own_loss if loss_fn is None else loss_fn, clip_grad_norm=clip_grad_norm, scaler=scaler,
         autocast_dtype=amp_dtype, scheduler=scheduler, ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite,
         check_gradients=check_gradients)
-    if amp is False and scaler is not None:
+    if amp is False and options.scaler is not None:  # a disabled scaler (GradScaler(enabled=use_amp)) is none
         raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
     epochs = epochs if epochs is not None or max_steps is not None else 1  # None: as many as max_steps takes
     source.check_epochs(epochs)
@@ -299,8 +317,17 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     continue  # a step the stopped run took: its samples are counted, nothing is trained
                 if not model.training:
                     model.train()  # dropout on, BatchNorm's statistics updated: the mode training needs
+                began = time.perf_counter()
+                terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step) if run.count else (None, 1)
+                if not (cycle.samples and total):  # nothing to learn, on every process (the totals are theirs)
+                    record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
+                                        cycle.samples, math.nan, float(optimizer.param_groups[0]["lr"]), None,
+                                        time.perf_counter() - began, None, empty=True)
+                    history.records.append(record)  # not stepped: model, optimizer, scheduler and scaler untouched
+                    if run.on_step is not None:
+                        run.on_step(record)
+                    continue
                 if run.count:
-                    terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step)
                     weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
                                             run.world, terms, total)
                 elif (cycle.sizes, cycle.samples) != shape:  # the weights depend on the sizes only: computed again
@@ -326,7 +353,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
                                         cycle.samples, result.loss, result.lr, result.grad_norm,
                                         time.perf_counter() - started,
-                                        peaks.get(layout) if run.measure_memory else None, result.skipped)
+                                        peaks.get(layout) if run.measure_memory else None, result.skipped,
+                                        result.empty)
                     history.records.append(record)
                 if measure and device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
                     # this step made the optimizer's state: the layout's peak is the heavier of this step and a later
@@ -347,7 +375,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
         error.history = history  # nothing is lost: the records so far travel with the exception
         raise
     finally:
-        optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
+        if any(p.grad is not None for p in run.params):  # after a step the cycle has zeroed them already
+            optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
     if history.stopped is None and step < run.resume_from_step:  # the data ended before the stopped run's steps
         raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
                            "steps").format(value=run.resume_from_step, steps=step + 1))
@@ -359,8 +388,9 @@ def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
     the run's random state."""
     with torch.random.fork_rng(devices=[]):
-        batches = [_as_pair(batch) for batch in cycle.raw()]
-    return batches, [weight for weight, size in zip(weights, cycle.sizes) if size]
+        batches = [_as_pair(batch) for batch in cycle.raw()]  # a loader's 0-row batches too, in order
+    return ([batch for batch, size in zip(batches, cycle.sizes) if size],
+            [weight for weight, size in zip(weights, cycle.sizes) if size])
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
@@ -422,13 +452,15 @@ def _own_loss(output, target):
 
 def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,
                   terms: list[float] | None = None, total_terms: float | None = None) -> list[float]:
-    """What each micro-batch's loss is multiplied by before backward(); 0 for a padding micro-batch (size 0)."""
+    """What each micro-batch's loss is multiplied by before backward(); 0 (not run) for a micro-batch without rows
+    (DDP's padding, a 0-row batch) or, with counts, without loss terms. The cycle has some (`_empty`)."""
     if normalize == "steps":  # the classic loss / accum_steps: every micro-batch alike, even in a short last cycle
         shares = [1 / (accum_steps * world) if size else 0.0 for size in sizes]
     elif normalize == "samples":  # a mean: the micro-batch's share of the cycle's samples; a sum: 1 per sample
         shares = [(size if reduction == "mean" else 1.0 if size else 0.0) / cycle_samples for size in sizes]
     else:  # "count": a mean over its terms, the micro-batch's share of the cycle's terms; a sum: 1 per term
-        shares = [(n if reduction == "mean" else 1.0 if size else 0.0) / total_terms for size, n in zip(sizes, terms)]
+        shares = [(n if reduction == "mean" else 1.0) / total_terms if size and n else 0.0
+                  for size, n in zip(sizes, terms)]
     # DDP averages the gradients of its `world` processes; times `world`, that mean becomes the sum of every
     # process's shares, which add up to the whole cycle (on one process world is 1)
     return [world * share for share in shares]
@@ -786,8 +818,8 @@ class _Moved:
 
 def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool, step: int):
     """(each micro-batch's loss terms, 0 for padding; the cycle's total over all processes), with one host read
-    (and under DDP one all-reduce). Refuses a count that is not a non-negative number, and a cycle without loss
-    terms (its loss could not be normalised), naming its step and epoch, before the cycle changes anything."""
+    (and under DDP one all-reduce). Refuses a count that is not a non-negative number, naming its step and epoch,
+    before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`)."""
     counts = [_count_value(count(*batch) if isinstance(batch, (tuple, list)) else count(batch))
               for batch in cycle.raw()]
     where = counts[0].device if counts else device
@@ -805,12 +837,8 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
     if bad:
         raise ValueError(_("count gave a negative or non-finite number of loss terms on another process, for step "
                            "{step} (epoch {epoch})").format(step=step + 1, epoch=cycle.epoch))
-    if total == 0:
-        raise ValueError(_("count gives 0 loss terms for the whole of step {step} (epoch {epoch}): a loss cannot be "
-                           "normalised by 0; check count, or drop the samples without loss terms").format(
-                               step=step + 1, epoch=cycle.epoch))
-    values = iter(values)
-    return [next(values) if size else 0.0 for size in cycle.sizes], total
+    # raw() is the real micro-batches (0-row batches of a loader included), in order, before any padding
+    return values + [0.0] * (len(cycle.sizes) - len(values)), total
 
 
 def _count_value(value) -> torch.Tensor:
