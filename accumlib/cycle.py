@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 from torch.utils._pytree import tree_leaves
 
-from ._validate import boolean, function, one_of, positive_number
+from ._validate import Shown, boolean, function, one_of, positive_number
 from .i18n import _
 
 
@@ -121,7 +121,7 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
     """accumulate_and_step's model, optimizer and data, checked before anything changes (loss weights given as
     tensors are read from the device once, together; nothing else is)."""
     _check_model(model)
-    _check_optimizer(model, optimizer)  # one that holds some of the model's trainable parameters, without a closure
+    params = _check_optimizer(model, optimizer)  # some of the model's trainable parameters, without a closure
     for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
         if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
             raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
@@ -131,27 +131,39 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
     if len(micro_batches) != len(loss_weights):
         raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
                            "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
-    _check_weights(loss_weights)
+    _check_weights(loss_weights, min((p.dtype for p in params if p.is_floating_point()),
+                                     key=lambda dtype: torch.finfo(dtype).max, default=torch.float64))
     _check_micro_batches(model, micro_batches)
 
 
-def _check_weights(loss_weights) -> None:
-    """One finite number >= 0 per micro-batch: a Python number, a NumPy scalar or a 0-d real tensor. The tensors
-    are read together, in one host read, before anything changes."""
-    tensors = []
+def _check_weights(loss_weights, dtype: torch.dtype = torch.float64) -> None:
+    """One finite number >= 0 per micro-batch: a Python number, a NumPy scalar or a 0-d real tensor, at most the
+    largest finite value of `dtype` (the optimizer's parameters': past it the weighted loss is no number of that
+    dtype). The tensors are read together, in one host read, before anything changes."""
+    largest, tensors, values = torch.finfo(dtype).max, [], []
     for i, weight in enumerate(loss_weights):
         if isinstance(weight, torch.Tensor) and weight.dim() == 0 and not (weight.is_complex() or
                                                                           weight.dtype == torch.bool):
             tensors.append((i, weight))
         elif not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 <= weight < math.inf:
             raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or 0-d "
-                               "real tensors), one per micro-batch").format(i=i, value=weight))
+                               "real tensors), one per micro-batch").format(i=i, value=Shown(weight)))
+        else:
+            values.append((i, weight, weight))
     if tensors:
-        values = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
-        for (i, weight), value in zip(tensors, values):
+        read = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
+        for (i, weight), value in zip(tensors, read):
             if not 0 <= value < math.inf:
                 raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or "
                                    "0-d real tensors), one per micro-batch").format(i=i, value=weight))
+            values.append((i, weight, value))
+    for i, weight, value in values:  # a weight past the dtype's range: refused by name, not an error inside
+        if value > largest:
+            raise ValueError(_("loss_weights[{i}] is {value!r}, more than the largest {dtype} ({largest:g}), the "
+                               "dtype of the optimizer's parameters: the weighted loss would be no {dtype} number; "
+                               "valid: finite numbers from 0 to {largest:g}").format(
+                                   i=i, value=Shown(weight), dtype=str(dtype).removeprefix("torch."),
+                                   largest=largest))
 
 
 def _check_micro_batches(model: torch.nn.Module, micro_batches) -> None:
