@@ -110,6 +110,17 @@ def _random_states() -> dict:
     return states
 
 
+@contextlib.contextmanager
+def random_states_kept():
+    """Every random state a run draws from (torch's on the CPU and CUDA, NumPy's, Python's) put back on leaving the
+    block: what happens inside draws nothing the run would have drawn."""
+    states = _random_states()
+    try:
+        yield
+    finally:
+        _set_random_states(states)
+
+
 def _python_state(state) -> dict:
     version, internal, gauss = state
     return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}

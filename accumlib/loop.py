@@ -513,7 +513,8 @@ class _Samples:
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
             if self.n:
-                _check_batch(data[0], _("data[0] (a sample)"), sample=True)
+                with checkpoints.random_states_kept():  # a Dataset that augments draws nothing the run would draw
+                    _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
             raise TypeError(_("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got "
