@@ -382,3 +382,54 @@ def _round_trip(value):
     torch.save(value, buffer)
     buffer.seek(0)
     return buffer
+
+
+WORKER = '''
+import gc, os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib, test_checkpoint as t
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, path = dist.get_rank(), os.path.join(sys.argv[2], "ddp.pt")
+
+
+def run(seed, **extra):
+    model, optimizer, scheduler = t.build(seed)
+    t.seed_everything(10 + rank)  # each process draws its own Dropout masks and noise: each one's states are kept
+    history = accumlib.train(DistributedDataParallel(model), t.Augmented(), optimizer, scheduler=scheduler,
+                             **t.options("Dataset"), **extra)
+    return model, optimizer, history
+
+
+try:
+    model, optimizer, history = run(1)
+    stopped = run(1, checkpoint=path, max_steps=3)[2]
+    resumed, resumed_optimizer, again = run(7, checkpoint=path)  # its own seeding is overridden by the file's
+    torch.save(dict(stopped=len(stopped), steps=len(history), records=again.deterministic() == history.deterministic(),
+                    weights=t.equal_states(resumed.state_dict(), model.state_dict()),
+                    optimizer=t.equal_states(resumed_optimizer.state_dict(), optimizer.state_dict())),
+               os.path.join(sys.argv[2], f"result{rank}.pt"))
+finally:
+    gc.collect()  # DDP's reducer sits in reference cycles: freed before the process group (no abort at exit)
+    dist.destroy_process_group()
+'''
+
+
+def test_two_ddp_processes_go_on_bit_for_bit_and_another_number_of_processes_is_refused(tmp_path):
+    """Two gloo processes, each drawing its own random numbers: process 0 writes the file with both processes'
+    random states, both read it, and both end with the uninterrupted run's weights and records. One process
+    refuses the file, naming the number of processes."""
+    from test_pipeline import run_on_two_processes
+
+    run_on_two_processes(WORKER, tmp_path, str(tmp_path), timeout=240)
+    for rank in range(2):
+        result = torch.load(tmp_path / f"result{rank}.pt", weights_only=True)
+        assert result == dict(stopped=3, steps=6, records=True, weights=True, optimizer=True), rank
+    path = tmp_path / "ddp.pt"
+    assert torch.load(path, weights_only=True)["step"] == 6
+    model, optimizer, scheduler = build(1)
+    with pytest.raises(ValueError, match="processes is 2 in the file, 1 here"):
+        accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, **options("Dataset"))
