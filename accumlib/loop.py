@@ -310,7 +310,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     try:
         # STEP.run(): Ctrl-C's holding handler installed once for the run, not swapped at every step
         with memory.cuda_budget(device, run.memory_budget), _modes_kept(model), STEP.run():
-            cycles = run.checkpoint.cycles(source.cycles(run.epochs))  # a resumed run's random states put back
+            cycles = run.checkpoint.cycles(source.cycles(run.epochs), isinstance(source, _Loader))  # random states back
             for step, cycle in enumerate(itertools.islice(cycles, run.max_steps)):  # none past max_steps
                 seen += cycle.samples
                 if step < run.resume_from_step:
