@@ -199,6 +199,11 @@ class Checkpoint:
                                        "(nothing was changed): {differences}; give another checkpoint path, or "
                                        "delete the file to start afresh").format(
                                            path=str(self.path), differences="; ".join(differences)))
+                if steps is not None and saved["step"] > steps:
+                    raise ValueError(_("checkpoint {path!r} holds {step} optimizer steps, more than the {steps} of "
+                                       "this run (nothing was changed): give epochs or max_steps for {step} steps or "
+                                       "more, or another checkpoint path").format(
+                                           path=str(self.path), step=saved["step"], steps=steps))
         except Exception as error:
             failure = error
         step = -1 if saved is None else saved["step"]
@@ -218,7 +223,7 @@ class Checkpoint:
             raise failure
         if saved is not None:
             self.saved, self.written = saved, saved["step"]
-            self.finished = steps is not None and self.written >= steps
+            self.finished = self.written == steps
 
     def _differences(self, saved: dict) -> list[str]:
         """What differs between the file's run and this one, in words (empty: the same run)."""
@@ -268,7 +273,7 @@ class Checkpoint:
         epoch began, then after the last cycle it took, so the next draws what the uninterrupted run drew. A
         `loader` draws where each epoch begins (a shuffling DataLoader its order, its workers their seeds) and the
         resumed run fetches and drops the cycles the stopped run took: its random states are taken before each
-        cycle (about 0.1 ms), and kept from each epoch's first; (X, y) and a Dataset draw nothing there."""
+        cycle (well under a millisecond), and kept from each epoch's first; (X, y) and a Dataset draw nothing there."""
         saved, cycles, epoch, before = self.saved, iter(cycles), None, None
         for index in itertools.count():
             if saved is not None and index == saved["epoch_start"]:

@@ -327,6 +327,18 @@ def test_bad_checkpoint_arguments_are_refused_by_name_before_anything_runs(tmp_p
     assert equal_states(model.state_dict(), weights) and os.listdir(tmp_path) == []
 
 
+def test_a_file_past_the_run_s_end_is_refused_with_nothing_changed(tmp_path):
+    path = tmp_path / "run.pt"
+    run("Dataset", checkpoint=path, max_steps=5)
+    before = path.read_bytes()
+    model, optimizer, scheduler = build(7)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="holds 5 optimizer steps, more than the 3 of this run"):
+        accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, max_steps=3,
+                       **options("Dataset"))
+    assert equal_states(model.state_dict(), weights) and not optimizer.state and path.read_bytes() == before
+
+
 def test_resume_from_step_with_a_checkpoint_is_refused(tmp_path):
     model, optimizer, _ = build(1)
     with pytest.raises(ValueError, match="resume_from_step=2 was given with checkpoint"):
@@ -438,3 +450,68 @@ def test_two_ddp_processes_go_on_bit_for_bit_and_another_number_of_processes_is_
     model, optimizer, scheduler = build(1)
     with pytest.raises(ValueError, match="processes is 2 in the file, 1 here"):
         accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, **options("Dataset"))
+
+
+def docs_code():
+    """The Python blocks of docs/checkpoints.md, in order."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_the_docs_first_example_writes_its_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    model, optimizer, scheduler = build(1)
+    namespace = dict(accumlib=accumlib, model=model, data=Augmented(), optimizer=optimizer, scheduler=scheduler)
+    exec(docs_code()[0], namespace)
+    assert torch.load("runs/digits.pt", weights_only=True)["step"] == len(namespace["history"]) == 6
+
+
+class Plain(torch.utils.data.Dataset):
+    """X, Y as they are: a Dataset that draws no random number."""
+
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return X[i], Y[i]
+
+
+def shuffled_loader(dataset, workers=0):
+    return torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=workers,
+                                       generator=torch.Generator().manual_seed(5))
+
+
+RECIPES = {  # the data, built afresh for each run, and train's options
+    "an augmenting Dataset": (Augmented, options("Dataset")),
+    "a seeded DataLoader": (lambda: shuffled_loader(Plain()), options("DataLoader")),
+    "a seeded DataLoader augmenting in its worker": (lambda: shuffled_loader(Augmented(), workers=1),
+                                                     options("DataLoader")),
+}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_the_docs_resume_from_step_recipe_is_bit_for_bit(recipe):
+    """The docs' own code, run as written: stopped at step 3, resumed under another global seed into a model built
+    afresh (other initial weights), it ends on the uninterrupted run's weights and records."""
+    make, train_options = RECIPES[recipe]
+    helpers, usage = docs_code()[1:3]
+    stopping, resuming = usage.split("# later:")
+    reference, reference_optimizer, reference_scheduler = build(1)
+    seed_everything(10)
+    history = accumlib.train(reference, make(), reference_optimizer, scheduler=reference_scheduler, **train_options)
+    namespace = dict(accumlib=accumlib, options=train_options)
+    exec(helpers, namespace)
+    model, optimizer, scheduler = build(1)
+    seed_everything(10)
+    exec(stopping, {**namespace, "model": model, "optimizer": optimizer, "scheduler": scheduler, "data": make()},
+         namespace)
+    model, optimizer, scheduler = build(7)
+    seed_everything(99)
+    namespace.update(model=model, optimizer=optimizer, scheduler=scheduler, data=make())
+    exec("# later:" + resuming, namespace)
+    assert namespace["history"].deterministic() + namespace["rest"].deterministic() == history.deterministic()
+    assert equal_states(model.state_dict(), reference.state_dict())
