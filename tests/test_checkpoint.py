@@ -317,7 +317,7 @@ def test_bad_checkpoint_arguments_are_refused_by_name_before_anything_runs(tmp_p
                                                                            names):
     if isinstance(checkpoint, str):
         checkpoint = checkpoint.format(folder=tmp_path, missing=tmp_path / "missing")
-    model, optimizer, scheduler = build(1)
+    model, optimizer, _ = build(1)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(error) as refusal:
         accumlib.train(model, Augmented(), optimizer, checkpoint=checkpoint, checkpoint_every=every,
@@ -458,7 +458,7 @@ def docs_code():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
 def test_the_docs_first_example_writes_its_checkpoint(tmp_path, monkeypatch):
