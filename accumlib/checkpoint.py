@@ -14,6 +14,7 @@ Under DistributedDataParallel every process sends its random states to process 0
 process reads it. The model-and-optimizer part of the file is `WholeState`'s: a sharded model (FSDP2), whose state
 lives in pieces on every process, replaces it with a form that saves those pieces (see `WholeState`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,23 +43,40 @@ def check(checkpoint, checkpoint_every, resume_from_step: int) -> tuple[Path | N
     """train's `checkpoint` (a path whose folder exists) and `checkpoint_every` (a positive integer, with a
     checkpoint), checked by name before anything runs."""
     if checkpoint is not None and resume_from_step:
-        raise ValueError(_("resume_from_step={value} was given with checkpoint: a run goes on from its checkpoint "
-                           "file by itself; give one or the other").format(value=resume_from_step))
+        raise ValueError(
+            _(
+                "resume_from_step={value} was given with checkpoint: a run goes on from its checkpoint "
+                "file by itself; give one or the other"
+            ).format(value=resume_from_step)
+        )
     if checkpoint is None:
         if checkpoint_every is not None:
-            raise ValueError(_("checkpoint_every={value!r} was given without checkpoint: give checkpoint=PATH, the "
-                               "file to write every {value!r} steps").format(value=checkpoint_every))
+            raise ValueError(
+                _(
+                    "checkpoint_every={value!r} was given without checkpoint: give checkpoint=PATH, the "
+                    "file to write every {value!r} steps"
+                ).format(value=checkpoint_every)
+            )
         return None, None
     if isinstance(checkpoint, bytes) or not isinstance(checkpoint, (str, os.PathLike)) or not os.fspath(checkpoint):
-        raise TypeError(_("checkpoint must be a file path (a str or a pathlib.Path), got {value!r} of type "
-                          "{type}").format(value=checkpoint, type=type(checkpoint).__name__))
+        raise TypeError(
+            _("checkpoint must be a file path (a str or a pathlib.Path), got {value!r} of type {type}").format(
+                value=checkpoint, type=type(checkpoint).__name__
+            )
+        )
     path = Path(checkpoint)
     if not path.parent.is_dir():
-        raise ValueError(_("checkpoint={value!r}: its folder {folder!r} does not exist; create it first").format(
-            value=os.fspath(checkpoint), folder=str(path.parent)))
+        raise ValueError(
+            _("checkpoint={value!r}: its folder {folder!r} does not exist; create it first").format(
+                value=os.fspath(checkpoint), folder=str(path.parent)
+            )
+        )
     if path.is_dir():
-        raise ValueError(_("checkpoint={value!r} is a folder; give the path of a file in it, such as "
-                           "{example!r}").format(value=os.fspath(checkpoint), example=str(path / "run.pt")))
+        raise ValueError(
+            _("checkpoint={value!r} is a folder; give the path of a file in it, such as {example!r}").format(
+                value=os.fspath(checkpoint), example=str(path / "run.pt")
+            )
+        )
     every = None if checkpoint_every is None else positive_int("checkpoint_every", checkpoint_every)
     return path, every
 
@@ -83,10 +101,13 @@ class WholeState:
         type and which parameters (by name) each of its groups holds."""
         bare = _bare(model)
         names = {id(p): name for name, p in bare.named_parameters()}
-        return {"model": [[name, list(t.shape), str(t.dtype)] for name, t in bare.state_dict().items()],
-                "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
-                "groups": [[names.get(id(p), f"? {list(p.shape)}") for p in group["params"]]
-                           for group in optimizer.param_groups]}
+        return {
+            "model": [[name, list(t.shape), str(t.dtype)] for name, t in bare.state_dict().items()],
+            "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
+            "groups": [
+                [names.get(id(p), f"? {list(p.shape)}") for p in group["params"]] for group in optimizer.param_groups
+            ],
+        }
 
     def state(self, model, optimizer) -> dict:
         return {"model": _bare(model).state_dict(), "optimizer": optimizer.state_dict()}
@@ -107,14 +128,21 @@ def _captured() -> tuple:
 def _plain(captured: tuple) -> dict:
     """Captured random states as tensors and numbers: torch.load(weights_only=True) reads them, nothing pickled."""
     torch_state, cuda, numpy_state, (version, internal, gauss) = captured
-    states = {"torch": torch_state,
-              "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}}
+    states = {
+        "torch": torch_state,
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+    }
     if cuda is not None:
         states["cuda"] = cuda
     if numpy_state is not None:
         kind, keys, position, has_gauss, cached = numpy_state
-        states["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "position": int(position),
-                           "has_gauss": int(has_gauss), "gauss": float(cached)}
+        states["numpy"] = {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "gauss": float(cached),
+        }
     return states
 
 
@@ -151,8 +179,15 @@ def _set_random_states(states: dict) -> None:
     numpy = _numpy()
     if numpy is not None and "numpy" in states:
         saved = states["numpy"]
-        numpy.random.set_state((saved["kind"], saved["keys"].numpy().astype("uint32"), saved["position"],
-                                saved["has_gauss"], saved["gauss"]))
+        numpy.random.set_state(
+            (
+                saved["kind"],
+                saved["keys"].numpy().astype("uint32"),
+                saved["position"],
+                saved["has_gauss"],
+                saved["gauss"],
+            )
+        )
 
 
 class Checkpoint:
@@ -162,15 +197,35 @@ class Checkpoint:
     random states back where the stopped run left them, and notes where each epoch started), `stepped` after each
     step (and its on_step) and `ended` when the run ends."""
 
-    def __init__(self, path: Path, every: int | None, model, optimizer, scheduler, scaler, record, device, run: dict,
-                 rank: int, parts: WholeState | None = None):
+    def __init__(
+        self,
+        path: Path,
+        every: int | None,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        record,
+        device,
+        run: dict,
+        rank: int,
+        parts: WholeState | None = None,
+    ):
         self.path, self.every, self.world, self.rank, self.device = path, every, run["processes"], rank, device
         self.model, self.optimizer, self.scheduler, self.scaler, self.record = (
-            model, optimizer, scheduler, scaler, record)
+            model,
+            optimizer,
+            scheduler,
+            scaler,
+            record,
+        )
         self.parts = parts or WholeState()
         self.run = run  # what fixes the cycles and their sample order: accum_steps, micro_batch_size, seed, ...
-        self.layout = {**self.parts.layout(model, optimizer), "scheduler": _kind(scheduler),
-                       "scaler": scaler is not None}
+        self.layout = {
+            **self.parts.layout(model, optimizer),
+            "scheduler": _kind(scheduler),
+            "scaler": scaler is not None,
+        }
         for name, value in (("scheduler", scheduler), ("scaler", scaler)):
             if value is not None:
                 _storable(name, value.state_dict())
@@ -195,15 +250,21 @@ class Checkpoint:
                 saved = _load(self.path, self.record)
                 differences = self._differences(saved)
                 if differences:
-                    raise ValueError(_("checkpoint {path!r} is from another run, so this run does not go on from it "
-                                       "(nothing was changed): {differences}; give another checkpoint path, or "
-                                       "delete the file to start afresh").format(
-                                           path=str(self.path), differences="; ".join(differences)))
+                    raise ValueError(
+                        _(
+                            "checkpoint {path!r} is from another run, so this run does not go on from it "
+                            "(nothing was changed): {differences}; give another checkpoint path, or "
+                            "delete the file to start afresh"
+                        ).format(path=str(self.path), differences="; ".join(differences))
+                    )
                 if steps is not None and saved["step"] > steps:
-                    raise ValueError(_("checkpoint {path!r} holds {step} optimizer steps, more than the {steps} of "
-                                       "this run (nothing was changed): give epochs or max_steps for {step} steps or "
-                                       "more, or another checkpoint path").format(
-                                           path=str(self.path), step=saved["step"], steps=steps))
+                    raise ValueError(
+                        _(
+                            "checkpoint {path!r} holds {step} optimizer steps, more than the {steps} of "
+                            "this run (nothing was changed): give epochs or max_steps for {step} steps or "
+                            "more, or another checkpoint path"
+                        ).format(path=str(self.path), step=saved["step"], steps=steps)
+                    )
         except Exception as error:
             failure = error
         step = -1 if saved is None else saved["step"]
@@ -212,13 +273,20 @@ class Checkpoint:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             failed, highest, lowest = flags.tolist()
             if failure is None and failed:
-                raise ValueError(_("checkpoint {path!r}: another process could not go on from it (its own error "
-                                   "says why); this process stops with it, before anything changes").format(
-                                       path=str(self.path)))
+                raise ValueError(
+                    _(
+                        "checkpoint {path!r}: another process could not go on from it (its own error "
+                        "says why); this process stops with it, before anything changes"
+                    ).format(path=str(self.path))
+                )
             if failure is None and highest != -lowest:
-                raise ValueError(_("checkpoint {path!r}: the processes found different files (steps {a} and {b}; "
-                                   "-1: no file): give every process the same file, in a folder that every machine "
-                                   "shares").format(path=str(self.path), a=int(-lowest), b=int(highest)))
+                raise ValueError(
+                    _(
+                        "checkpoint {path!r}: the processes found different files (steps {a} and {b}; "
+                        "-1: no file): give every process the same file, in a folder that every machine "
+                        "shares"
+                    ).format(path=str(self.path), a=int(-lowest), b=int(highest))
+                )
         if failure is not None:
             raise failure
         if saved is not None:
@@ -231,26 +299,46 @@ class Checkpoint:
         for name, here in self.run.items():
             there = saved["run"].get(name)
             if there != here:
-                differences.append(_("{name} is {there!r} in the file, {here!r} here").format(
-                    name=name, there=there, here=here))
+                differences.append(
+                    _("{name} is {there!r} in the file, {here!r} here").format(name=name, there=there, here=here)
+                )
         there, here = saved["layout"], self.layout
         mine = {name: (shape, dtype) for name, shape, dtype in here["model"]}
         theirs = {name: (shape, dtype) for name, shape, dtype in there["model"]}
         for name in sorted(mine.keys() ^ theirs.keys())[:3]:
-            differences.append((_("the model's {name!r} is only in the file") if name in theirs else
-                                _("the model's {name!r} is not in the file")).format(name=name))
+            differences.append(
+                (
+                    _("the model's {name!r} is only in the file")
+                    if name in theirs
+                    else _("the model's {name!r} is not in the file")
+                ).format(name=name)
+            )
         for name in [n for n in mine if n in theirs and mine[n] != theirs[n]][:3]:
-            differences.append(_("the model's {name!r} has shape {there} and dtype {there_dtype} in the file, shape "
-                                 "{here} and dtype {here_dtype} here").format(
-                                     name=name, there=tuple(theirs[name][0]), there_dtype=theirs[name][1],
-                                     here=tuple(mine[name][0]), here_dtype=mine[name][1]))
+            differences.append(
+                _(
+                    "the model's {name!r} has shape {there} and dtype {there_dtype} in the file, shape "
+                    "{here} and dtype {here_dtype} here"
+                ).format(
+                    name=name,
+                    there=tuple(theirs[name][0]),
+                    there_dtype=theirs[name][1],
+                    here=tuple(mine[name][0]),
+                    here_dtype=mine[name][1],
+                )
+            )
         for name in ("optimizer", "scheduler", "scaler"):
             if there[name] != here[name]:
-                differences.append(_("the {name} is {there} in the file, {here} here").format(
-                    name=name, there=there[name], here=here[name]))
+                differences.append(
+                    _("the {name} is {there} in the file, {here} here").format(
+                        name=name, there=there[name], here=here[name]
+                    )
+                )
         if there["groups"] != here["groups"] and there["optimizer"] == here["optimizer"]:
-            differences.append(_("the optimizer's parameter groups hold {there} in the file, {here} here").format(
-                there=there["groups"], here=here["groups"]))
+            differences.append(
+                _("the optimizer's parameter groups hold {there} in the file, {here} here").format(
+                    there=there["groups"], here=here["groups"]
+                )
+            )
         return differences
 
     def restore(self, history) -> None:
@@ -265,8 +353,9 @@ class Checkpoint:
         if self.scaler is not None:
             self.scaler.load_state_dict(saved["scaler"])
         history.records[:0] = [self.record(**record) for record in saved["records"]]
-        history.notes.append(_("went on from checkpoint {path!r} after its step {step}").format(
-            path=str(self.path), step=self.written))
+        history.notes.append(
+            _("went on from checkpoint {path!r} after its step {step}").format(path=str(self.path), step=self.written)
+        )
 
     def cycles(self, cycles, loader: bool):
         """The run's cycles, as they come. Resumed, the random states are put back where the stopped run's last
@@ -310,12 +399,18 @@ class Checkpoint:
         failure = None
         try:
             if self.rank == 0 or self.parts.collective:
-                payload = {"format": FORMAT, "version": VERSION, "run": self.run, "layout": self.layout,
-                           "step": len(history), "epoch_start": self.epoch[0],
-                           **self.parts.state(self.model, self.optimizer),
-                           "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-                           "scaler": None if self.scaler is None else self.scaler.state_dict(),
-                           "records": [dataclasses.asdict(record) for record in history.records]}
+                payload = {
+                    "format": FORMAT,
+                    "version": VERSION,
+                    "run": self.run,
+                    "layout": self.layout,
+                    "step": len(history),
+                    "epoch_start": self.epoch[0],
+                    **self.parts.state(self.model, self.optimizer),
+                    "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                    "scaler": None if self.scaler is None else self.scaler.state_dict(),
+                    "records": [dataclasses.asdict(record) for record in history.records],
+                }
                 if self.rank == 0:
                     payload["random"] = [g["random"] for g in gathered]
                     payload["epoch_random"] = [g["epoch_random"] for g in gathered]
@@ -326,8 +421,12 @@ class Checkpoint:
             flag = torch.tensor([float(failure is not None)], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if failure is None and flag.item():
-                raise RuntimeError(_("checkpoint {path!r}: another process failed writing it (its own error says "
-                                     "why); the file holds the last step written before").format(path=str(self.path)))
+                raise RuntimeError(
+                    _(
+                        "checkpoint {path!r}: another process failed writing it (its own error says "
+                        "why); the file holds the last step written before"
+                    ).format(path=str(self.path))
+                )
         if failure is not None:
             raise failure
         self.written = len(history)
@@ -370,9 +469,13 @@ def _storable(name: str, state) -> None:
     try:
         torch.load(buffer, weights_only=True)
     except pickle.UnpicklingError as error:
-        raise ValueError(_("checkpoint: the {name}'s state_dict() holds something a checkpoint cannot store (it is "
-                           "read with torch.load(weights_only=True), which takes tensors, numbers, strings and "
-                           "containers of them): {error}").format(name=name, error=_first_line(error))) from None
+        raise ValueError(
+            _(
+                "checkpoint: the {name}'s state_dict() holds something a checkpoint cannot store (it is "
+                "read with torch.load(weights_only=True), which takes tensors, numbers, strings and "
+                "containers of them): {error}"
+            ).format(name=name, error=_first_line(error))
+        ) from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -401,37 +504,59 @@ def _write_atomically(path: Path, payload: dict) -> None:
             os.close(folder)
 
 
-FORM = {"format": str, "version": int, "run": dict, "layout": dict, "step": int, "epoch_start": int, "model": dict,
-        "optimizer": dict, "scheduler": (dict, type(None)), "scaler": (dict, type(None)), "records": list,
-        "random": list, "epoch_random": list}
+FORM = {
+    "format": str,
+    "version": int,
+    "run": dict,
+    "layout": dict,
+    "step": int,
+    "epoch_start": int,
+    "model": dict,
+    "optimizer": dict,
+    "scheduler": (dict, type(None)),
+    "scaler": (dict, type(None)),
+    "records": list,
+    "random": list,
+    "epoch_random": list,
+}
 
 
 def _load(path: Path, record) -> dict:
     """The file's contents, refused naming the file unless it is a whole accumlib checkpoint: every part matching
     its checksum, read by torch.load(weights_only=True) (which builds no object, so runs no code), of this form."""
+
     def damaged(why):
-        return ValueError(_("checkpoint {path!r} cannot be resumed: {why}; nothing was changed; delete it to start "
-                            "afresh").format(path=str(path), why=why))
+        return ValueError(
+            _("checkpoint {path!r} cannot be resumed: {why}; nothing was changed; delete it to start afresh").format(
+                path=str(path), why=why
+            )
+        )
 
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()  # every part's CRC-32: torch.load would take changed bytes as they are
     except Exception as error:
-        raise damaged(_("it is damaged, truncated or not a file torch.save wrote ({error})").format(
-            error=_first_line(error))) from None
+        raise damaged(
+            _("it is damaged, truncated or not a file torch.save wrote ({error})").format(error=_first_line(error))
+        ) from None
     if bad is not None:
         raise damaged(_("it is damaged: its part {part!r} does not match its checksum").format(part=bad))
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        raise damaged(_("it holds objects that a checkpoint does not (torch.load with weights_only=True refused to "
-                        "build them, so none of their code ran): {error}").format(error=_first_line(error))) from None
+        raise damaged(
+            _(
+                "it holds objects that a checkpoint does not (torch.load with weights_only=True refused to "
+                "build them, so none of their code ran): {error}"
+            ).format(error=_first_line(error))
+        ) from None
     except Exception as error:
         raise damaged(_("it is damaged ({error})").format(error=_first_line(error))) from None
     problem = _form_problem(saved, record)
     if problem is not None:
-        raise damaged(_("it is not an accumlib checkpoint of this version, or it is damaged: {problem}").format(
-            problem=problem))
+        raise damaged(
+            _("it is not an accumlib checkpoint of this version, or it is damaged: {problem}").format(problem=problem)
+        )
     return saved
 
 
@@ -445,17 +570,22 @@ def _form_problem(saved, record) -> str | None:
     if saved["format"] != FORMAT or saved["version"] != VERSION:
         return f"{saved['format']!r} {saved['version']!r}"
     layout = saved["layout"]
-    if not layout.keys() >= {"model", "optimizer", "groups", "scheduler", "scaler"} or not isinstance(
-            layout.get("model"), list) or not isinstance(layout.get("groups"), list) or not all(
-            isinstance(entry, list) and len(entry) == 3 for entry in layout["model"]):
+    if (
+        not layout.keys() >= {"model", "optimizer", "groups", "scheduler", "scaler"}
+        or not isinstance(layout.get("model"), list)
+        or not isinstance(layout.get("groups"), list)
+        or not all(isinstance(entry, list) and len(entry) == 3 for entry in layout["model"])
+    ):
         return "'layout'"
     model = saved["model"]
-    if [[name, list(t.shape), str(t.dtype)] for name, t in model.items() if isinstance(t, torch.Tensor)] != \
-            layout["model"]:
+    if [[name, list(t.shape), str(t.dtype)] for name, t in model.items() if isinstance(t, torch.Tensor)] != layout[
+        "model"
+    ]:
         return "'model'"
     records, fields = saved["records"], {f.name for f in dataclasses.fields(record)}
-    if len(records) != saved["step"] or not all(isinstance(r, dict) and r.keys() == fields and r["step"] == i + 1
-                                                for i, r in enumerate(records)):
+    if len(records) != saved["step"] or not all(
+        isinstance(r, dict) and r.keys() == fields and r["step"] == i + 1 for i, r in enumerate(records)
+    ):
         return "'records'"
     processes = saved["run"].get("processes")
     if not 0 <= saved["epoch_start"] < max(saved["step"], 1):
@@ -470,8 +600,12 @@ def _random_form(state) -> bool:
     """Whether `state` has the form `_random_states` gives."""
     try:
         torch_state, python = state["torch"], state["python"]
-        good = (torch_state.dtype == torch.uint8 and torch_state.shape == torch.get_rng_state().shape
-                and python["internal"].dtype == torch.int64 and python["internal"].shape == (625,))
+        good = (
+            torch_state.dtype == torch.uint8
+            and torch_state.shape == torch.get_rng_state().shape
+            and python["internal"].dtype == torch.int64
+            and python["internal"].shape == (625,)
+        )
         if "numpy" in state:
             good = good and state["numpy"]["keys"].shape == (624,) and isinstance(state["numpy"]["kind"], str)
         return bool(good)

@@ -7,6 +7,7 @@ autocast with a GradScaler), deterministic, so "equal" is torch.equal. A file th
 another run or that would run code is refused, naming the file and what differs, with nothing changed: weights,
 optimizer state, random states and the file itself.
 """
+
 import os
 import pickle
 import random
@@ -61,9 +62,10 @@ def same_random_states(a, b):
     return torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
 
 
-DATA = {"Dataset": lambda dtype=torch.float64: Augmented(dtype),
-        "DataLoader": lambda dtype=torch.float64: torch.utils.data.DataLoader(Augmented(dtype), batch_size=4,
-                                                                              shuffle=True)}
+DATA = {
+    "Dataset": lambda dtype=torch.float64: Augmented(dtype),
+    "DataLoader": lambda dtype=torch.float64: torch.utils.data.DataLoader(Augmented(dtype), batch_size=4, shuffle=True),
+}
 
 
 def options(data, amp=False):
@@ -75,10 +77,11 @@ def run(data, seed=1, amp=False, **extra):
     """A fresh model trained from global seed 10: (model, optimizer, scheduler, scaler, history)."""
     dtype = torch.float32 if amp else torch.float64
     model, optimizer, scheduler = build(seed, dtype)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) if amp else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if amp else None
     seed_everything(10)
-    history = accumlib.train(model, DATA[data](dtype), optimizer, scheduler=scheduler, scaler=scaler,
-                             **options(data, amp), **extra)
+    history = accumlib.train(
+        model, DATA[data](dtype), optimizer, scheduler=scheduler, scaler=scaler, **options(data, amp), **extra
+    )
     return model, optimizer, scheduler, scaler, history
 
 
@@ -86,6 +89,7 @@ def stop_at(step):
     def on_step(record):
         if record.step == step:
             raise accumlib.StopTraining
+
     return on_step
 
 
@@ -96,7 +100,7 @@ def equal_states(a, b):
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(equal_states(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(equal_states(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(equal_states(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -120,11 +124,18 @@ def test_a_run_stopped_at_step_3_goes_on_bit_for_bit(uninterrupted, tmp_path, da
     history = uninterrupted[data, amp][4]
     dtype = torch.float32 if amp else torch.float64
     fresh, fresh_optimizer, fresh_scheduler = build(7, dtype)  # other weights; another global seed below
-    fresh_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) if amp else None
+    fresh_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if amp else None
     assert not equal_states(fresh.state_dict(), model.state_dict())
     seed_everything(99)
-    resumed = accumlib.train(fresh, DATA[data](dtype), fresh_optimizer, scheduler=fresh_scheduler,
-                             scaler=fresh_scaler, checkpoint=path, **options(data, amp))
+    resumed = accumlib.train(
+        fresh,
+        DATA[data](dtype),
+        fresh_optimizer,
+        scheduler=fresh_scheduler,
+        scaler=fresh_scaler,
+        checkpoint=path,
+        **options(data, amp),
+    )
     assert len(history) == STEPS
     assert resumed.deterministic() == history.deterministic()
     assert equal_states(fresh.state_dict(), model.state_dict())
@@ -132,7 +143,7 @@ def test_a_run_stopped_at_step_3_goes_on_bit_for_bit(uninterrupted, tmp_path, da
     assert fresh_scheduler.state_dict() == scheduler.state_dict()
     if amp:
         assert fresh_scaler.state_dict() == scaler.state_dict()
-        assert scaler.get_scale() != 2.0 ** 10  # the scale has moved: the scaler's state matters
+        assert scaler.get_scale() != 2.0**10  # the scale has moved: the scaler's state matters
     assert torch.load(path, weights_only=True)["step"] == STEPS  # written again when the run ended
 
 
@@ -145,8 +156,14 @@ def test_a_shuffled_loader_goes_on_bit_for_bit_across_epochs(uninterrupted, tmp_
     model, *_, history = uninterrupted["DataLoader", False]
     fresh, fresh_optimizer, fresh_scheduler = build(7)
     seed_everything(99)
-    resumed = accumlib.train(fresh, DATA["DataLoader"](), fresh_optimizer, scheduler=fresh_scheduler,
-                             checkpoint=path, **options("DataLoader"))
+    resumed = accumlib.train(
+        fresh,
+        DATA["DataLoader"](),
+        fresh_optimizer,
+        scheduler=fresh_scheduler,
+        checkpoint=path,
+        **options("DataLoader"),
+    )
     assert resumed.deterministic() == history.deterministic()
     assert equal_states(fresh.state_dict(), model.state_dict())
 
@@ -155,8 +172,13 @@ def test_the_file_is_written_every_checkpoint_every_steps_and_at_the_end(tmp_pat
     """on_step runs before the step's write: it sees the file of the last multiple of checkpoint_every."""
     path = tmp_path / "run.pt"
     seen = []
-    run("Dataset", checkpoint=path, checkpoint_every=np.int64(2), max_steps=5,
-        on_step=lambda record: seen.append(torch.load(path, weights_only=True)["step"] if path.exists() else None))
+    run(
+        "Dataset",
+        checkpoint=path,
+        checkpoint_every=np.int64(2),
+        max_steps=5,
+        on_step=lambda record: seen.append(torch.load(path, weights_only=True)["step"] if path.exists() else None),
+    )
     assert seen == [None, None, 2, 2, 4]
     assert torch.load(path, weights_only=True)["step"] == 5
     assert os.listdir(tmp_path) == ["run.pt"]  # no temporary file left
@@ -167,9 +189,15 @@ def test_a_finished_run_given_its_checkpoint_again_is_restored_without_training(
     run("Dataset", checkpoint=path)
     model, *_, history = uninterrupted["Dataset", False]
     fresh, fresh_optimizer, fresh_scheduler = build(7)
-    again = accumlib.train(fresh, Augmented(), fresh_optimizer, scheduler=fresh_scheduler, checkpoint=path,
-                           on_step=lambda record: pytest.fail("a finished run trains no step"),
-                           **options("Dataset"))
+    again = accumlib.train(
+        fresh,
+        Augmented(),
+        fresh_optimizer,
+        scheduler=fresh_scheduler,
+        checkpoint=path,
+        on_step=lambda record: pytest.fail("a finished run trains no step"),
+        **options("Dataset"),
+    )
     assert again.deterministic() == history.deterministic()
     assert equal_states(fresh.state_dict(), model.state_dict())
 
@@ -188,13 +216,15 @@ def test_ctrl_c_during_a_step_writes_the_checkpoint_and_the_run_goes_on_from_it(
 
     optimizer.register_step_pre_hook(interrupt)
     seed_everything(10)
-    stopped = accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path,
-                             checkpoint_every=10, **options("Dataset"))
+    stopped = accumlib.train(
+        model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, checkpoint_every=10, **options("Dataset")
+    )
     assert stopped.stopped == "KeyboardInterrupt" and len(stopped) == 3
     assert torch.load(path, weights_only=True)["step"] == 3
     fresh, fresh_optimizer, fresh_scheduler = build(7)
-    resumed = accumlib.train(fresh, Augmented(), fresh_optimizer, scheduler=fresh_scheduler, checkpoint=path,
-                             **options("Dataset"))
+    resumed = accumlib.train(
+        fresh, Augmented(), fresh_optimizer, scheduler=fresh_scheduler, checkpoint=path, **options("Dataset")
+    )
     reference, *_, history = uninterrupted["Dataset", False]
     assert resumed.deterministic() == history.deterministic()
     assert equal_states(fresh.state_dict(), reference.state_dict())
@@ -227,6 +257,7 @@ def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path, monkeypat
 def flip_a_byte(path):
     """One bit pattern changed in the middle of the file's largest tensor (torch.load alone would load it)."""
     import zipfile
+
     with zipfile.ZipFile(path) as archive:
         largest = max(archive.infolist(), key=lambda info: info.file_size)
         record = archive.read(largest)
@@ -290,8 +321,9 @@ def test_a_bad_or_foreign_file_is_refused_naming_it_with_nothing_changed(tmp_pat
     seed_everything(5)
     randoms = random_states()
     with pytest.raises(ValueError) as refusal:
-        accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path,
-                       **{**options("Dataset"), **differs})
+        accumlib.train(
+            model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, **{**options("Dataset"), **differs}
+        )
     message = str(refusal.value)
     assert repr(str(path)) in message and "nothing was changed" in message
     for name in names:
@@ -302,26 +334,29 @@ def test_a_bad_or_foreign_file_is_refused_naming_it_with_nothing_changed(tmp_pat
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["run.pt"]  # nothing ran: no "ran" file
 
 
-@pytest.mark.parametrize("checkpoint, every, error, names", [
-    (123, None, TypeError, ["checkpoint", "123", "str or a pathlib.Path"]),
-    (b"run.pt", None, TypeError, ["checkpoint", "b'run.pt'"]),
-    ("", None, TypeError, ["checkpoint", "''"]),
-    ("{missing}/run.pt", None, ValueError, ["checkpoint", "does not exist"]),
-    ("{folder}", None, ValueError, ["checkpoint", "is a folder", "run.pt"]),
-    ("{folder}/run.pt", 0, ValueError, ["checkpoint_every", "positive integer", "0"]),
-    ("{folder}/run.pt", 1.5, TypeError, ["checkpoint_every", "1.5"]),
-    ("{folder}/run.pt", True, TypeError, ["checkpoint_every", "True"]),
-    (None, 2, ValueError, ["checkpoint_every=2", "without checkpoint"]),
-])
-def test_bad_checkpoint_arguments_are_refused_by_name_before_anything_runs(tmp_path, checkpoint, every, error,
-                                                                           names):
+@pytest.mark.parametrize(
+    "checkpoint, every, error, names",
+    [
+        (123, None, TypeError, ["checkpoint", "123", "str or a pathlib.Path"]),
+        (b"run.pt", None, TypeError, ["checkpoint", "b'run.pt'"]),
+        ("", None, TypeError, ["checkpoint", "''"]),
+        ("{missing}/run.pt", None, ValueError, ["checkpoint", "does not exist"]),
+        ("{folder}", None, ValueError, ["checkpoint", "is a folder", "run.pt"]),
+        ("{folder}/run.pt", 0, ValueError, ["checkpoint_every", "positive integer", "0"]),
+        ("{folder}/run.pt", 1.5, TypeError, ["checkpoint_every", "1.5"]),
+        ("{folder}/run.pt", True, TypeError, ["checkpoint_every", "True"]),
+        (None, 2, ValueError, ["checkpoint_every=2", "without checkpoint"]),
+    ],
+)
+def test_bad_checkpoint_arguments_are_refused_by_name_before_anything_runs(tmp_path, checkpoint, every, error, names):
     if isinstance(checkpoint, str):
         checkpoint = checkpoint.format(folder=tmp_path, missing=tmp_path / "missing")
     model, optimizer, _ = build(1)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(error) as refusal:
-        accumlib.train(model, Augmented(), optimizer, checkpoint=checkpoint, checkpoint_every=every,
-                       **options("Dataset"))
+        accumlib.train(
+            model, Augmented(), optimizer, checkpoint=checkpoint, checkpoint_every=every, **options("Dataset")
+        )
     for name in names:
         assert name in str(refusal.value), (name, str(refusal.value))
     assert equal_states(model.state_dict(), weights) and os.listdir(tmp_path) == []
@@ -334,16 +369,18 @@ def test_a_file_past_the_run_s_end_is_refused_with_nothing_changed(tmp_path):
     model, optimizer, scheduler = build(7)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match="holds 5 optimizer steps, more than the 3 of this run"):
-        accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, max_steps=3,
-                       **options("Dataset"))
+        accumlib.train(
+            model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, max_steps=3, **options("Dataset")
+        )
     assert equal_states(model.state_dict(), weights) and not optimizer.state and path.read_bytes() == before
 
 
 def test_resume_from_step_with_a_checkpoint_is_refused(tmp_path):
     model, optimizer, _ = build(1)
     with pytest.raises(ValueError, match="resume_from_step=2 was given with checkpoint"):
-        accumlib.train(model, Augmented(), optimizer, checkpoint=tmp_path / "run.pt", resume_from_step=2,
-                       **options("Dataset"))
+        accumlib.train(
+            model, Augmented(), optimizer, checkpoint=tmp_path / "run.pt", resume_from_step=2, **options("Dataset")
+        )
 
 
 class Schedule:
@@ -353,15 +390,16 @@ class Schedule:
         self.helper = Payload("unused")
 
     def __call__(self, step):
-        return 0.9 ** step
+        return 0.9**step
 
 
 def test_a_state_that_a_checkpoint_cannot_hold_is_refused_before_the_run(tmp_path):
     model, optimizer, _ = build(1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule())
     with pytest.raises(ValueError, match="the scheduler's state_dict\\(\\) holds something a checkpoint cannot"):
-        accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=tmp_path / "run.pt",
-                       **options("Dataset"))
+        accumlib.train(
+            model, Augmented(), optimizer, scheduler=scheduler, checkpoint=tmp_path / "run.pt", **options("Dataset")
+        )
     assert os.listdir(tmp_path) == [] and not optimizer.state
 
 
@@ -373,8 +411,7 @@ def test_the_refusal_speaks_hindi(tmp_path):
     accumlib.set_language("hi")
     try:
         with pytest.raises(ValueError) as refusal:
-            accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path,
-                           **options("Dataset"))
+            accumlib.train(model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, **options("Dataset"))
     finally:
         accumlib.set_language("en")
     assert repr(str(path)) in str(refusal.value)
@@ -395,13 +432,14 @@ def test_the_random_states_go_into_the_file_as_tensors_and_numbers_and_come_back
 
 def _round_trip(value):
     import io
+
     buffer = io.BytesIO()
     torch.save(value, buffer)
     buffer.seek(0)
     return buffer
 
 
-WORKER = '''
+WORKER = """
 import gc, os, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -432,7 +470,7 @@ try:
 finally:
     gc.collect()  # DDP's reducer sits in reference cycles: freed before the process group (no abort at exit)
     dist.destroy_process_group()
-'''
+"""
 
 
 def test_two_ddp_processes_go_on_bit_for_bit_and_another_number_of_processes_is_refused(tmp_path):
@@ -481,15 +519,18 @@ class Plain(torch.utils.data.Dataset):
 
 
 def shuffled_loader(dataset, workers=0):
-    return torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=workers,
-                                       generator=torch.Generator().manual_seed(5))
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=4, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(5)
+    )
 
 
 RECIPES = {  # the data, built afresh for each run, and train's options
     "an augmenting Dataset": (Augmented, options("Dataset")),
     "a seeded DataLoader": (lambda: shuffled_loader(Plain()), options("DataLoader")),
-    "a seeded DataLoader augmenting in its worker": (lambda: shuffled_loader(Augmented(), workers=1),
-                                                     options("DataLoader")),
+    "a seeded DataLoader augmenting in its worker": (
+        lambda: shuffled_loader(Augmented(), workers=1),
+        options("DataLoader"),
+    ),
 }
 
 
@@ -507,8 +548,11 @@ def test_the_docs_resume_from_step_recipe_is_bit_for_bit(recipe):
     exec(helpers, namespace)
     model, optimizer, scheduler = build(1)
     seed_everything(10)
-    exec(stopping, {**namespace, "model": model, "optimizer": optimizer, "scheduler": scheduler, "data": make()},
-         namespace)
+    exec(
+        stopping,
+        {**namespace, "model": model, "optimizer": optimizer, "scheduler": scheduler, "data": make()},
+        namespace,
+    )
     model, optimizer, scheduler = build(7)
     seed_everything(99)
     namespace.update(model=model, optimizer=optimizer, scheduler=scheduler, data=make())
