@@ -302,7 +302,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     run.checkpoint.restore(history)  # the file's states and records, if the run goes on from one
     if run.checkpoint.finished:
         return history  # the file holds every step of this run
-    seen = skips = 0  # samples so far; skipped steps in a row
+    seen = 0  # samples so far
+    skips = sum(1 for _ in itertools.takewhile(lambda r: r.skipped, reversed(history.records)))  # in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
     shape = weights = None  # the last cycle's (sizes, samples) and its loss weights
     fitted: set[tuple] = set()  # a loader's cycle layouts measured under memory_budget

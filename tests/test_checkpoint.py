@@ -559,3 +559,30 @@ def test_the_docs_resume_from_step_recipe_is_bit_for_bit(recipe):
     exec("# later:" + resuming, namespace)
     assert namespace["history"].deterministic() + namespace["rest"].deterministic() == history.deterministic()
     assert equal_states(model.state_dict(), reference.state_dict())
+
+
+def test_skipped_steps_in_a_row_are_counted_across_the_stop(tmp_path):
+    """max_skipped_steps=3: steps 2 and 3 are skipped (NaN inputs) before the stop, so the resumed run raises
+    NonFiniteError at step 4, as the uninterrupted run does."""
+    nan = X.clone()
+    nan[12:] = float("nan")  # step 1 (samples 0-11) is finite, every later step skipped
+    settings = dict(micro_batch_size=4, accum_steps=3, epochs=3, shuffle=False, device="cpu", max_skipped_steps=3)
+    model, optimizer, _ = build(1)
+    with pytest.raises(accumlib.NonFiniteError) as uninterrupted:
+        accumlib.train(model, (nan, Y), optimizer, **settings)
+    assert len(uninterrupted.value.history) == 4
+    path = tmp_path / "run.pt"
+    model, optimizer, _ = build(1)
+    accumlib.train(model, (nan, Y), optimizer, checkpoint=path, max_steps=3, **settings)
+    model, optimizer, _ = build(1)
+    with pytest.raises(accumlib.NonFiniteError) as resumed:
+        accumlib.train(model, (nan, Y), optimizer, checkpoint=path, **settings)
+
+    def steps(history):
+        return [(r.step, r.samples_seen, r.skipped) for r in history]  # (a NaN loss equals no other NaN)
+
+    assert (
+        steps(resumed.value.history)
+        == steps(uninterrupted.value.history)
+        == [(1, 12, False)] + [(2, 24, True), (3, 36, True), (4, 40, True)]
+    )
