@@ -89,10 +89,11 @@ def _bare(model: torch.nn.Module) -> torch.nn.Module:
 
 class WholeState:
     """The model-and-optimizer part of a checkpoint as whole state dicts inside the file: one process, or DDP, where
-    every process holds the same weights. This is the seam for sharded models: an FSDP2 form keeps the same three
-    methods, saving each process's shards with `torch.distributed.checkpoint` (a folder beside the file, named in
-    what `state` returns) and loading them back in `load`; `collective` says whether every process takes part in
-    `state` (False here: only process 0 calls it)."""
+    every process holds the same weights. `Checkpoint` uses only these four methods and `collective`, so a sharded
+    model (FSDP2) plugs in a form of its own (`Checkpoint(parts=...)`): its `state` saves each process's shards with
+    `torch.distributed.checkpoint` into a folder of that step beside the file and returns the folder's name for the
+    file, `problem` checks that name, `load` reads the shards back; `collective = True` makes every process call
+    `state` (here only process 0 does)."""
 
     collective = False
 
@@ -110,7 +111,17 @@ class WholeState:
         }
 
     def state(self, model, optimizer) -> dict:
+        """What goes into the file for the model and the optimizer."""
         return {"model": _bare(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def problem(self, saved: dict) -> str | None:
+        """What is wrong with the file's model-and-optimizer part (None: nothing): its tensors must be what its
+        layout says."""
+        model, optimizer = saved.get("model"), saved.get("optimizer")
+        if not isinstance(model, dict) or not isinstance(optimizer, dict):
+            return "'model', 'optimizer'"
+        tensors = [[name, list(t.shape), str(t.dtype)] for name, t in model.items() if isinstance(t, torch.Tensor)]
+        return None if tensors == saved["layout"]["model"] else "'model'"
 
     def load(self, model, optimizer, saved: dict) -> None:
         """The saved states into the model and the optimizer (their layouts already compared: nothing fails)."""
@@ -174,8 +185,9 @@ def _set_random_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     python = states["python"]
     random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss"]))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if "cuda" in states and torch.cuda.is_available():  # the GPUs this machine has (a file may hold more)
+        for index, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, index)
     numpy = _numpy()
     if numpy is not None and "numpy" in states:
         saved = states["numpy"]
@@ -247,7 +259,7 @@ class Checkpoint:
         failure, saved = None, None
         try:
             if exists:
-                saved = _load(self.path, self.record)
+                saved = _load(self.path, self.record, self.parts)
                 differences = self._differences(saved)
                 if differences:
                     raise ValueError(
@@ -511,8 +523,6 @@ FORM = {
     "layout": dict,
     "step": int,
     "epoch_start": int,
-    "model": dict,
-    "optimizer": dict,
     "scheduler": (dict, type(None)),
     "scaler": (dict, type(None)),
     "records": list,
@@ -521,7 +531,7 @@ FORM = {
 }
 
 
-def _load(path: Path, record) -> dict:
+def _load(path: Path, record, parts: WholeState) -> dict:
     """The file's contents, refused naming the file unless it is a whole accumlib checkpoint: every part matching
     its checksum, read by torch.load(weights_only=True) (which builds no object, so runs no code), of this form."""
 
@@ -552,7 +562,7 @@ def _load(path: Path, record) -> dict:
         ) from None
     except Exception as error:
         raise damaged(_("it is damaged ({error})").format(error=_first_line(error))) from None
-    problem = _form_problem(saved, record)
+    problem = _form_problem(saved, record) or parts.problem(saved)
     if problem is not None:
         raise damaged(
             _("it is not an accumlib checkpoint of this version, or it is damaged: {problem}").format(problem=problem)
@@ -577,11 +587,6 @@ def _form_problem(saved, record) -> str | None:
         or not all(isinstance(entry, list) and len(entry) == 3 for entry in layout["model"])
     ):
         return "'layout'"
-    model = saved["model"]
-    if [[name, list(t.shape), str(t.dtype)] for name, t in model.items() if isinstance(t, torch.Tensor)] != layout[
-        "model"
-    ]:
-        return "'model'"
     records, fields = saved["records"], {f.name for f in dataclasses.fields(record)}
     if len(records) != saved["step"] or not all(
         isinstance(r, dict) and r.keys() == fields and r["step"] == i + 1 for i, r in enumerate(records)
@@ -608,6 +613,6 @@ def _random_form(state) -> bool:
         )
         if "numpy" in state:
             good = good and state["numpy"]["keys"].shape == (624,) and isinstance(state["numpy"]["kind"], str)
-        return bool(good)
+        return bool(good) and all(t.dtype == torch.uint8 for t in state.get("cuda", []))
     except (TypeError, KeyError, AttributeError):
         return False

@@ -586,3 +586,41 @@ def test_skipped_steps_in_a_row_are_counted_across_the_stop(tmp_path):
         == steps(uninterrupted.value.history)
         == [(1, 12, False)] + [(2, 24, True), (3, 36, True), (4, 40, True)]
     )
+
+
+class SideFile(checkpoints.WholeState):
+    """A model-and-optimizer form of its own, as a sharded one would be: the states in a file of their own beside
+    the checkpoint, which names it."""
+
+    def state(self, model, optimizer):
+        side = model.side  # the folder or file a sharded form would write
+        torch.save(super().state(model, optimizer), side)
+        return {"side": side}
+
+    def problem(self, saved):
+        return None if isinstance(saved.get("side"), str) else "'side'"
+
+    def load(self, model, optimizer, saved):
+        super().load(model, optimizer, torch.load(saved["side"], weights_only=True))
+
+
+def test_the_model_and_optimizer_part_is_a_seam_another_form_plugs_into(uninterrupted, tmp_path, monkeypatch):
+    """accumlib.checkpoint.Checkpoint reaches the model's and optimizer's states only through its `parts`
+    (WholeState's methods): a form that keeps them elsewhere resumes bit for bit too."""
+    monkeypatch.setattr(checkpoints, "WholeState", SideFile)
+    path = tmp_path / "run.pt"
+    model, optimizer, scheduler = build(1)
+    model.side = str(tmp_path / "side")
+    seed_everything(10)
+    accumlib.train(
+        model, Augmented(), optimizer, scheduler=scheduler, checkpoint=path, max_steps=3, **options("Dataset")
+    )
+    assert "model" not in torch.load(path, weights_only=True)
+    fresh, fresh_optimizer, fresh_scheduler = build(7)
+    fresh.side = model.side
+    resumed = accumlib.train(
+        fresh, Augmented(), fresh_optimizer, scheduler=fresh_scheduler, checkpoint=path, **options("Dataset")
+    )
+    reference, *_, history = uninterrupted["Dataset", False]
+    assert resumed.deterministic() == history.deterministic()
+    assert equal_states(fresh.state_dict(), reference.state_dict())
