@@ -332,6 +332,12 @@ def test_a_bad_or_foreign_file_is_refused_naming_it_with_nothing_changed(tmp_pat
     assert scheduler is None or scheduler.last_epoch == 0
     assert same_random_states(random_states(), randoms)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["run.pt"]  # nothing ran: no "ran" file
+    if "code-running" in change:  # the control: unpickled, the file does run its code
+        if change.endswith("plain pickle"):
+            pickle.loads(path.read_bytes())  # noqa: S301 (the point: it runs code)
+        else:
+            torch.load(path, weights_only=False)
+        assert (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize(
