@@ -18,6 +18,8 @@ what each choice costs).
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import weakref
 
 import torch
@@ -26,6 +28,26 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from .i18n import _
+
+
+def start() -> torch.device:
+    """In a script that torchrun started: join its process group and return this process's device: its GPU
+    (LOCAL_RANK's) with the nccl backend where CUDA is there, else the CPU with gloo. Refused by name outside
+    torchrun (no LOCAL_RANK, RANK or WORLD_SIZE in the environment)."""
+    missing = [name for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE") if name not in os.environ]
+    if missing:
+        raise RuntimeError(_("{names} not set: this script runs one process per device under torchrun, e.g. "
+                             "torchrun --standalone --nproc_per_node=2 {script}").format(
+                                 names=", ".join(missing), script=sys.argv[0]))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+    return device
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

@@ -101,3 +101,12 @@ def test_gradient_sync_is_off_before_the_last_micro_batch_only(group):
     accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3,
                                  loss_fn=loss_fn, ddp_no_sync=False)
     assert seen[3:] == [[(True, False)] * len(groups)] * 2 + [[(True, True)] * len(groups)]
+
+
+def test_start_outside_torchrun_is_refused_by_name(monkeypatch):
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match=r"^LOCAL_RANK, WORLD_SIZE not set: .* torchrun --standalone"):
+        sharded.start()
+    assert not dist.is_initialized()

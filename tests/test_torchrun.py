@@ -11,6 +11,7 @@ a gradient synchronised twice or a stale parameter moves a weight by 1e-3 or mor
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,3 +155,21 @@ def test_a_failing_launch_stops_with_its_processes(tmp_path):
     for rank in (0, 1):
         status = Path(f"/proc/{(tmp_path / f'pid{rank}').read_text()}/status")
         assert not status.exists() or "\nState:\tZ" in status.read_text()  # gone, or dead and not yet reaped
+
+
+@pytest.mark.parametrize("script, arguments", [
+    ("causal_lm.py", ["--fsdp2", "--dim", "32", "--layers", "1", "--context", "32", "--epochs", "1"]),
+    ("image_batchnorm.py", ["--width", "8", "--epochs", "1"]),
+])
+def test_the_examples_run_with_one_torchrun_command(script, arguments):
+    """Each example, small, as its docstring's command starts it (gloo on the CPU): its loss falls, and the causal
+    LM's processes end with the same weights, the classifier beats chance (10%) on the held-out digits."""
+    output = torchrun(["--standalone", "--nproc_per_node=2", str(ROOT / "examples" / script), *arguments])[0]
+    summary = output.strip().splitlines()[-1]
+    first, last = (float(v) for v in re.search(r"loss (\d+\.\d+) -> (\d+\.\d+)", summary).groups())
+    assert last < first, summary
+    assert "on 2 processes (cpu, gloo)" in summary
+    if script == "causal_lm.py":
+        assert "every process holds the same weights: yes" in summary
+    else:
+        assert float(re.search(r"accuracy (\d+\.\d)%", summary).group(1)) > 50, summary
