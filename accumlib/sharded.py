@@ -29,6 +29,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .i18n import _
 
+__all__ = ["start", "is_ddp", "is_fsdp", "world_and_rank"]  # the rest is the cycle's
+
 
 def start() -> torch.device:
     """In a script that torchrun started: join its process group and return this process's device: its GPU
@@ -150,7 +152,7 @@ class _FSDPSync:
 
     def __enter__(self) -> None:
         last = self.last
-        for group, reshard in zip(self.groups, self.reshard):
+        for group, reshard in zip(self.groups, self.reshard, strict=True):
             group.reduce_grads = group.all_reduce_grads = last or not self.no_sync  # set_requires_gradient_sync
             group.reshard_after_backward = last or reshard  # the step updates the shards: the last backward reshards
 
@@ -164,7 +166,7 @@ class _FSDPSync:
             self.done()
 
     def done(self) -> None:
-        for group, reshard in zip(self.groups, self.reshard):
+        for group, reshard in zip(self.groups, self.reshard, strict=True):
             group.reduce_grads = group.all_reduce_grads = True
             group.reshard_after_backward = reshard
 

@@ -3,12 +3,12 @@
     torchrun --standalone --nproc_per_node=2 examples/causal_lm.py            # DDP; gloo on the CPU, nccl on GPUs
     torchrun --standalone --nproc_per_node=2 examples/causal_lm.py --fsdp2    # the same model sharded (fully_shard)
 
-The text is accumlib's own documentation (its docstrings), byte by byte (a vocabulary of 256), cut into sentences of different
-lengths: dict batches (input_ids, attention_mask, labels with -100 on the padding), as a Hugging Face collator makes
-them. Each process reads its own share through a DistributedSampler. The model returns its loss, the mean over a
-batch's labelled next tokens; normalize="count" weights each micro-batch by its tokens, so every step's gradient is
-the mean over all the step's tokens on every process, whatever the batches' lengths. Rank 0 prints each step; at
-the end every process's weights are compared.
+The text is accumlib's own documentation (its docstrings), byte by byte (a vocabulary of 256), cut into sentences
+of different lengths: dict batches (input_ids, attention_mask, labels with -100 on the padding), as a Hugging Face
+collator makes them. Each process reads its own share through a DistributedSampler. The model returns its loss,
+the mean over a batch's labelled next tokens; normalize="count" weights each micro-batch by its tokens, so every
+step's gradient is the mean over all the step's tokens on every process, whatever the batches' lengths. Rank 0
+prints each step; at the end every process's weights are compared.
 """
 from __future__ import annotations
 

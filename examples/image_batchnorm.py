@@ -8,9 +8,10 @@ The data are the 1,797 handwritten 8x8 digits shipped with accumlib, 1,497 to tr
 reads its own share of the training digits through a DistributedSampler. BatchNorm normalises each micro-batch by
 that micro-batch's own statistics: accumulation does not change that, so a step's gradient is not the gradient of
 one batch of the whole step (lesson 7 measures the gap). The running statistics: DDP broadcasts rank 0's to the
-other processes (broadcast_buffers=True, its default); FSDP2 leaves each process its own. --sync-bn (nn.SyncBatchNorm, CUDA only in PyTorch)
-takes each micro-batch's statistics over all processes' micro-batches at once: a BatchNorm batch of micro-batch x
-processes samples, at the price of an all-reduce in every forward, no_sync() or not. Rank 0 prints each step and the
+other processes (broadcast_buffers=True, its default); FSDP2 leaves each process its own. --sync-bn
+(nn.SyncBatchNorm, CUDA only in PyTorch) takes each micro-batch's statistics over all processes' micro-batches at
+once: a BatchNorm batch of micro-batch x processes samples, at the price of an all-reduce in every forward,
+no_sync() or not. Rank 0 prints each step and the
 held-out accuracy (eval mode: the running statistics).
 """
 from __future__ import annotations

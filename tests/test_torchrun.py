@@ -59,7 +59,7 @@ def torchrun(*launches: list[str], timeout: float = 60) -> list[str]:
             except ProcessLookupError:
                 pass
             process.wait()
-    for process, output in zip(processes, outputs):
+    for process, output in zip(processes, outputs, strict=True):
         assert process.returncode == 0, f"torchrun {launches} exited {process.returncode}:\n{output[-4000:]}"
     return outputs
 
@@ -122,7 +122,7 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     step's micro-batches differ between the processes, one pads), Adam with the gradient clipped over all shards
     (every step), and each process's own loader of dict batches, token-count normalised (a DistributedSampler's
     shuffled shares; then one process with 5 batches, the other with 3)."""
-    results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded",) if how == "fsdp2" else ()))
+    results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded", "every") if how == "fsdp2" else ()))
     for name in SCENARIOS:
         assert_like_one_process(results[name], name)
     assert [r["samples"] for r in results["tensors"]["records"]] == [12, 12, 5] * job.EPOCHS
@@ -131,6 +131,25 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     assert min(r["grad_norm"] for r in results["clipped"]["records"]) > job.CLIP  # clipping took part in every step
     if how == "fsdp2":  # set_reshard_after_backward(False): kept whole between micro-batches, resharded for the step
         assert_like_one_process(results["unsharded"], "tensors")
+        assert_like_one_process(results["every"], "tensors")  # ddp_no_sync=False: a reduce-scatter per micro-batch
+        assert_fsdp2_collectives(results)
+
+
+def assert_fsdp2_collectives(results: dict) -> None:
+    """FSDP2's collectives per full step, counted on rank 0 (2 FSDP units with parameters, 3 micro-batches): one
+    reduce-scatter per unit and step with gradient sync on the last micro-batch only, one per micro-batch with
+    ddp_no_sync=False; with set_reshard_after_backward(False) the next micro-batch's forward gathers nothing."""
+    full, every, unsharded = ([step for step, record in zip(results[name]["collectives"], results[name]["records"],
+                                                            strict=True) if record["samples"] == 12]
+                              for name in ("tensors", "every", "unsharded"))
+    units, micro_batches = 2, 3
+    assert {step["reduce-scatters"] for step in full} == {units}
+    assert {step["reduce-scatters"] for step in every} == {units * micro_batches}
+    assert {step["reduce-scatters"] for step in unsharded} == {units}
+    # each forward all-gathers every unit, and the backward again each one resharded after its forward
+    assert {step["all-gathers"] for step in full} == {2 * units * micro_batches}
+    # kept unsharded after a backward, a unit is not gathered again by the next micro-batch's forward
+    assert {step["all-gathers"] for step in unsharded} == {2 * units * micro_batches - units * (micro_batches - 1)}
 
 
 def test_two_nodes_through_a_c10d_rendezvous(tmp_path):

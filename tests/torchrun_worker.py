@@ -90,20 +90,43 @@ class EpochLoader:
         return iter(token_shards(dist.get_rank(), dist.get_world_size(), self.epoch, self.uneven))
 
 
+COUNTED = {"all_gather_single": "all-gathers", "reduce_scatter_single": "reduce-scatters"}  # FSDP2's collectives
+calls = dict.fromkeys(COUNTED.values(), 0)
+
+
+def _counting(name: str):
+    collective = getattr(dist, name)
+
+    def counted(*args, **kwargs):
+        calls[COUNTED[name]] += 1
+        return collective(*args, **kwargs)
+    return counted
+
+
+for _name in COUNTED:
+    setattr(dist, _name, _counting(_name))  # FSDP2 calls them through the module: each call counted
+
+
 def scenario(name: str, how: str) -> dict:
-    """Train one scenario on this process; the result rank 0 saves."""
-    if name in ("tensors", "clipped", "unsharded"):
+    """Train one scenario on this process; the result rank 0 saves, with FSDP2's collectives in each step."""
+    steps, before = [], dict(calls)
+
+    def count(record):
+        steps.append({kind: calls[kind] - before[kind] - sum(step[kind] for step in steps) for kind in calls})
+
+    if name in ("tensors", "clipped", "unsharded", "every"):
         model = wrap(mlp(), how)
         if name == "unsharded":
             model.set_reshard_after_backward(False)  # parameters kept whole between a step's micro-batches
         optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=LR)
         history = accumlib.train(model, tensors(), optimizer, micro_batch_size=2, accum_steps=3, epochs=EPOCHS,
-                                 seed=SEED, device="cpu", clip_grad_norm=CLIP if name == "clipped" else None)
+                                 seed=SEED, device="cpu", clip_grad_norm=CLIP if name == "clipped" else None,
+                                 ddp_no_sync=name != "every", on_step=count)
     else:  # "tokens", "uneven": each process's loader its own, the model's own mean loss weighted by its tokens
         model = wrap(lm.TinyCausalLM(), how)
         history = accumlib.train(model, EpochLoader(name == "uneven"), torch.optim.SGD(model.parameters(), lr=LR),
                                  accum_steps=2, epochs=EPOCHS, normalize="count", count=tokens, device="cpu")
-    return {"state": full_state(model), "records": history.deterministic()}
+    return {"state": full_state(model), "records": history.deterministic(), "collectives": steps}
 
 
 def main(out: str, how: str, names: list[str]) -> None:
