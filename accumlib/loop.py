@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import checkpoint as checkpoints, devices, memory
+from . import checkpoint as checkpoints, devices, memory, sharded
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
-                    _cycle, _is_ddp, _scalar_loss)
+                    _cycle, _scalar_loss)
 from ._validate import Shown, as_real, boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
@@ -222,7 +222,7 @@ class _Run(NamedTuple):
     options: CycleOptions  # the cycle's options, for every step
     accum_steps: int
     world: int  # processes (1 without DDP)
-    ddp: bool
+    ddp: bool  # DDP or FSDP2: several processes, the counts all-reduced
     normalize: str
     reduction: str  # "mean" or "sum": what the loss is over its micro-batch
     count: Callable | None
@@ -253,8 +253,8 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     max_skipped_steps = positive_int("max_skipped_steps", max_skipped_steps)
     resume_from_step = non_negative_int("resume_from_step", resume_from_step)
     path, checkpoint_every = checkpoints.check(checkpoint, checkpoint_every, resume_from_step)
-    ddp = _is_ddp(model)  # torch.compile(DDP(model)) included
-    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
+    world, rank = sharded.world_and_rank(model)  # DDP or FSDP2, compiled or not: the data shared out by rank
+    ddp = sharded.is_ddp(model) or sharded.is_fsdp(model)  # the counts all-reduced, the data shared out
     device = _device(device)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)  # a Python int before the source draws its order from it
     history = History()
