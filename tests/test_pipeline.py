@@ -10,6 +10,7 @@ moves a weight by ~1e-3).
 import copy
 import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -134,8 +135,8 @@ def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
 
 
 def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
-    """The same model's loss, reduced by sum (loss_fn, the default reduction "sum" with normalize="count") or by mean
-    (loss_reduction="mean" said explicitly): the same steps, both equal to the full batch."""
+    """The same model's loss, reduced by sum (loss_reduction="sum") or by mean (loss_reduction="mean"): the same
+    steps, both equal to the full batch."""
     def token_sum(output, batch):
         logits, labels = output.logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1)
         return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
@@ -145,7 +146,7 @@ def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
 
     loader = torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad)
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 1))
-    for options in (dict(loss_fn=token_sum), dict(loss_fn=token_mean, loss_reduction="mean")):
+    for options in (dict(loss_fn=token_sum, loss_reduction="sum"), dict(loss_fn=token_mean, loss_reduction="mean")):
         model = TinyCausalLM()
         accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                        normalize="count", count=tokens, **options)
@@ -179,7 +180,7 @@ def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
     loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=lambda b: as_tuple(pad(b)))
     model = TupleInputLM()
     history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
-                             loss_fn=token_sum_of_logits, normalize="count",
+                             loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
                              count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
     assert len(history) == 6
@@ -208,7 +209,7 @@ def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
     n = len(dataset)
     tuple_model = TupleInputLM()
     accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
-                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count",
+                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
                    count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     dict_model = TinyCausalLM()
     accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
@@ -374,7 +375,8 @@ try:
         collate = (lambda b: t.as_tuple(t.pad(b))) if name == "tuple inputs" else t.pad
         loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=collate)
         model = DistributedDataParallel(t.TupleInputLM() if name == "tuple inputs" else t.TinyCausalLM())
-        options = (dict(loss_fn=t.token_sum_of_logits, count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
+        options = (dict(loss_fn=t.token_sum_of_logits, loss_reduction="sum",
+                        count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
                    if name == "tuple inputs" else dict(count=lambda batch: (batch["labels"][:, 1:] != -100).sum()))
         history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                                  normalize="count", epochs=2, device="cpu", **options)
@@ -602,6 +604,112 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
                                  "OSError: the disk went away"),
                 "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item)}[case]
     assert ours.startswith(expected[0]) and theirs.startswith(expected[1]), (ours, theirs)
+
+
+def unlabelled(batch: dict) -> dict:
+    """`batch` with every label ignored (-100): a micro-batch without loss terms (prompt masking, packing)."""
+    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE)}
+
+
+BATCHES = [pad(ITEMS[i:i + 3]) for i in range(0, 18, 3)]  # 6 batches of 3 sequences
+
+
+def hf_run(batches, optimizer=torch.optim.SGD, accum_steps=3, **options):
+    """The README's Hugging Face recipe (the model's own mean loss, count = its shifted labels that are not -100)."""
+    model = TinyCausalLM()
+    opt = optimizer(model.parameters(), lr=0.5 if optimizer is torch.optim.SGD else 0.01)
+    history = accumlib.train(model, batches, opt, accum_steps=accum_steps, normalize="count",
+                             count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), **options)
+    return model, opt, history
+
+
+def test_a_micro_batch_without_labelled_tokens_adds_nothing_to_its_cycle():
+    """Its mean loss is NaN (a mean over 0 tokens): the cycle is the step on its other micro-batches, bit for bit,
+    and one step on all their sequences at once to float64's rounding; it is not a skipped step."""
+    model, _, history = hf_run([BATCHES[0], unlabelled(BATCHES[1]), BATCHES[2]])
+    others, _, _ = hf_run([BATCHES[0], BATCHES[2]], accum_steps=2)
+    assert [(r.skipped, r.empty, r.micro_batches) for r in history] == [(False, False, 3)]
+    assert math.isfinite(history[0].loss)
+    assert accumlib.parameter_gap(model, others) == 0
+    reference = full_batch_reference(TinyCausalLM(), [ITEMS[0:3] + ITEMS[6:9]])
+    assert accumlib.parameter_gap(model, reference) < TOLERANCE
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+def test_a_cycle_without_labelled_tokens_is_not_stepped_and_the_run_goes_on(optimizer):
+    """Step 2's micro-batches have no labelled token: no step (Adam's step count and moments untouched), recorded
+    as empty (not as skipped, loss NaN, no norm), then step 3 trains: the run of steps 1 and 3 alone, bit for bit."""
+    seen = []
+    model, opt, history = hf_run([BATCHES[0], BATCHES[1], unlabelled(BATCHES[2]), unlabelled(BATCHES[3]),
+                                  BATCHES[4], BATCHES[5]], optimizer, accum_steps=2, on_step=seen.append)
+    alone, alone_opt, _ = hf_run([BATCHES[0], BATCHES[1], BATCHES[4], BATCHES[5]], optimizer, accum_steps=2)
+    assert [(r.step, r.skipped, r.empty) for r in history] == [(1, False, False), (2, False, True), (3, False, False)]
+    assert math.isnan(history[1].loss) and history[1].grad_norm is None and seen == list(history)
+    assert accumlib.parameter_gap(model, alone) == 0
+    state, alone_state = opt.state_dict()["state"], alone_opt.state_dict()["state"]
+    assert all(torch.equal(state[i][key], alone_state[i][key]) for i in state for key in state[i])
+    if optimizer is torch.optim.Adam:
+        assert {float(s["step"]) for s in state.values()} == {2.0}
+
+
+ZERO_WORKER = '''
+import gc, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib, test_pipeline as t
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, results = dist.get_rank(), {}
+B, Z = t.BATCHES, t.unlabelled
+# step 1: process 1's second micro-batch has no labelled token; step 2: none has any, on either process; step 3:
+# process 1 has none in the whole cycle while process 0 has some
+batches = ([B[0], B[1], Z(B[2]), Z(B[3]), B[4], B[5]] if rank == 0 else
+           [t.pad(t.ITEMS[18:21]), Z(t.pad(t.ITEMS[21:24])), Z(B[0]), Z(B[1]), Z(B[2]), Z(B[3])])
+try:
+    for name, optimizer, options in (("SGD", torch.optim.SGD, {}), ("Adam", torch.optim.Adam, {}),
+                                     ("SGD without no_sync", torch.optim.SGD, dict(ddp_no_sync=False))):
+        model = DistributedDataParallel(t.TinyCausalLM())
+        opt = optimizer(model.parameters(), lr=0.5 if optimizer is torch.optim.SGD else 0.01)
+        history = accumlib.train(model, batches, opt, accum_steps=2, normalize="count", device="cpu",
+                                 count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), **options)
+        results[name] = dict(state=model.module.state_dict(), records=[(r.skipped, r.empty) for r in history],
+                             steps=sorted({float(s["step"]) for s in opt.state.values() if "step" in s}))
+    if rank == 0:
+        torch.save(results, sys.argv[2])
+    dist.barrier()
+finally:
+    gc.collect()
+    dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def two_processes_without_tokens(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ddp-zero")
+    run_on_two_processes(ZERO_WORKER, folder, str(folder / "result.pt"), timeout=240)
+    return torch.load(folder / "result.pt")
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "SGD without no_sync"])
+def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_rest(two_processes_without_tokens,
+                                                                                     name):
+    """On 2 gloo processes: a micro-batch without labelled tokens adds nothing (step 1, on process 1: its last, so
+    it all-reduces in its first); a cycle without any on either process is not stepped (step 2: no collective, Adam's
+    step count untouched); a process without any in a cycle still takes part in the step of the other (step 3): one
+    step per stepped cycle on all its labelled sequences at once, to float64's rounding."""
+    result = two_processes_without_tokens[name]
+    assert result["records"] == [(False, False), (False, True), (False, False)]
+    model = TinyCausalLM()
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01) if name == "Adam" else
+                 torch.optim.SGD(model.parameters(), lr=0.5))
+    for cycle in (ITEMS[0:6] + ITEMS[18:21], ITEMS[12:18]):
+        optimizer.zero_grad()
+        model(**pad(cycle)).loss.backward()
+        optimizer.step()
+    assert accumlib.parameter_gap(result["state"], model.state_dict()) < TOLERANCE
+    assert result["steps"] == ([2.0] if name == "Adam" else [])
 
 
 LIST_X = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
