@@ -479,6 +479,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # two processes
 def test_two_ddp_processes_go_on_bit_for_bit_and_another_number_of_processes_is_refused(tmp_path):
     """Two gloo processes, each drawing its own random numbers: process 0 writes the file with both processes'
     random states, both read it, and both end with the uninterrupted run's weights and records. One process
