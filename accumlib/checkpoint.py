@@ -396,9 +396,14 @@ class Checkpoint:
             self._write(history)
 
     def ended(self, history) -> None:
-        """The run has ended (done, max_steps, StopTraining, Ctrl-C): the file written unless it holds this step."""
+        """The run has ended (done, max_steps, StopTraining, Ctrl-C): the file written unless it holds this step. A
+        failed write's error carries the records, as train's errors do."""
         if len(history) != self.written:
-            self._write(history)
+            try:
+                self._write(history)
+            except Exception as error:
+                error.history = history
+                raise
 
     def _write(self, history) -> None:
         """Process 0 writes the file, with every process's random states; every process learns whether it did."""

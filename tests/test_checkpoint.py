@@ -254,6 +254,22 @@ def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path, monkeypat
     assert torch.load(path, weights_only=True)["step"] == 2
 
 
+def test_a_failed_last_write_raises_with_the_records_and_leaves_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "run.pt"
+    write = checkpoints._write_atomically
+
+    def disk_full(path_, payload):
+        if payload["step"] == STEPS:
+            raise OSError(28, "No space left on device")
+        write(path_, payload)
+
+    monkeypatch.setattr(checkpoints, "_write_atomically", disk_full)
+    with pytest.raises(OSError, match="No space left") as failure:
+        run("Dataset", checkpoint=path, checkpoint_every=5)
+    assert len(failure.value.history) == STEPS
+    assert torch.load(path, weights_only=True)["step"] == 10 and os.listdir(tmp_path) == ["run.pt"]
+
+
 def flip_a_byte(path):
     """One bit pattern changed in the middle of the file's largest tensor (torch.load alone would load it)."""
     import zipfile
