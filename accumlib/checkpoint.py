@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from . import sharded
 from ._validate import positive_int
 from .i18n import _
 
@@ -157,6 +158,21 @@ def _plain(captured: tuple) -> dict:
     return states
 
 
+def _parts(model) -> WholeState:
+    """The model-and-optimizer form for `model`: whole state dicts. An FSDP2 model's sharded form (a folder of
+    `torch.distributed.checkpoint` shards) is not in this version: refused by name, before the run."""
+    if sharded.is_fsdp(model):
+        raise ValueError(
+            _(
+                "checkpoint= with an FSDP2 model (fully_shard): its state lives in pieces on every "
+                "process, and the sharded checkpoint this needs (a folder of torch.distributed.checkpoint "
+                "shards) is not in this version of accumlib; save and load it yourself with "
+                "torch.distributed.checkpoint and resume_from_step (docs/checkpoints.md)"
+            )
+        )
+    return WholeState()
+
+
 def _random_states() -> dict:
     """Every random state a run draws from (torch's on the CPU and each CUDA device, NumPy's, Python's), plain."""
     return _plain(_captured())
@@ -231,7 +247,7 @@ class Checkpoint:
             scaler,
             record,
         )
-        self.parts = parts or WholeState()
+        self.parts = parts or _parts(model)
         self.run = run  # what fixes the cycles and their sample order: accum_steps, micro_batch_size, seed, ...
         self.layout = {
             **self.parts.layout(model, optimizer),
