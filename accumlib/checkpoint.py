@@ -24,6 +24,7 @@ import itertools
 import os
 import pickle
 import random
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -131,9 +132,10 @@ class WholeState:
 
 
 def _captured() -> tuple:
-    """Every random state a run draws from, as the libraries give them (quick to take: `_plain` converts them)."""
+    """Every random state a run draws from, as the libraries give them (quick to take: `_plain` converts them):
+    torch's on the CPU and on each CUDA device in use, NumPy's global one where NumPy is in use, Python's."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    numpy = _numpy()
+    numpy = sys.modules.get("numpy")
     return torch.get_rng_state(), cuda, None if numpy is None else numpy.random.get_state(), random.getstate()
 
 
@@ -181,20 +183,13 @@ def _random_states() -> dict:
 @contextlib.contextmanager
 def random_states_kept():
     """Every random state a run draws from (torch's on the CPU and CUDA, NumPy's, Python's) put back on leaving the
-    block: what happens inside draws nothing the run would have drawn."""
+    block: what happens inside (a Dataset's fetch for train's checks or memory_budget's trace) draws nothing the run
+    would have drawn."""
     states = _random_states()
     try:
         yield
     finally:
         _set_random_states(states)
-
-
-def _numpy():
-    try:
-        import numpy
-    except ImportError:  # NumPy is optional: without it there is no NumPy random state to keep
-        return None
-    return numpy
 
 
 def _set_random_states(states: dict) -> None:
@@ -204,8 +199,9 @@ def _set_random_states(states: dict) -> None:
     if "cuda" in states and torch.cuda.is_available():  # the GPUs this machine has (a file may hold more)
         for index, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(state, index)
-    numpy = _numpy()
-    if numpy is not None and "numpy" in states:
+    if "numpy" in states:
+        import numpy  # noqa: PLC0415 (NumPy held a state when the file was written: it is installed)
+
         saved = states["numpy"]
         numpy.random.set_state(
             (

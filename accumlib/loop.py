@@ -17,8 +17,6 @@ import dataclasses
 import functools
 import itertools
 import math
-import random
-import sys
 import time
 from collections.abc import Iterator as _Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -413,28 +411,10 @@ def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     """The cycle's real micro-batches as the cycle takes them (not moved: a trace moves its copies), without DDP's
     padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
     the run's random state."""
-    with _random_kept():
+    with checkpoints.random_states_kept():
         batches = [_as_pair(batch) for batch in cycle.raw()]  # a loader's 0-row batches too, in order
     return ([batch for batch, size in zip(batches, cycle.sizes) if size],
             [weight for weight, size in zip(weights, cycle.sizes) if size])
-
-
-@contextlib.contextmanager
-def _random_kept():
-    """Every random state a Dataset's __getitem__ may draw from (torch's on the CPU and on each CUDA device in use,
-    Python's `random`, NumPy's global one) put back as found: a fetch for memory_budget's trace leaves the run's
-    draws as they would be without it."""
-    python = random.getstate()
-    numpy = sys.modules.get("numpy")  # NumPy's state only where NumPy is in use
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    try:
-        with torch.random.fork_rng(devices=cuda):
-            yield
-    finally:
-        random.setstate(python)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
@@ -683,7 +663,7 @@ class _Indexed:
     def example(self):
         """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors.
         Fetched under its own random state: a Dataset that augments randomly draws for the run as without it."""
-        with _random_kept():
+        with checkpoints.random_states_kept():
             x, y = self.samples.fetch(list(range(self.micro)))
         return (x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else None
 
