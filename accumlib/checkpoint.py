@@ -11,8 +11,9 @@ without running it; it is refused too, naming it and what differs, when it is da
 run, before anything changes.
 
 Under DistributedDataParallel every process sends its random states to process 0, which writes the file; every
-process reads it. The model-and-optimizer part of the file is `WholeState`'s: a sharded model (FSDP2), whose state
-lives in pieces on every process, replaces it with a form that saves those pieces (see `WholeState`).
+process reads it. The model-and-optimizer part of the file is `WholeState`'s; a sharded model (FSDP2), whose state
+lives in pieces on every process, needs a form that saves those pieces: `_parts` is where it plugs in (this version
+refuses such a model by name).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def _bare(model: torch.nn.Module) -> torch.nn.Module:
 class WholeState:
     """The model-and-optimizer part of a checkpoint as whole state dicts inside the file: one process, or DDP, where
     every process holds the same weights. `Checkpoint` uses only these four methods and `collective`, so a sharded
-    model (FSDP2) plugs in a form of its own (`Checkpoint(parts=...)`): its `state` saves each process's shards with
+    model (FSDP2) plugs in a form of its own (`_parts` chooses it, or `Checkpoint(parts=...)`): its `state` saves each process's shards with
     `torch.distributed.checkpoint` into a folder of that step beside the file and returns the folder's name for the
     file, `problem` checks that name, `load` reads the shards back; `collective = True` makes every process call
     `state` (here only process 0 does)."""
