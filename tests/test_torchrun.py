@@ -152,6 +152,30 @@ def assert_fsdp2_collectives(results: dict) -> None:
     assert {step["all-gathers"] for step in unsharded} == {2 * units * micro_batches - units * (micro_batches - 1)}
 
 
+def test_memory_per_process_under_fsdp2(tmp_path):
+    """measure_step of an FSDP2 model reports what one process holds, as a real step measures it: the peak train
+    records for a step with Adam's state (to a collective's buffers), this process's shards of the weights
+    and of Adam's state; below DDP's, whose every process holds everything; memory_budget refuses a budget
+    below that peak before any weight changes, and trains above it, saying that a real step measured it."""
+    found = standalone(tmp_path, "fsdp2", "memory")["memory"]
+    # a process's peak moves by a collective's buffers (measured: a reduce-scatter's input, freed by gloo's thread
+    # at its own moment): at most the largest unit's whole gradient, the first Linear's 64 x 512 + 512 floats
+    collective = job.UNIT_BYTES
+    for name in ("fsdp2", "fsdp2 every"):
+        report = found[name]["report"]
+        # the second step of train: Adam's state made, as measure_step's later step
+        assert abs(found[name]["train"][1] - report.peak) <= collective
+        assert report.parameters >= found[name]["shards"]  # the shards, and what is gathered at the peak
+        assert report.optimizer_state == found[name]["state"]  # Adam's state: this process's shards only
+        assert sum(report.categories().values()) == report.peak
+    whole = sum(p.numel() * 4 for p in job.wide().parameters())
+    assert found["fsdp2"]["shards"] == whole // 2  # each of the 2 processes holds half of the weights
+    assert found["fsdp2"]["report"].peak < found["ddp"]["train"][1]
+    assert found["refused"] is not None and "out of memory" in found["refused"]
+    assert found["unchanged"] and found["within budget"] == 1
+    assert any("measured with a real step" in message for message in found["warnings"])
+
+
 def test_two_nodes_through_a_c10d_rendezvous(tmp_path):
     """Two torchrun launches, one process each, meet at a c10d rendezvous on localhost as two nodes would: FSDP2
     trains as one process."""

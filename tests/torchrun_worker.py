@@ -129,11 +129,66 @@ def scenario(name: str, how: str) -> dict:
     return {"state": full_state(model), "records": history.deterministic(), "collectives": steps}
 
 
+UNIT_BYTES = (64 * 512 + 512) * 4  # the first Linear's weights: the largest FSDP unit's whole gradient
+
+
+def wide() -> nn.Module:
+    """A model whose weights outweigh its activations (float32): 64 -> 512 -> 64."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64))
+
+
+def memory() -> dict:
+    """What one process holds in a step of `wide()` (Adam; 3 micro-batches of 4 per process), measured by train
+    (measure_memory=True: each step's peak) and by memory.measure_step, under DDP and FSDP2 (gradient sync on the
+    last micro-batch, then on every one); and memory_budget under FSDP2 below and above the measured peak by
+    more than a collective's buffer (gloo's thread frees those at its own moment: see the test)."""
+    import warnings
+
+    generator = torch.Generator().manual_seed(5)
+    X, y = torch.randn(48, 64, generator=generator), torch.randint(0, 64, (48,), generator=generator)
+    found = {}
+    for name, how, no_sync in (("ddp", "ddp", True), ("fsdp2", "fsdp2", True), ("fsdp2 every", "fsdp2", False)):
+        model = wrap(wide(), how)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, max_steps=2,
+                                 device="cpu", measure_memory=True, ddp_no_sync=no_sync)
+        found[name] = {"train": [r.peak_memory_bytes for r in history]}
+        if how == "fsdp2":
+            report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3,
+                                           ddp_no_sync=no_sync)
+            found[name].update(report=report, shards=sum(p.to_local().nbytes for p in model.parameters()),
+                               state=sum(sharded_bytes(v) for state in optimizer.state.values()
+                                         for v in state.values()))
+    model = wrap(wide(), "fsdp2")
+    before = [p.to_local().clone() for p in model.parameters()]
+    peak, collective = found["fsdp2"]["report"].peak, UNIT_BYTES  # the peak moves by up to a collective's buffer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            accumlib.train(model, (X, y), torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=4,
+                           accum_steps=3, device="cpu", memory_budget=peak - collective - 1)
+            found["refused"] = None
+        except accumlib.OutOfMemory as error:
+            found["refused"] = str(error)
+        found["unchanged"] = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before,
+                                                                             strict=True))
+        history = accumlib.train(model, (X, y), torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=4,
+                                 accum_steps=3, device="cpu", memory_budget=peak + collective, max_steps=1)
+    found["within budget"] = len(history)
+    found["warnings"] = sorted({str(w.message) for w in caught})
+    return found
+
+
+def sharded_bytes(value) -> int:
+    return value.to_local().nbytes if isinstance(value, dist.tensor.DTensor) else value.nbytes
+
+
 def main(out: str, how: str, names: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        results = {name: scenario(name, how) for name in names}
+        results = {name: memory() if name == "memory" else scenario(name, how) for name in names}
         if dist.get_rank() == 0:
             torch.save(results, out)
         dist.barrier()
