@@ -301,7 +301,7 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     checkpoint = checkpoints.NONE if path is None else checkpoints.Checkpoint(
         path, checkpoint_every, model, optimizer, options.scheduler, options.scaler, StepRecord, device, dict(
             accum_steps=accum_steps, micro_batch_size=micro_batch_size, seed=seed, shuffle=shuffle, processes=world),
-        rank)
+        rank, checkpoints.ShardedState(path) if sharded.is_fsdp(model) else None)  # FSDP2: every process's shards
     checkpoint.read(steps)  # the file, if it exists: compared with this run, refused before anything changes
     resume_from_step = resume_from_step or checkpoint.step
     if steps is not None and resume_from_step >= steps and not checkpoint.finished:

@@ -176,6 +176,24 @@ def test_memory_per_process_under_fsdp2(tmp_path):
     assert any("measured with a real step" in message for message in found["warnings"])
 
 
+def test_an_fsdp2_checkpoint_resumes_bit_for_bit_and_refuses_another_number_of_processes(tmp_path, monkeypatch):
+    """train(checkpoint=...) with an FSDP2 model: every process's shards in a folder beside the file
+    (torch.distributed.checkpoint), the run stopped after step 3 and resumed into a model built from another seed
+    equals the uninterrupted run bit for bit (weights and records: Adam, shuffled samples); one process cannot go
+    on from the file of two, refused by name before anything changes."""
+    monkeypatch.setenv("CHECKPOINT", str(tmp_path))
+    found = standalone(tmp_path, "fsdp2", "checkpoint")["checkpoint"]
+    uninterrupted, resumed = found["uninterrupted"], found["resumed"]
+    assert len(found["stopped"]["records"]) == 3 and len(resumed["records"]) == len(uninterrupted["records"]) == 6
+    assert resumed["records"] == uninterrupted["records"]
+    assert all(torch.equal(resumed["state"][k], v) for k, v in uninterrupted["state"].items())
+    assert len(found["folders"]) == 2 and all(f.startswith(".run.pt.shards-") for f in found["folders"])
+    out = tmp_path / "one.pt"
+    torchrun(["--standalone", "--nproc_per_node=1", str(WORKER), str(out), "fsdp2", "checkpoint"])
+    refused = torch.load(out, weights_only=False)["checkpoint"]["refused"]
+    assert refused is not None and "processes is 2 in the file, 1 here" in refused
+
+
 def test_two_nodes_through_a_c10d_rendezvous(tmp_path):
     """Two torchrun launches, one process each, meet at a c10d rendezvous on localhost as two nodes would: FSDP2
     trains as one process."""

@@ -184,11 +184,44 @@ def sharded_bytes(value) -> int:
     return value.to_local().nbytes if isinstance(value, dist.tensor.DTensor) else value.nbytes
 
 
+def checkpointed() -> dict:
+    """FSDP2 with Adam on the tensors (6 steps, shuffled): the uninterrupted run; a run stopped after step 3 with
+    checkpoint=CHECKPOINT/run.pt (every step), then resumed from it into a model built from another seed. On
+    another number of processes only the resumption is tried (the file of the 2-process run)."""
+    import os
+
+    path = Path(os.environ["CHECKPOINT"]) / "run.pt"
+
+    def run(seed: int, **options):
+        torch.manual_seed(seed)
+        model = wrap(nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double(), "fsdp2")
+        history = accumlib.train(model, tensors(), torch.optim.Adam(model.parameters(), lr=0.05), micro_batch_size=2,
+                                 accum_steps=3, epochs=EPOCHS, seed=SEED, device="cpu", **options)
+        return {"state": full_state(model), "records": history.deterministic()}
+
+    if dist.get_world_size() != 2:
+        try:
+            run(0, checkpoint=path)
+        except ValueError as error:
+            return {"refused": str(error)}
+        return {"refused": None}
+
+    def stop_at_3(record):
+        if record.step == 3:
+            raise accumlib.StopTraining
+
+    found = {"uninterrupted": run(0), "stopped": run(0, checkpoint=path, checkpoint_every=1, on_step=stop_at_3)}
+    found["folders"] = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
+    found["resumed"] = run(1, checkpoint=path)
+    return found
+
+
 def main(out: str, how: str, names: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        results = {name: memory() if name == "memory" else scenario(name, how) for name in names}
+        special = {"memory": memory, "checkpoint": checkpointed}
+        results = {name: special[name]() if name in special else scenario(name, how) for name in names}
         if dist.get_rank() == 0:
             torch.save(results, out)
         dist.barrier()
