@@ -26,6 +26,8 @@ import accumlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchrun_worker as job
 
+pytestmark = pytest.mark.slow  # each test starts torchrun: several processes, seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "torchrun_worker.py"
 TOLERANCE = 1e-12  # see the module docstring
@@ -122,7 +124,7 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     step's micro-batches differ between the processes, one pads), Adam with the gradient clipped over all shards
     (every step), and each process's own loader of dict batches, token-count normalised (a DistributedSampler's
     shuffled shares; then one process with 5 batches, the other with 3)."""
-    results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded", "every") if how == "fsdp2" else ()))
+    results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded", "every", "sub-mesh") if how == "fsdp2" else ()))
     for name in SCENARIOS:
         assert_like_one_process(results[name], name)
     assert [r["samples"] for r in results["tensors"]["records"]] == [12, 12, 5] * job.EPOCHS
@@ -133,6 +135,8 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
         assert_like_one_process(results["unsharded"], "tensors")
         assert_like_one_process(results["every"], "tensors")  # ddp_no_sync=False: a reduce-scatter per micro-batch
         assert_fsdp2_collectives(results)
+        # sharded over this process alone: its data shares would not be the group's
+        assert "a mesh of 1 processes but the process group has 2" in results["sub-mesh"]["refused"]
 
 
 def assert_fsdp2_collectives(results: dict) -> None:

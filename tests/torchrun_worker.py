@@ -216,11 +216,25 @@ def checkpointed() -> dict:
     return found
 
 
+def sub_mesh() -> dict:
+    """An FSDP2 model sharded over a mesh of this process alone (of 2): train refuses it by name."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = fully_shard(mlp(), mesh=DeviceMesh("cpu", [dist.get_rank()]))
+    try:
+        accumlib.train(model, tensors(), torch.optim.SGD(model.parameters(), lr=LR), micro_batch_size=2,
+                       accum_steps=3, device="cpu")
+    except ValueError as error:
+        return {"refused": str(error)}
+    return {"refused": None}
+
+
 def main(out: str, how: str, names: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        special = {"memory": memory, "checkpoint": checkpointed}
+        special = {"memory": memory, "checkpoint": checkpointed, "sub-mesh": sub_mesh}
         results = {name: special[name]() if name in special else scenario(name, how) for name in names}
         if dist.get_rank() == 0:
             torch.save(results, out)
