@@ -12,8 +12,8 @@ run, before anything changes.
 
 Under DistributedDataParallel every process sends its random states to process 0, which writes the file; every
 process reads it. The model-and-optimizer part of the file is `WholeState`'s; a sharded model (FSDP2), whose state
-lives in pieces on every process, needs a form that saves those pieces: `_parts` is where it plugs in (this version
-refuses such a model by name).
+lives in pieces on every process, has `ShardedState`'s: every process saves its pieces with
+`torch.distributed.checkpoint` into a folder beside the file, which names it.
 """
 
 from __future__ import annotations
@@ -132,6 +132,55 @@ class WholeState:
         optimizer.load_state_dict(saved["optimizer"])
 
 
+class ShardedState(WholeState):
+    """The model-and-optimizer part of an FSDP2 (fully_shard) run's checkpoint: every process's shards of the
+    weights and of the optimizer's state, saved with `torch.distributed.checkpoint` (its state-dict helpers,
+    get_state_dict / set_state_dict) into a folder beside the file, `.<file name>.shards-<token>`, a new one per
+    write; the file names it. The file is written after its folder, so the file always names a whole folder; the
+    folder the file named before stays until the next write, then goes. A run goes on from it on the same number of
+    processes (the file's `processes` must match: another number is refused by name, before anything changes)."""
+
+    collective = True
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.folders: list[str] = []  # the folders this run wrote, oldest first
+
+    def state(self, model, optimizer) -> dict:
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        token = [os.urandom(6).hex()]
+        dist.broadcast_object_list(token, src=0)  # every process writes its shards into the same folder
+        folder = f".{self.path.name}.shards-{token[0]}"
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=self.path.parent / folder)
+        self.folders.append(folder)
+        if dist.get_rank() == 0:
+            for old in self.folders[:-2]:  # the file still names the one before this
+                shutil.rmtree(self.path.parent / old, ignore_errors=True)
+        del self.folders[:-2]
+        return {"shards": folder}
+
+    def problem(self, saved: dict) -> str | None:
+        folder = saved.get("shards")
+        if not isinstance(folder, str) or os.sep in folder or not (self.path.parent / folder / ".metadata").is_file():
+            return "'shards' (the folder of every process's shards, beside the file)"
+        return None
+
+    def load(self, model, optimizer, saved: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)  # the shapes to read each shard into
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=self.path.parent / saved["shards"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.folders = [saved["shards"]]
+
+
 def _captured() -> tuple:
     """Every random state a run draws from, as the libraries give them (quick to take: `_plain` converts them):
     torch's on the CPU and on each CUDA device in use, NumPy's global one where NumPy is in use, Python's."""
@@ -161,19 +210,9 @@ def _plain(captured: tuple) -> dict:
     return states
 
 
-def _parts(model) -> WholeState:
-    """The model-and-optimizer form for `model`: whole state dicts. An FSDP2 model's sharded form (a folder of
-    `torch.distributed.checkpoint` shards) is not in this version: refused by name, before the run."""
-    if sharded.is_fsdp(model):
-        raise ValueError(
-            _(
-                "checkpoint= with an FSDP2 model (fully_shard): its state lives in pieces on every "
-                "process, and the sharded checkpoint this needs (a folder of torch.distributed.checkpoint "
-                "shards) is not in this version of accumlib; save and load it yourself with "
-                "torch.distributed.checkpoint and resume_from_step (docs/checkpoints.md)"
-            )
-        )
-    return WholeState()
+def _parts(model, path: Path) -> WholeState:
+    """The model-and-optimizer form for `model`: whole state dicts, or an FSDP2 model's shards (`ShardedState`)."""
+    return ShardedState(path) if sharded.is_fsdp(model) else WholeState()
 
 
 def _random_states() -> dict:
@@ -244,7 +283,7 @@ class Checkpoint:
             scaler,
             record,
         )
-        self.parts = parts or _parts(model)
+        self.parts = parts or _parts(model, self.path)
         self.run = run  # what fixes the cycles and their sample order: accum_steps, micro_batch_size, seed, ...
         self.layout = {
             **self.parts.layout(model, optimizer),

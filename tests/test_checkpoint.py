@@ -662,21 +662,3 @@ def test_the_model_and_optimizer_part_is_a_seam_another_form_plugs_into(uninterr
     reference, *_, history = uninterrupted["Dataset", False]
     assert resumed.deterministic() == history.deterministic()
     assert equal_states(fresh.state_dict(), reference.state_dict())
-
-
-def test_an_fsdp2_model_with_a_checkpoint_is_refused_by_name_before_anything_runs(tmp_path):
-    """FSDP2's sharded form is not in this version: train says so instead of writing a file it could not read."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        model = fully_shard(build(1)[0])
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)  # on the shards
-        weights = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
-        with pytest.raises(ValueError, match="checkpoint= with an FSDP2 model"):
-            accumlib.train(model, Augmented(), optimizer, checkpoint=tmp_path / "run.pt", **options("Dataset"))
-        assert all(torch.equal(v.full_tensor(), weights[k]) for k, v in model.state_dict().items())
-        assert not optimizer.state and not (tmp_path / "run.pt").exists()
-    finally:
-        dist.destroy_process_group()
