@@ -178,6 +178,8 @@ class _Messages(ast.NodeVisitor):
             where = self.scope[-1].name if len(self.scope) > 1 else "<module>"
             if (self.path.name, where) not in ENGLISH_ON_PURPOSE:
                 self._check(message, set())
+                for value in [*node.args[1:], *(k.value for k in node.keywords)]:  # OutOfMemory's what=, advice=
+                    self._check(value, set(), True)
         self.generic_visit(node)
 
     def _in_exception_class(self, node) -> bool:
