@@ -128,11 +128,6 @@ class PassTiming:
         """Measured median minus the fit, seconds."""
         return self.seconds - self.fitted_seconds
 
-    @property
-    def relative_residual(self) -> float:
-        """residual / measured median (dimensionless): how far the straight line misses this point."""
-        return self.residual / self.seconds
-
 
 @dataclass(frozen=True)
 class StepTiming:
