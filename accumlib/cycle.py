@@ -209,8 +209,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
     The norm and clipping cover exactly the optimizer's parameters.
     What it leaves: after a step, the weights and the optimizer stepped and the gradients zeroed by the optimizer's
-    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result). After a skipped
-    cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
+    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result).
+    After a skipped cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
     optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
     parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
     the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone).

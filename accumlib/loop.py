@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
 import math
 import time
+import warnings
 from collections.abc import Iterator as _Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, NamedTuple
@@ -121,21 +123,24 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
       set_epoch(epoch) every epoch), and each cycle costs one small all-reduce of the processes' batch counts;
       through it a process whose batch is refused, whose loader fails or that has no batch stops every process at
       that cycle, each saying why, none left waiting.
-    A batch is (x, y) -> model(x), loss_fn(output, y); (inputs, y) with a tuple of inputs -> model(*inputs), with a
-    dict -> model(**inputs); or a dict -> model(**batch), loss_fn(output, batch). Tensors inside, nested, are moved
-    to `device`. Without loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a
-    Hugging Face model given labels returns) is the micro-batch's loss, else cross_entropy(output, y).
+    A batch is (x, y) -> model(x); (inputs, y) with a tuple of inputs -> model(*inputs), with a dict ->
+    model(**inputs); or a dict -> model(**batch). The callbacks follow one rule, for every batch shape: they get the
+    micro-batch's target, loss_fn(output, target) and count(target), where the target is y of an (x, y) or
+    (inputs, y) batch (however its inputs nest) and the batch itself when it is a dict (its labels are inside);
+    loss_fn's is on `device`, count's as the data gave it. Tensors inside, nested, are moved to `device`. Without
+    loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a Hugging Face model given
+    labels returns) is the micro-batch's loss, else cross_entropy(output, y).
     accum_steps: micro-batches per optimizer step. Effective batch = samples per micro-batch * accum_steps *
     processes. One that is larger than the data (X, y or a Dataset), or than an epoch of a loader, gives one short
     step per epoch: accepted, and said in `history.notes`. Each cycle is one `accumulate_and_step`.
     epochs: passes over the data (default 1, or as many as max_steps needs); max_steps: stop after this many
     optimizer steps in all (a resumed run's included); an iterator (a generator, say) can be read only once.
     normalize: "samples" weights each micro-batch by its samples over the cycle's (exact, also for the last
-    incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(x, y)` (or
-    `count(batch)` for a dict batch) per micro-batch over the cycle's total. loss_reduction says what the loss is
-    over its micro-batch, never guessed from values: "mean" (weight: its samples or terms over the cycle's) or "sum"
-    (weight: 1 over the cycle's samples or terms). With normalize="count" and your own loss_fn it is required (a
-    wrong guess trains other weights, silently); otherwise the default is "mean" (the model's own loss is a mean: a
+    incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(target)` per
+    micro-batch over the cycle's total (the old count(x, y) of an (x, y) batch still works, with a
+    DeprecationWarning). loss_reduction says what the loss is over its micro-batch, never guessed from values:
+    "mean" (weight: its samples or terms over the cycle's) or "sum" (weight: 1 over the cycle's samples or terms).
+    With normalize="count" and your own loss_fn it is required (a wrong guess trains other weights, silently); otherwise the default is "mean" (the model's own loss is a mean: a
     Hugging Face model's is, over its non-ignored tokens). Counts are computed a cycle at a time, as the cycle
     comes: a run starts at once, and each cycle costs one host read of its counts (and one all-reduce under DDP)
     before its first forward; a count that is negative or not finite is refused before that cycle changes anything.
@@ -253,6 +258,7 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         raise ValueError(_("count= (a function giving a micro-batch's number of loss terms) goes with "
                            "normalize='count', and only with it; got normalize={normalize!r}, count={count!r}").format(
                                normalize=normalize, count=count))
+    count = None if count is None else _of_batch(count)
     if loss_reduction is not None:
         one_of("loss_reduction", loss_reduction, ("mean", "sum"))
         if normalize == "steps":
@@ -820,8 +826,7 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
     """(each micro-batch's loss terms, 0 for padding; the cycle's total over all processes), with one host read
     (and under DDP one all-reduce). Refuses a count that is not a non-negative number, naming its step and epoch,
     before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`)."""
-    counts = [_count_value(count(*batch) if isinstance(batch, (tuple, list)) else count(batch))
-              for batch in cycle.raw()]
+    counts = [_count_value(count(batch)) for batch in cycle.raw()]  # count(target): see `_of_batch`
     where = counts[0].device if counts else device
     local = torch.stack([c.to(where) for c in counts]) if counts else torch.zeros(0, dtype=torch.float64)
     summary = torch.stack([local.sum(), (~(local >= 0) | local.isinf()).sum().double()])  # terms, bad counts
@@ -839,6 +844,38 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
                            "{step} (epoch {epoch})").format(step=step + 1, epoch=cycle.epoch))
     # raw() is the real micro-batches (0-row batches of a loader included), in order, before any padding
     return values + [0.0] * (len(cycle.sizes) - len(values)), total
+
+
+def _target(batch):
+    """A micro-batch's target, what loss_fn and count get: y of an (x, y) or (inputs, y) batch, a dict batch itself."""
+    return batch if isinstance(batch, Mapping) else batch[1]
+
+
+def _count_target(count: Callable, batch):
+    return count(_target(batch))
+
+
+def _count_pair(count: Callable, batch):
+    return count(batch) if isinstance(batch, Mapping) else count(*batch)
+
+
+def _of_batch(count: Callable) -> Callable:
+    """count as the cycle calls it, on a micro-batch as the data gives it: count(target), the one rule it shares with
+    loss_fn(output, target). The old form, count(x, y) for an (x, y) batch, is recognised by its two parameters
+    and still called so, with a DeprecationWarning."""
+    try:
+        signature = inspect.signature(count)
+        signature.bind(None, None)
+    except (TypeError, ValueError):  # takes no two arguments, or cannot be inspected (a builtin): the one rule
+        return functools.partial(_count_target, count)
+    try:
+        signature.bind(None)
+    except TypeError:  # two parameters, both needed: count(x, y)
+        warnings.warn(_("count(x, y) is deprecated: count gets the micro-batch's target, as loss_fn does: count(y) "
+                        "for an (x, y) or (inputs, y) batch, count(batch) for a dict batch"), DeprecationWarning,
+                      stacklevel=4)
+        return functools.partial(_count_pair, count)
+    return functools.partial(_count_target, count)
 
 
 def _count_value(value) -> torch.Tensor:

@@ -180,7 +180,7 @@ def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
     model = TupleInputLM()
     history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
                              loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
-                             count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+                             count=lambda labels: (labels[:, 1:] != IGNORE).sum())
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
     assert len(history) == 6
     assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
@@ -209,7 +209,7 @@ def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
     tuple_model = TupleInputLM()
     accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
                    accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
-                   count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+                   count=lambda labels: (labels[:, 1:] != IGNORE).sum())
     dict_model = TinyCausalLM()
     accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
                    micro_batch_size=2, accum_steps=3, shuffle=False, normalize="count", count=tokens)
@@ -374,7 +374,7 @@ try:
         loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=collate)
         model = DistributedDataParallel(t.TupleInputLM() if name == "tuple inputs" else t.TinyCausalLM())
         options = (dict(loss_fn=t.token_sum_of_logits, loss_reduction="sum",
-                        count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
+                        count=lambda labels: (labels[:, 1:] != -100).sum())
                    if name == "tuple inputs" else dict(count=lambda batch: (batch["labels"][:, 1:] != -100).sum()))
         history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                                  normalize="count", epochs=2, device="cpu", **options)
@@ -700,3 +700,67 @@ def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_r
         optimizer.step()
     assert accumlib.parameter_gap(result["state"], model.state_dict()) < TOLERANCE
     assert result["steps"] == ([2.0] if name == "Adam" else [])
+
+
+class LogitsLM(TinyCausalLM):
+    """forward(input_ids, attention_mask=None) -> logits, for batches whose labels are their target."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return super().forward(input_ids, attention_mask).logits
+
+
+SHAPES = {  # one batch of ITEMS[:3] in each shape train takes, and the model it goes with
+    "(x, y)": (LogitsLM, lambda b: (b["input_ids"], b["labels"])),
+    "((inputs), y)": (TupleInputLM, as_tuple),
+    "(((inputs)), y) nested": (TupleInputLM, lambda b: ([b["input_ids"], b["attention_mask"]], b["labels"])),
+    "({inputs}, y)": (LogitsLM, lambda b: ({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
+                                           b["labels"])),
+    "dict": (TinyCausalLM, lambda b: b),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_count_and_loss_fn_get_the_micro_batch_s_target_for_every_batch_shape(shape):
+    """One rule: count(target) and loss_fn(output, target), the target being y of a pair (however its inputs nest)
+    and the batch itself for a dict; the weights are then those of the full batch (to float64's rounding)."""
+    make, shaped = SHAPES[shape]
+    batches = [shaped(pad(ITEMS[i:i + 3])) for i in range(0, 12, 3)]
+    counted, losses = [], []
+
+    def count(target):
+        counted.append(target)
+        labels = target["labels"] if isinstance(target, dict) else target
+        return (labels[:, 1:] != IGNORE).sum()
+
+    def loss_fn(output, target):
+        losses.append(target)
+        labels = target["labels"] if isinstance(target, dict) else target
+        logits = output.logits if isinstance(output, CausalLMOutput) else output
+        return token_sum_of_logits(logits, labels)
+
+    model = make()
+    accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, normalize="count",
+                   count=count, loss_fn=loss_fn, loss_reduction="sum")
+    targets = [b if isinstance(b, dict) else b[1] for b in batches]
+    for seen in (counted, losses):
+        assert len(seen) == 4
+        for got, target in zip(seen, targets):
+            assert type(got) is type(target)
+            assert all(torch.equal(a, b) for a, b in zip(*(t.values() if isinstance(t, dict) else [t]
+                                                           for t in (got, target))))
+    reference = full_batch_reference(TinyCausalLM(), [ITEMS[:12]])
+    assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
+
+
+def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
+    batches = [as_tuple(pad(ITEMS[i:i + 3])) for i in range(0, 12, 3)]
+
+    def run(count):
+        model = TupleInputLM()
+        accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
+                       normalize="count", count=count, loss_fn=token_sum_of_logits, loss_reduction="sum")
+        return model
+
+    with pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated.*count\(y\)"):
+        old = run(lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+    assert accumlib.parameter_gap(old, run(lambda labels: (labels[:, 1:] != IGNORE).sum())) == 0
