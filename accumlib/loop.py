@@ -30,7 +30,7 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import devices, memory
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
-                    _cycle, _is_ddp, _scalar_loss)
+                    _cycle, _is_ddp, _scalar_loss, _told)
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
@@ -665,7 +665,8 @@ class _Plan:
     Each cycle takes the next micro_batch_size * accum_steps * world samples of the epoch's order (fewer at the
     end); each process takes a contiguous shard (as torch.tensor_split shares them out) and splits it into
     micro-batches. A process with fewer micro-batches than another gets padding micro-batches (one real sample,
-    size 0, so loss weight 0): DDP needs every process to run the same number of backward passes. epochs=None:
+    size 0, so loss weight 0): run only where DDP needs a backward (without no_sync(), every micro-batch's; with it,
+    the last one of a process that has no other). epochs=None:
     without end.
     """
 
@@ -755,7 +756,7 @@ class _Loader:
         return int(max(per_process)), int(total), int(failures), int(empties)
 
     def cycles(self, epochs: int | None):
-        pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
+        pad = None  # one of this process's batches, for a padding micro-batch (weight 0: see _Plan)
         made = 0  # cycles given so far, all epochs
         for epoch in range(epochs) if epochs is not None else itertools.count():
             if self.once and epoch:
@@ -825,15 +826,33 @@ class _Moved:
 def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool, step: int):
     """(each micro-batch's loss terms, 0 for padding; the cycle's total over all processes), with one host read
     (and under DDP one all-reduce). Refuses a count that is not a non-negative number, naming its step and epoch,
-    before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`)."""
-    counts = [_count_value(count(batch)) for batch in cycle.raw()]  # count(target): see `_of_batch`
+    before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`). Under DDP a
+    count that raises on one process (or a micro-batch that cannot be fetched) stops every process here: the
+    all-reduce carries a failure flag per process, and each raises (the failed one its own error)."""
+    try:
+        counts = [_count_value(count(batch)) for batch in cycle.raw()]  # count(target): see `_of_batch`
+        error = None
+    except Exception as caught:  # under DDP the others learn of it in the all-reduce and stop too
+        if not ddp:
+            raise
+        counts, error = [], caught
     where = counts[0].device if counts else device
     local = torch.stack([c.to(where) for c in counts]) if counts else torch.zeros(0, dtype=torch.float64)
     summary = torch.stack([local.sum(), (~(local >= 0) | local.isinf()).sum().double()])  # terms, bad counts
     if ddp:
-        summary = summary.to(device)
-        dist.all_reduce(summary)  # the cycle's terms (and bad counts) over all processes: one all-reduce
-    *values, total, bad = torch.cat([local.to(summary.device), summary]).tolist()  # the one host read
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.float64)  # which processes failed
+        flags[dist.get_rank()] = error is not None
+        summary = torch.cat([summary.to(device), flags.to(device)])
+        dist.all_reduce(summary)  # the cycle's terms (and bad counts, failures) over all processes: one all-reduce
+    values = torch.cat([local.to(summary.device), summary]).tolist()  # the one host read
+    values, (total, bad, *failed) = values[:len(local)], values[len(local):]
+    if any(failed):
+        why = _told(error, [rank for rank, flag in enumerate(failed) if flag])
+        if error is not None:
+            raise error
+        raise RuntimeError(_("{why}: count failed there for step {step} (epoch {epoch}); this process stops with "
+                             "it, before this step changes anything").format(why=why, step=step + 1,
+                                                                             epoch=cycle.epoch))
     for value in values:
         if not 0 <= value < math.inf:
             raise ValueError(_("count must give a finite, non-negative number of loss terms; it gave {value} for a "

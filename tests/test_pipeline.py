@@ -447,7 +447,7 @@ def two_processes(tmp_path_factory):
 @pytest.mark.parametrize("name", ["DataLoader", "IterableDataset", "tuple inputs"])
 def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     """Step 1: sequences 0-11 on process 0 and 16-27 on process 1; step 2 (the short one): 12-15 (batches of 3 and 1)
-    and 28 (one batch, and a padding micro-batch of weight 0, so that both run two backward passes)."""
+    and 28 (one batch, and a padding micro-batch of weight 0, not run: process 1 all-reduces in its one backward)."""
     result = two_processes[name]
     cycles = [ITEMS[:12] + ITEMS[16:28], ITEMS[12:16] + ITEMS[28:]] * 2
     reference = full_batch_reference(TinyCausalLM(), cycles)
@@ -455,10 +455,10 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     assert result["micro_batches"] == [4, 2] * 2  # process 0's; process 1 has one real and one padding in step 2
     assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
     # per step, Python-level all-reduces: the cycle's batch counts (5 values: samples, processes that failed
-    # fetching, processes without any batch, and each process's batches), its loss terms (2: terms and bad counts)
-    # once, and the loss (1); a short cycle (fewer than accum_steps batches on every process) ends the epoch without
-    # another
-    assert result["sizes"] == [5, 2, 1] * 4
+    # fetching, processes without any batch, and each process's batches), its loss terms (4: terms, bad counts and
+    # each process's failure flag) once, the failure flags before the backward that all-reduces (2), and the loss
+    # (1); a short cycle (fewer than accum_steps batches on every process) ends the epoch without another
+    assert result["sizes"] == [5, 4, 2, 1] * 4
 
 
 def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
@@ -764,3 +764,74 @@ def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated.*count\(y\)"):
         old = run(lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     assert accumlib.parameter_gap(old, run(lambda labels: (labels[:, 1:] != IGNORE).sum())) == 0
+
+
+FAILING_WORKER = '''
+import gc, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, case = dist.get_rank(), sys.argv[3]
+torch.manual_seed(0)
+batches = [(torch.randn(2, 6, dtype=torch.float64), torch.zeros(2, dtype=torch.long)) for _ in range(6)]
+calls = {}
+
+
+def fails_on_rank_1(name, where):  # name's call at micro-batch `where` of step 2 (accum_steps 3: its calls 4-6)
+    calls[name] = calls.get(name, 0) + 1
+    if rank == 1 and case.startswith(name) and calls[name] == 4 + where:
+        raise ValueError(f"planted failure on rank 1 ({case})")
+
+
+def count(y):
+    fails_on_rank_1("count", 0)
+    return len(y)
+
+
+def loss_fn(output, y):
+    fails_on_rank_1("loss_fn", 0 if case == "loss_fn, first micro-batch" else 2)
+    return torch.nn.functional.cross_entropy(output, y)
+
+
+class Model(torch.nn.Linear):
+    def forward(self, x):
+        fails_on_rank_1("forward", 1)
+        return super().forward(x)
+
+
+model = DistributedDataParallel(Model(6, 3, dtype=torch.float64) if case == "forward" else
+                                torch.nn.Linear(6, 3, dtype=torch.float64))
+options = {"count": dict(normalize="count", count=count, loss_fn=loss_fn, loss_reduction="mean"),
+           "forward": {}}.get(case, dict(loss_fn=loss_fn))
+after_step_1 = []
+try:
+    accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=3, device="cpu",
+                   on_step=lambda r: after_step_1.append(model.module.weight.detach().clone()), **options)
+    outcome = "trained"
+except Exception as error:
+    unchanged = torch.equal(model.module.weight, after_step_1[0]) and model.module.weight.grad is None
+    outcome = f"{type(error).__name__}: {error} | steps {[r.step for r in error.history]} | unchanged {unchanged}"
+with open(sys.argv[2] + f".{rank}", "w") as out:
+    out.write(outcome)
+gc.collect()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("case", ["count", "loss_fn, first micro-batch", "loss_fn, last micro-batch", "forward"])
+def test_a_callback_or_forward_that_raises_on_one_process_stops_every_process(tmp_path, case):
+    """count, loss_fn (early in the cycle, or in its last micro-batch, whose backward all-reduces) or the model's
+    forward raising on process 1 at step 2: both processes stop at step 2 (neither waits, neither gets gloo's
+    'Connection closed by peer'), process 1 with its own error, process 0 saying which process failed and why;
+    both keep step 1's record and leave the weights and .grad as step 1 left them."""
+    run_on_two_processes(FAILING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)
+    ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
+    planted = f"ValueError: planted failure on rank 1 ({case})"
+    assert theirs.startswith(planted) and theirs.endswith("| steps [1] | unchanged True"), theirs
+    assert ours.startswith(f"RuntimeError: process 1: {planted}"), ours
+    assert ("count failed there for step 2" if case == "count" else "forward pass or loss_fn") in ours
+    assert ours.endswith("| steps [1] | unchanged True"), ours
