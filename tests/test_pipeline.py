@@ -7,6 +7,7 @@ included. Tolerance: float64 rounds at 1.1e-16 relative; the sums and means here
 terms of size ~1 and the weights stay ~1, so 10 SGD steps stay far below 1e-13 (a lost or mis-weighted micro-batch
 moves a weight by ~1e-3).
 """
+import copy
 import dataclasses
 import functools
 import math
@@ -291,8 +292,9 @@ def test_the_model_s_own_loss_with_normalize_samples_weights_each_batch_by_its_s
     ("micro-batch-size-missing", dict(data=(torch.zeros(4, 2), torch.zeros(4))), TypeError,
      ["micro_batch_size is missing", "(X, y)"]),
     ("batch-of-one-tensor", dict(data=[[torch.zeros(2, 6)], [torch.zeros(2, 6)]]), TypeError,
-     ["data's batch 0 of epoch 0", "(x, y)"]),
-    ("batch-without-tensors", dict(data=[{"input_ids": [1, 2]}]), TypeError, ["data's batch 0", "no tensor"]),
+     ["data[0] (batch 0 of the list)", "(x, y)"]),
+    ("batch-without-tensors", dict(data=[{"input_ids": [1, 2]}]), TypeError,
+     ["data[0] (batch 0 of the list)", "no tensor"]),
     ("empty-loader", dict(data=[]), ValueError, ["data gave no batch", "empty"]),
     ("a-string", dict(data="tokens.txt"), TypeError, ["data", "str"]),
     ("a-generator-twice", dict(data=(b for b in []), epochs=2), ValueError, ["epochs=2", "generator", "once"]),
@@ -454,11 +456,11 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     assert result["samples"] == [24, 5] * 2
     assert result["micro_batches"] == [4, 2] * 2  # process 0's; process 1 has one real and one padding in step 2
     assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
-    # per step, Python-level all-reduces: the cycle's batch counts (5 values: samples, processes that failed
-    # fetching, processes without any batch, and each process's batches), its loss terms (4: terms, bad counts and
-    # each process's failure flag) once, the failure flags before the backward that all-reduces (2), and the loss
-    # (1); a short cycle (fewer than accum_steps batches on every process) ends the epoch without another
-    assert result["sizes"] == [5, 4, 2, 1] * 4
+    # per step, Python-level all-reduces: the cycle's batch counts (7 values: samples, and each process's batches,
+    # whether it failed fetching and whether it never had a batch), its loss terms (4: terms, bad counts and each
+    # process's failure flag) once, the failure flags before the backward that all-reduces (2), and the loss (1); a
+    # short cycle (fewer than accum_steps batches on every process) ends the epoch without another
+    assert result["sizes"] == [7, 4, 2, 1] * 4
 
 
 def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
@@ -557,7 +559,8 @@ torch.manual_seed(0)
 good = [(torch.randn(2, 6), torch.zeros(2, dtype=torch.long)) for _ in range(4)]
 if rank == 1:  # the other process's data is as rank 0's but for what the case breaks
     scalar = (torch.zeros(()), torch.zeros(()))  # a batch without a batch dimension: refused as its cycle comes
-    good = {"bad batch": good[:3] + [scalar], "no batch": [], "loader error": good[:3] + [None]}[case]
+    good = {"bad batch": good[:3] + [scalar], "no batch": [], "loader error": good[:3] + [None],
+            "list: empty": [], "list: a bad item": good[:1] + [None] + good[2:]}[case]
 
 
 def batches(items):  # a stream (no len()): each batch is checked as its cycle is fetched
@@ -569,8 +572,8 @@ def batches(items):  # a stream (no len()): each batch is checked as its cycle i
 
 model = DistributedDataParallel(torch.nn.Linear(6, 3))
 try:
-    accumlib.train(model, batches(good), torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
-                   device="cpu")
+    data = good if case.startswith("list") else batches(good)  # a list: every item checked before the run
+    accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, device="cpu")
     outcome = "trained"
 except Exception as error:
     outcome = f"{type(error).__name__}: {error}"
@@ -581,18 +584,25 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error"])
+@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item"])
 def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
-    """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch) stops, and the
-    others stop at the same cycle with a message that says so, instead of waiting for it in an all-reduce."""
+    """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch; a list that is
+    empty or holds a bad item) stops, and the others stop at the same cycle with a message that says which process
+    failed and why, instead of waiting for it in an all-reduce (or gloo's "Connection closed by peer")."""
     run_on_two_processes(REFUSING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)  # both exit: none waits
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
-    expected = {"bad batch": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
-                              "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension"),
-                "no batch": ("ValueError: data gave another process no batch while this one has some",
-                             "ValueError: data gave this process no batch while another process has some"),
-                "loader error": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
-                                 "OSError: the disk went away")}[case]
+    bad_item = ("TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
+                "inputs, or a dict of model inputs, got None of type NoneType")
+    failed = "ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
+    stops = " (rank 1). This process (rank 0) stops with it, before this step changes anything"
+    no_batch = ("ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
+                "ValueError: data gave this process (rank 1) no batch while another process has some")
+    scalar = "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be counted"
+    expected = {"bad batch": (failed.format(step=2) + scalar + stops, scalar),
+                "no batch": no_batch, "list: empty": no_batch,
+                "loader error": (failed.format(step=2) + "OSError: the disk went away" + stops,
+                                 "OSError: the disk went away"),
+                "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item)}[case]
     assert ours.startswith(expected[0]) and theirs.startswith(expected[1]), (ours, theirs)
 
 
@@ -835,3 +845,39 @@ def test_a_callback_or_forward_that_raises_on_one_process_stops_every_process(tm
     assert ours.startswith(f"RuntimeError: process 1: {planted}"), ours
     assert ("count failed there for step 2" if case == "count" else "forward pass or loss_fn") in ours
     assert ours.endswith("| steps [1] | unchanged True"), ours
+
+
+LIST_X = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+LIST_Y = torch.randint(0, 3, (12,), generator=torch.Generator().manual_seed(4))
+LIST_BATCHES = [(LIST_X[i:i + 4], LIST_Y[i:i + 4]) for i in range(0, 12, 4)]
+
+
+@pytest.mark.parametrize("item, shown", [
+    (None, "None of type NoneType"), (3, "3 of type int"), ("batch", "'batch' of type str"),
+    ((LIST_X[:4], LIST_Y[:4], LIST_Y[:4]), r"\(tensor\(\[\[.*\.\.\..*\]\)\) \(\d+ characters\) of type tuple"),
+    (LIST_X[:4], r"tensor\(\[\[.*\.\.\..*\]\], dtype=torch.float64\) \(\d+ characters\) of type Tensor"),
+], ids=["None", "int", "str", "a triple", "a tensor"])
+@pytest.mark.parametrize("resume_from_step", [0, 2])
+def test_a_bad_item_in_a_list_of_batches_is_named_by_position_and_value(item, shown, resume_from_step):
+    """[B0, bad, B2]: refused before the run naming data[1], its value (a long one shortened) and what a batch may
+    be, also when resume_from_step passes over its step; not taken for (X, y) data. Nothing changes."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3, dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    with pytest.raises(TypeError, match=r"^data\[1\] \(batch 1 of the list\) must be \(x, y\), \(inputs, y\) with a "
+                                        r"tuple or dict of inputs, or a dict of model inputs, got " + shown + "$"):
+        accumlib.train(model, [LIST_BATCHES[0], item, LIST_BATCHES[2]], optimizer, accum_steps=1,
+                       resume_from_step=resume_from_step, device="cpu")
+    assert accumlib.parameter_gap(model, before[0]) == 0 and optimizer.state_dict() == before[1]
+
+
+def test_a_list_of_two_tensors_is_still_x_y_data():
+    def fit(data):
+        torch.manual_seed(0)
+        model = nn.Linear(6, 3, dtype=torch.float64)
+        accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=1,
+                       device="cpu")
+        return model
+
+    assert accumlib.parameter_gap(fit([LIST_X, LIST_Y]), fit((LIST_X, LIST_Y))) == 0
