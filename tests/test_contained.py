@@ -1,8 +1,10 @@
 """Issue 28: an exercise check cannot be hung or killed by the learner's code (exercises/contained.py). Each attack
 gets a verdict in words, and this process (the kernel) goes on with its state untouched."""
 import os
+import re
 import signal
 import textwrap
+import time
 
 import pytest
 import torch
@@ -61,6 +63,7 @@ def accumulate({LOOP_ARGS}):
 """
 HARD_EXIT = f"""
 import os
+import re
 def accumulate({LOOP_ARGS}):
     os._exit(3)
 """
@@ -185,3 +188,36 @@ def test_the_check_limit_stops_a_check_whose_learner_clock_stands():
             pass
 
     assert contained.run(measuring_forever, check_limit=1.0) == {"kind": "overtime", "progress": None}
+
+
+COUNTING_DOWN = """
+def largest_batch(fits):
+    batch = 1797  # every digit
+    while not fits(batch):  # right, but one measurement per size: 1,728 of them
+        batch -= 1
+    return batch
+"""
+
+
+def test_a_search_counting_down_shows_its_progress_and_is_stopped_with_a_verdict(monkeypatch, capsys):
+    # the review: about 2 minutes of silence, then the verdict (the check's own measurements do not count against
+    # the learner's time limit, so only the whole check's limit can end it). Each measurement here takes 10 ms (a
+    # stand-in peak, linear in the batch, measured in the kernel): the 1,728 sizes of the search need over 17 s.
+    from accumlib.lessons.exercises import planning
+
+    def measured(micro_batch_size, accum_steps, device):
+        time.sleep(0.01)
+        return 30_000 * micro_batch_size
+
+    monkeypatch.setattr(planning, "_measured_peak", measured)
+    monkeypatch.setattr(exercises.largest_batch, "check_limit", 5.0)
+    monkeypatch.setattr(exercises.largest_batch, "time_limit", 15.0)
+    monkeypatch.setattr(contained, "PROGRESS_EVERY", 0.0)
+    exercises.largest_batch.check(function(COUNTING_DOWN, "largest_batch"))
+    printed = capsys.readouterr().out.splitlines()
+    # shown once the search has measured more sizes than doubling and bisection need (22), whatever the time
+    assert printed[0].startswith("Still checking: your search has measured ")
+    assert int(printed[0].split("measured ")[1].split()[0]) > 22
+    assert printed[-1].startswith("- Your search had measured ") and "on the 2 MiB card after 5 seconds" in printed[-1]
+    last = [int(n) for n in re.search(r"the last ones: (\d+), (\d+), (\d+)\)", printed[-1]).groups()]
+    assert last == [last[0], last[0] - 1, last[0] - 2] and "at most 22 measurements" in printed[-1]

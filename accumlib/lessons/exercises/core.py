@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import decimal
+import io
 import math
 import numbers
 import operator
@@ -17,12 +18,13 @@ import re
 import signal
 import threading
 import time
+import tokenize
 from dataclasses import dataclass
 from collections.abc import Callable
 
 import torch
 
-from ...i18n import N_, _, ngettext
+from ...i18n import N_, _, ngettext, pgettext
 from . import contained
 
 
@@ -221,10 +223,9 @@ TORCH_ERRORS = [
      N_("backward() was called on a tensor that is not connected to the model's weights: it was detached "
         "(.detach(), .item(), torch.no_grad()), or every weight is frozen (requires_grad=False). Compute the loss "
         "from the model's output and keep it as a tensor.")),
-    (r"expected (?:m1 and m2|mat1 and mat2) to have the same dtype|expected scalar type", "dtype-mismatch",
-     N_("Two tensors of different types (float32 and float64) meet in one operation: keep the model and its inputs "
-        "in one dtype, and do not convert x or the model.")),
 ]
+# (An input in another dtype than the check's model is told from the dtypes themselves, not from PyTorch's message,
+# which changes between versions: fingerprint.DtypeMismatch.)
 
 
 def explained(error: BaseException) -> Finding | None:
@@ -394,8 +395,29 @@ class Exercise:
         print(_("Hint: {hint}").format(hint=_(self.hint_text)))
 
     def solution(self) -> None:
+        """Print one solution's code, its comments in the course language."""
         print(_("One solution:"))
-        print(self.solution_code.rstrip())
+        print(translated_comments(self.solution_code.rstrip()))
+
+
+SOLUTION_COMMENT = "solution comment"  # the gettext context of a comment in an exercise's solution_code
+
+
+def code_comments(code: str) -> list[str]:
+    """The text of each comment in `code` (what follows its '#'), in order: the messages of SOLUTION_COMMENT."""
+    return [token.string[1:].strip() for token in tokenize.generate_tokens(io.StringIO(code).readline)
+            if token.type == tokenize.COMMENT]
+
+
+def translated_comments(code: str) -> str:
+    """`code` with each comment in the course language (its code, and where each comment starts, unchanged)."""
+    lines = code.split("\n")
+    for token in tokenize.generate_tokens(io.StringIO(code).readline):
+        if token.type == tokenize.COMMENT:
+            row, column = token.start
+            text = token.string[1:].strip()
+            lines[row - 1] = lines[row - 1][:column] + "# " + pgettext(SOLUTION_COMMENT, text)
+    return "\n".join(lines)
 
 
 def first_line(error: BaseException) -> str:

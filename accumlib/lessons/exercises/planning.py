@@ -9,6 +9,7 @@ blocks, as `train` does there.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -123,6 +124,7 @@ exercises.largest_batch.check(largest_batch)
         def fits(batch):
             result = self.fits(batch, card_bytes)
             tried.append(whole_number(batch))
+            contained.progress(card=card_bytes, count=len(set(tried)), last=tried[-3:])  # shown while a search runs
             return result
 
         budget = Budget(fits, data.DIGITS + 1, lambda calls: Finding("endless-search", _(
@@ -130,6 +132,32 @@ exercises.largest_batch.check(largest_batch)
             "try ({most:,}): it goes round in circles. {look}").format(calls=calls, most=data.DIGITS,
                                                                        look=_(self.hang_text))))
         return call_with(largest_batch, {"fits": budget}), tried
+
+    def needed(self) -> int:
+        """The most measurements a doubling and then a bisection make, over all the sizes fits() takes."""
+        return 2 * math.ceil(math.log2(data.DIGITS))
+
+    def progress_text(self, report: dict) -> str | None:
+        """Shown only for a search that has measured more sizes than doubling and bisection ever need (so that the
+        stored output of the stub or a right search is the same on any machine, however long it takes)."""
+        if report["count"] <= self.needed():
+            return None
+        return ngettext("Still checking: your search has measured {count} batch size so far (the last: {last}).",
+                        "Still checking: your search has measured {count} batch sizes so far (the last: {last}).",
+                        report["count"]).format(count=report["count"], last=report["last"][-1])
+
+    def overtime(self, report: dict | None) -> Finding:
+        """A search still measuring at check_limit: how far it got, and how few measurements a bisection needs."""
+        if not report:
+            return super().overtime(report)
+        return Finding("slow-search", _(
+            "Your search had measured {count:,} batch sizes on the {card} card after {seconds:g} seconds (the last "
+            "ones: {last}) and was still going, so the check stopped it. Each fits() is a training step the check "
+            "measures; trying the sizes one by one takes up to {most:,} of them. Double the size while it fits, "
+            "then halve the range between the last size that fits and the first that does not: at most {needed} "
+            "measurements.").format(count=report["count"], card=_mib(report["card"]), seconds=self.check_limit,
+                                    last=", ".join(map(str, report["last"])), most=data.DIGITS,
+                                    needed=self.needed()))
 
     def judge(self, largest_batch) -> Verdict:
         if not callable(largest_batch):
