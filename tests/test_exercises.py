@@ -354,6 +354,13 @@ def test_an_input_in_another_dtype_is_explained_from_the_dtypes():
     assert exercises.the_loop.verdict(defined(LOOP.replace("model(x)", "model(x.double())"), "accumulate")).correct
 
 
+def test_amp_loop_names_a_grad_scaler_of_its_own():
+    # the review: told "The GradScaler is never used"
+    own = AMP.replace("    for step, (x, y)", "    scaler = torch.amp.GradScaler('cpu')  # its own\n    for step, (x, y)")
+    result = exercises.amp_loop.verdict(defined(own, "accumulate"))
+    assert result.names == ["own-scaler"], result.text
+
+
 CUDA_AUTOCAST = AMP.replace("with torch.autocast(x.device.type, dtype=torch.float16):", "with cuda_autocast():")
 
 

@@ -212,6 +212,7 @@ class Recording:
         self.error: Exception | None = None
         self.backwards: list[int] = []  # model calls before each backward() (Tensor.backward, autograd.backward)
         self.reached: set[int] = set()  # model calls whose output a backward() sent a gradient through
+        self.own_scaler = False  # whether the learner's code scaled a loss with a GradScaler of its own
         self.dtype_mismatch: tuple[int, torch.dtype] | None = None  # (model call, input dtype): the first input not
         # in the model's dtype
         self.autocast_devices = ("cpu",) + (("cuda",) if amp and lesson_device_type() == "cuda" else ())
@@ -246,8 +247,10 @@ class Recording:
 
     @contextlib.contextmanager
     def _counting_backwards(self):
-        """Note every backward() while the learner's code runs (its own, scaler.scale(loss).backward() too)."""
+        """Note every backward() while the learner's code runs (its own, scaler.scale(loss).backward() too), and
+        whether it scales a loss with a GradScaler other than the one it was given."""
         tensor_backward, autograd_backward = torch.Tensor.backward, torch.autograd.backward
+        scale = torch.amp.GradScaler.scale
 
         def noted(original):
             def backward(*args, **kwargs):
@@ -255,11 +258,17 @@ class Recording:
                 return original(*args, **kwargs)
             return backward
 
+        def scaled(scaler, outputs):  # a GradScaler the learner's code made itself, not the one it was given
+            self.own_scaler = self.own_scaler or scaler is not self.scaler
+            return scale(scaler, outputs)
+
         torch.Tensor.backward, torch.autograd.backward = noted(tensor_backward), noted(autograd_backward)
+        torch.amp.GradScaler.scale = scaled
         try:
             yield
         finally:
             torch.Tensor.backward, torch.autograd.backward = tensor_backward, autograd_backward
+            torch.amp.GradScaler.scale = scale
 
     def on_step(self) -> None:
         grads = [p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)

@@ -113,6 +113,12 @@ def scaler_findings(fp: Fingerprint) -> list[Finding]:
         return [error_finding(rec.error, len(rec.forwards))]
     calls = [method for method, position in rec.scaler_calls]
     scale = rec.scaler.get_scale()
+    if "scale" not in calls and "step" not in calls and rec.own_scaler:
+        return [Finding("own-scaler", _(
+            "Your loop scales the loss with a GradScaler of its own, not with the scaler the check passes to it: "
+            "make no GradScaler inside the loop (each new one starts again from the first scale, and on a machine "
+            "without CUDA torch.amp.GradScaler() turns itself off). Use the parameter: scaler.scale(loss).backward() "
+            "for every micro-batch, and once per step scaler.step(optimizer) and scaler.update()."))]
     if "scale" not in calls and "step" not in calls:
         return [Finding("scaler-unused", _(
             "The GradScaler is never used. In float16, a gradient smaller than about half of {smallest:.1e} (the "
