@@ -62,13 +62,26 @@ def quiz_messages():
         yield from walk(question, f"{question['id']}/")
 
 
+def solution_comments():
+    """(message, context, location) for every comment in an exercise's solution_code, which solution() prints in the
+    course language (accumlib.lessons.exercises.core.translated_comments)."""
+    from accumlib.lessons import exercises
+    from accumlib.lessons.exercises.core import SOLUTION_COMMENT, code_comments
+
+    for group in exercises.BY_LESSON.values():
+        for exercise in group:
+            module = type(exercise).__module__.replace(".", "/")
+            for comment in code_comments(exercise.solution_code):
+                yield comment, SOLUTION_COMMENT, f"{module}.py:{exercise.name}.solution_code"
+
+
 def template() -> Catalog:
     """Every translatable string of the package, as a POT catalogue."""
     catalog = Catalog(domain=DOMAIN, **HEADER)
     for filename, lineno, message, comments, context in extract_from_dir(
             PACKAGE, keywords=DEFAULT_KEYWORDS, comment_tags=("TRANSLATORS:",), strip_comment_tags=True):
         catalog.add(message, locations=[(f"accumlib/{filename}", None)], auto_comments=comments, context=context)
-    for message, context, location in quiz_messages():
+    for message, context, location in [*quiz_messages(), *solution_comments()]:
         catalog.add(message, locations=[(location, None)], context=context)
     return catalog
 
