@@ -806,7 +806,8 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
     is at least CUDA_CAP_MINIMUM (20 MiB, the large pool's segment): below that a cap would measure the allocator's
     granularity, not the simulated card, and refuse steps that check_fits found within B. The CUDA context is
     outside the allocator and never counted: a real card of N bytes offers N minus the context. cuDNN's workspaces
-    inside the step are not in the trace either; the segment allowance absorbs small ones.
+    inside the step are not in the trace either; the segment allowance absorbs small ones. A memory fraction the
+    caller set (torch.cuda.set_per_process_memory_fraction) stays if it is tighter, and is in force again after.
     (Not run on a GPU yet: benchmarks/gpu_check.py checks these rules where there is one.)
     Where it does nothing it is a plain nullcontext (no generator, whose exit would set an error's __traceback__:
     a frozen dataclass exception would be replaced by the FrozenInstanceError of that).
@@ -823,7 +824,8 @@ def _capped(device: torch.device, budget_bytes: int):
     torch.cuda.synchronize(device)
     cap = torch.cuda.memory_reserved(device) + budget_bytes + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), device)
+    callers = torch.cuda.get_per_process_memory_fraction(device)  # 1.0 unless the caller capped it: put back after
+    torch.cuda.set_per_process_memory_fraction(min(cap / total, callers), device)  # never looser than the caller's
     try:
         yield
     except OutOfMemory:
@@ -831,7 +833,7 @@ def _capped(device: torch.device, budget_bytes: int):
     except torch.OutOfMemoryError as error:
         raise OutOfMemory(torch.cuda.max_memory_allocated(device), budget_bytes) from error
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(callers, device)
 
 
 def _take_workspaces(device: torch.device) -> None:
