@@ -392,16 +392,19 @@ def resolve_device(model: torch.nn.Module, device) -> torch.device:
     if device is None:
         return next(model.parameters()).device
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r} of type "
-                        f"{type(device).__name__}")
+        raise TypeError(_("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r} of type "
+                          "{type}").format(value=device, type=type(device).__name__))
     try:
         resolved = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}") from None
+        raise ValueError(_("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r}").format(
+            value=device)) from None
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {device!r}")
+        raise ValueError(_("device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {value!r}").format(
+            value=device))
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here: use 'cpu' or fake=True")
+        raise ValueError(_("device={value!r} but CUDA is not available here: use 'cpu' or fake=True").format(
+            value=device))
     return resolved
 
 
@@ -444,10 +447,11 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     options = _step_options(loss_fn, cycle_options)
     home = next(model.parameters()).device
     if home.type == "meta" and not fake:
-        raise ValueError("model is on the meta device (weights without data): only fake=True can measure it")
+        raise ValueError(_("model is on the meta device (weights without data): only fake=True can measure it"))
     if fake and device is not None and resolve_device(model, device).type != home.type:
-        raise ValueError(f"device={device!r} with fake=True: a fake measurement runs where the model is "
-                         f"({home}); move the model there first, or leave device=None")
+        raise ValueError(_("device={value!r} with fake=True: a fake measurement runs where the model is "
+                           "({home}); move the model there first, or leave device=None").format(value=device,
+                                                                                              home=home))
     device = home if fake else resolve_device(model, device)
     return _measure_cycle(model, optimizer, [(x, y)] * accum_steps, [1 / accum_steps] * accum_steps, options,
                           len(x), fake, device, functools.partial(explained_failure, x, y))
@@ -670,9 +674,11 @@ def explained_failure(x: torch.Tensor, y: torch.Tensor):
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, IndexError, TypeError) as error:
-        raise ValueError(f"a training pass of the model on x (shape {tuple(x.shape)}, {x.dtype}) and y (shape "
-                         f"{tuple(y.shape)}, {y.dtype}) with loss_fn failed: {error}. Check that x is what the "
-                         f"model takes and y what loss_fn compares its output with") from error
+        raise ValueError(_("a training pass of the model on x (shape {x_shape}, {x_dtype}) and y (shape {y_shape}, "
+                           "{y_dtype}) with loss_fn failed: {error}. Check that x is what the model takes and y what "
+                           "loss_fn compares its output with").format(x_shape=tuple(x.shape), x_dtype=x.dtype,
+                                                                      y_shape=tuple(y.shape), y_dtype=y.dtype,
+                                                                      error=error)) from error
 
 
 def _measure(model, opt, batches, loss_weights, method, device_name, options, micro_batch_size, explain,
@@ -887,7 +893,8 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     options = _step_options(loss_fn, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:
-        raise ValueError(f"target_batch must be between 1 and {MAX_TARGET_BATCH:,} samples, got {target_batch:,}")
+        raise ValueError(_("target_batch must be between 1 and {most:,} samples, got {value:,}").format(
+            most=MAX_TARGET_BATCH, value=target_batch))
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
 
     def peak(size: int) -> int:  # a step of `size` samples per pass, with the passes an effective batch needs

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import batchnorm, i18n, timing
+from accumlib import batchnorm, i18n, memory, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -295,6 +295,21 @@ REFUSALS = {
     "timing: one accum_steps value": (
         lambda: timing.decompose_time(torch.nn.Linear(3, 4), _data(), effective_batch=8, accum_steps=(2, 2)),
         "accum_steps must hold two or more different values (one line needs two points), each once, got (2, 2)"),
+    "memory: a device accumlib does not measure on": (
+        lambda: memory.measure_step(torch.nn.Linear(3, 4), *_data(), device="mps"),
+        "device must be 'cpu' or 'cuda' (the devices accumlib measures on), got 'mps'"),
+    "memory: target_batch past the largest": (
+        lambda: memory.fit_batch(torch.nn.Linear(3, 4), _data(), target_batch=memory.MAX_TARGET_BATCH + 1,
+                                 budget_bytes=2**20),
+        f"target_batch must be between 1 and {memory.MAX_TARGET_BATCH:,} samples, got "
+        f"{memory.MAX_TARGET_BATCH + 1:,}"),
+    "_validate: the model's class": (
+        lambda: timing.time_config(torch.nn.Linear, _data(), micro_batch_size=2, accum_steps=2),
+        "model must be a model instance, got the class Linear: call it, e.g. Linear(...)"),
+    "_validate: a dict for (x, y)": (
+        lambda: timing.time_config(torch.nn.Linear(3, 4), {"x": _data()[0]}, micro_batch_size=2, accum_steps=2),
+        "data must be a tuple (x, y) of two tensors, got a dict (keys 'x'): pass (batch['input_ids'], "
+        "batch['labels'])"),
     "i18n: an unknown language": (
         lambda: accumlib.set_language("xx"), "language must be one of 'en', 'hi'; got 'xx'"),
 }
