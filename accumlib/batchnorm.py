@@ -189,11 +189,6 @@ class RunningAverageMove:
     updates: int  # train-mode forward passes
     moved: float  # fraction of the way from where the average started to the statistic it was fed (0..1)
 
-    @property
-    def remaining(self) -> float:
-        """Weight the starting value still has in the average (1 - moved)."""
-        return 1 - self.moved
-
 
 _SPATIAL_DIMS = {nn.BatchNorm1d: 0, nn.BatchNorm2d: 2, nn.BatchNorm3d: 3}
 
