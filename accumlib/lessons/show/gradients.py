@@ -1,13 +1,16 @@
 """Lesson 2, gradients add up: an accumulated gradient against the full-batch gradient, `gradient_gap` with and
-without the division, what forgetting the division does to SGD and to Adam, and the loss to log."""
+without the division, what forgetting the division does to SGD and to Adam, and the loss to log; for lesson 0, one
+cycle of the seed's loop with its zeroing or its division changed (`one_cycle`)."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
 
+from ..._validate import positive_int
 from ...i18n import _
 from ._format import print_table, rounding_or_gap
 
@@ -55,6 +58,52 @@ def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tens
         print(_("The accumulated gradient differs from the full-batch gradient by up to {gap:.4f} (the largest entry "
                 "is {largest:.4f}), and it is not a multiple of it.").format(gap=largest_difference,
                                                                             largest=largest_entry))
+    return result
+
+
+def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_steps: int, *, divide: bool = True,
+              zero_every_micro_batch: bool = False, loss_fn=None) -> GradientComparison:
+    """One cycle of the seed's loop on a float64 copy of `model` (on the CPU; the model is left untouched): (X, y)
+    split into accum_steps equal micro-batches, each loss divided by accum_steps (not with divide=False) and
+    backpropagated, `zero_grad()` once before the first (before every one with zero_every_micro_batch=True). Prints
+    what ran, then `compare`'s finding on what `.grad` holds against the gradient of the whole (X, y) at once; with
+    zero_every_micro_batch, also whether `.grad` is the last micro-batch's gradient alone. Returns the comparison.
+
+    float64, so that "equal" means equal up to float64 rounding whatever the model's own dtype and device.
+    """
+    accum_steps = positive_int("accum_steps", accum_steps)
+    if len(X) != len(y) or len(X) % accum_steps:
+        raise ValueError(f"X and y must hold the same number of samples, a multiple of accum_steps={accum_steps}; "
+                         f"got {len(X)} and {len(y)}")
+    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    model = copy.deepcopy(model).to("cpu", torch.float64)
+    X, y = X.to("cpu", torch.float64), y.to("cpu")
+    params = [p for p in model.parameters() if p.requires_grad]
+    full_batch = torch.autograd.grad(loss_fn(model(X), y), params)
+    model.zero_grad()
+    for x_micro, y_micro in zip(X.chunk(accum_steps), y.chunk(accum_steps)):  # the seed's loop, one cycle
+        if zero_every_micro_batch:
+            model.zero_grad()
+        loss = loss_fn(model(x_micro), y_micro)
+        (loss / accum_steps if divide else loss).backward()
+    micro = len(X) // accum_steps
+    print(_("{accum_steps} micro-batches of {micro} samples, {division}, {zeroing}:").format(
+        accum_steps=accum_steps, micro=micro,
+        division=(_("each loss / {accum_steps}").format(accum_steps=accum_steps) if divide else
+                  _("no division")),
+        zeroing=_("zero_grad() before every backward()") if zero_every_micro_batch else _("zero_grad() once")))
+    accumulated = [p.grad for p in params]
+    result = compare(accumulated, full_batch)
+    if zero_every_micro_batch:
+        last = torch.autograd.grad(loss_fn(model(X[-micro:]), y[-micro:]) / (accum_steps if divide else 1), params)
+        gap = max((a - b).abs().max().item() for a, b in zip(accumulated, last))
+        if gap <= ROUNDING * result.largest_entry:
+            print(_("It is the last micro-batch's gradient alone (no entry differs by more than {gap:.1e}): "
+                    "zero_grad() wiped out what the other micro-batches had added.").format(
+                        gap=ROUNDING * result.largest_entry))
+        else:
+            print(_("It is not the last micro-batch's gradient alone either (they differ by up to {gap:.4f}).").format(
+                gap=gap))
     return result
 
 

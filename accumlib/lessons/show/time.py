@@ -42,16 +42,22 @@ def steps(decomposition: TimeDecomposition) -> list[float]:
     """The measured time of one effective batch at each split, and each against the first split (one line per
     split and one sentence); returns those ratios."""
     d = _check(decomposition)
+    ratios = _step_table(d)
     first, last = d.steps[0], d.steps[-1]
+    print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
+        ratio=_times(ratios[-1]), first=split(first.micro_batch_size, first.accum_steps),
+        last=split(last.micro_batch_size, last.accum_steps), batch=d.effective_batch))
+    return ratios
+
+
+def _step_table(d: TimeDecomposition) -> list[float]:
+    """Print the time of one effective batch at each split, and each against the first; return those ratios."""
+    first = d.steps[0]
     ratios = [s.seconds / first.seconds for s in d.steps]
-    names = dict(first=split(first.micro_batch_size, first.accum_steps),
-                 last=split(last.micro_batch_size, last.accum_steps), batch=d.effective_batch)
     print(_("Time per effective batch of {batch} samples, micro-batch × accum_steps (against {first}):").format(
-        **names))
+        batch=d.effective_batch, first=split(first.micro_batch_size, first.accum_steps)))
     print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
                  [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios)]))
-    print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
-        ratio=_times(ratios[-1]), **names))
     return ratios
 
 
@@ -151,4 +157,52 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
         series="; ".join(f"{label} {', '.join(_times(r) for r in rs)}" for label, rs in ratios.items()))
     figure(plots.lines({label: (list(splits), rs) for label, rs in ratios.items()}, _("accum_steps"),
                        _("time per effective batch (relative to one batch)"), title, alt))
+    return ratios
+
+
+SLIGHTLY, SEVERAL = 1.5, 2.5  # a split under 1.5 times the time of one batch takes "slightly longer", one of 2.5
+# times or more "several times as long": lesson 0's CNN measured 1.2x at 32 × 2 and 3.6x-4.7x at 4 × 16 on the
+# course's CPUs (AVX2 and without vector extensions), so each verdict holds with a margin of 20% or more
+
+
+def _how_long(ratio: float) -> str:
+    if ratio < SLIGHTLY:
+        return _("only slightly longer ({ratio})").format(ratio=_times(ratio))
+    if ratio >= SEVERAL:
+        return _("several times as long ({ratio})").format(ratio=_times(ratio))
+    return _("{ratio} as long").format(ratio=_times(ratio))
+
+
+def cost(decomposition: TimeDecomposition) -> list[float]:
+    """Lesson 0: what accumulating costs at each micro-batch size, and why. `steps`' table, then how
+    long the largest accumulated micro-batch and the smallest take against one batch ("only slightly longer" under
+    SLIGHTLY times, "several times as long" from SEVERAL times), then the fitted fixed cost of a pass against its
+    arithmetic at those two sizes (which is the larger part of a pass at each). Needs three or more splits, the first
+    of one micro-batch; returns the ratios (time of each split / time of the first)."""
+    d = _check(decomposition)
+    if len(d.steps) < 3 or d.steps[0].accum_steps != 1:
+        raise ValueError(f"decomposition must time one batch (accum_steps 1, first) and two or more splits of it, "
+                         f"got accum_steps {[s.accum_steps for s in d.steps]}")
+    ratios = _step_table(d)
+    large, small = d.steps[1], d.steps[-1]
+    print(_("{large} takes {large_verdict}; {small} takes {small_verdict}.").format(
+        large=split(large.micro_batch_size, large.accum_steps), large_verdict=_how_long(ratios[1]),
+        small=split(small.micro_batch_size, small.accum_steps), small_verdict=_how_long(ratios[-1])))
+    values = dict(fixed=_ms(d.overhead_seconds), per_sample=_ms(d.seconds_per_sample),
+                  small=small.micro_batch_size, large=large.micro_batch_size, passes=small.accum_steps)
+    fixed_small, fixed_large = (d.overhead_share(s.micro_batch_size) > 0.5 for s in (small, large))
+    print(_("A pass costs {fixed} whatever its size, plus {per_sample} per sample.").format(**values))
+    if fixed_small and not fixed_large:
+        print(_("A pass of {small} samples is mostly that fixed cost, one of {large} mostly arithmetic: small "
+                "micro-batches leave the hardware underused, and {small} × {passes} pays the fixed cost {passes} "
+                "times per update.").format(**values))
+    elif fixed_small:
+        print(_("Passes of {small} and of {large} samples are both mostly that fixed cost: micro-batches this small "
+                "leave the hardware underused.").format(**values))
+    elif not fixed_large:
+        print(_("Passes of {small} and of {large} samples are both mostly arithmetic: here the fixed cost adds "
+                "little.").format(**values))
+    else:
+        print(_("A pass of {small} samples is mostly arithmetic, one of {large} mostly that fixed cost.").format(
+            **values))
     return ratios
