@@ -75,9 +75,8 @@ exercises.first_loop.check(accumulate)
     def judge(self, function) -> Verdict:
         if callable(function) and untouched(function):
             finding = Finding("your-turn", _(
-                "Your turn: replace ... with the condition under which the loop calls optimizer.step(), then run "
-                "this cell again. As it stands, ... counts as true, so the loop steps after every micro-batch. "
-                "Stuck? exercises.first_loop.hint() gives a hint."))
+                "Your turn: replace ... with the condition, then run the cell (as it is, it steps after every "
+                "micro-batch). Hint: exercises.first_loop.hint()"))
             return Verdict(False, finding.message, (finding,))
         verdict = super().judge(function)
         if not any(f.name in QUIET for f in verdict.findings):

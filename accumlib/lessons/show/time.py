@@ -42,22 +42,16 @@ def steps(decomposition: TimeDecomposition) -> list[float]:
     """The measured time of one effective batch at each split, and each against the first split (one line per
     split and one sentence); returns those ratios."""
     d = _check(decomposition)
-    ratios = _step_table(d)
     first, last = d.steps[0], d.steps[-1]
-    print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
-        ratio=_times(ratios[-1]), first=split(first.micro_batch_size, first.accum_steps),
-        last=split(last.micro_batch_size, last.accum_steps), batch=d.effective_batch))
-    return ratios
-
-
-def _step_table(d: TimeDecomposition) -> list[float]:
-    """Print the time of one effective batch at each split, and each against the first; return those ratios."""
-    first = d.steps[0]
     ratios = [s.seconds / first.seconds for s in d.steps]
+    names = dict(first=split(first.micro_batch_size, first.accum_steps),
+                 last=split(last.micro_batch_size, last.accum_steps), batch=d.effective_batch)
     print(_("Time per effective batch of {batch} samples, micro-batch × accum_steps (against {first}):").format(
-        batch=d.effective_batch, first=split(first.micro_batch_size, first.accum_steps)))
+        **names))
     print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
                  [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios)]))
+    print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
+        ratio=_times(ratios[-1]), **names))
     return ratios
 
 
@@ -174,35 +168,34 @@ def _how_long(ratio: float) -> str:
 
 
 def cost(decomposition: TimeDecomposition) -> list[float]:
-    """Lesson 0: what accumulating costs at each micro-batch size, and why. `steps`' table, then how
-    long the largest accumulated micro-batch and the smallest take against one batch ("only slightly longer" under
-    SLIGHTLY times, "several times as long" from SEVERAL times), then the fitted fixed cost of a pass against its
-    arithmetic at those two sizes (which is the larger part of a pass at each). Needs three or more splits, the first
-    of one micro-batch; returns the ratios (time of each split / time of the first)."""
+    """Lesson 0: what accumulating costs at each micro-batch size, and why, in two sentences: how long the largest
+    accumulated micro-batch and the smallest take against one batch ("only slightly longer" under SLIGHTLY times,
+    "several times as long" from SEVERAL times), then the fitted fixed cost of a pass against its arithmetic at
+    those two sizes (which is the larger part of a pass at each). Needs three or more splits, the first of one
+    micro-batch; returns the ratios (time of each split / time of the first)."""
     d = _check(decomposition)
     if len(d.steps) < 3 or d.steps[0].accum_steps != 1:
         raise ValueError(f"decomposition must time one batch (accum_steps 1, first) and two or more splits of it, "
                          f"got accum_steps {[s.accum_steps for s in d.steps]}")
-    ratios = _step_table(d)
-    large, small = d.steps[1], d.steps[-1]
-    print(_("{large} takes {large_verdict}; {small} takes {small_verdict}.").format(
+    ratios = [s.seconds / d.steps[0].seconds for s in d.steps]
+    first, large, small = d.steps[0], d.steps[1], d.steps[-1]
+    print(_("Against {first} ({seconds}), {large} takes {large_verdict}, {small} {small_verdict}.").format(
+        first=split(first.micro_batch_size, first.accum_steps), seconds=_ms(first.seconds),
         large=split(large.micro_batch_size, large.accum_steps), large_verdict=_how_long(ratios[1]),
         small=split(small.micro_batch_size, small.accum_steps), small_verdict=_how_long(ratios[-1])))
     values = dict(fixed=_ms(d.overhead_seconds), per_sample=_ms(d.seconds_per_sample),
-                  small=small.micro_batch_size, large=large.micro_batch_size, passes=small.accum_steps)
+                  small=small.micro_batch_size, large=large.micro_batch_size)
     fixed_small, fixed_large = (d.overhead_share(s.micro_batch_size) > 0.5 for s in (small, large))
-    print(_("A pass costs {fixed} whatever its size, plus {per_sample} per sample.").format(**values))
     if fixed_small and not fixed_large:
-        print(_("A pass of {small} samples is mostly that fixed cost, one of {large} mostly arithmetic: small "
-                "micro-batches leave the hardware underused, and {small} × {passes} pays the fixed cost {passes} "
-                "times per update.").format(**values))
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} samples, mostly "
+                "arithmetic at {large}. Small micro-batches underuse the hardware.").format(**values))
     elif fixed_small:
-        print(_("Passes of {small} and of {large} samples are both mostly that fixed cost: micro-batches this small "
-                "leave the hardware underused.").format(**values))
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} and at {large} "
+                "samples. Micro-batches this small underuse the hardware.").format(**values))
     elif not fixed_large:
-        print(_("Passes of {small} and of {large} samples are both mostly arithmetic: here the fixed cost adds "
-                "little.").format(**values))
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} and at {large} "
+                "samples, so the fixed cost adds little.").format(**values))
     else:
-        print(_("A pass of {small} samples is mostly arithmetic, one of {large} mostly that fixed cost.").format(
-            **values))
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} samples, mostly "
+                "fixed cost at {large}.").format(**values))
     return ratios
