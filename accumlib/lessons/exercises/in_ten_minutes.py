@@ -70,7 +70,7 @@ exercises.first_loop.check(accumulate)
 '''
     hint_text = N_("step counts the micro-batches from 0: with accum_steps = 4, the cycles end at step 3, 7, 11, "
                    "and so on. Which condition on step and accum_steps is true there and nowhere else? In Python, "
-                   "a % b is the remainder of a divided by b.")
+                   "7 % 4 is the remainder of 7 divided by 4, that is 3.")
 
     def judge(self, function) -> Verdict:
         if callable(function) and untouched(function):
