@@ -96,13 +96,17 @@ def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_st
     result = _compared(accumulated, full_batch)
     bound = ROUNDING * result.largest_entry  # printed instead of a rounding difference (its digits vary by CPU)
     micro = len(X) // accum_steps
-    last = torch.autograd.grad(loss_fn(model(X[-micro:]), y[-micro:]) / (accum_steps if divide else 1), params)
+
+    def last_alone() -> bool:  # whether .grad is what backward() of the last micro-batch alone gives
+        last = torch.autograd.grad(loss_fn(model(X[-micro:]), y[-micro:]) / (accum_steps if divide else 1), params)
+        return max((a - b).abs().max().item() for a, b in zip(accumulated, last)) <= bound
+
     if result.equal:
         print(_("{count} backward() calls added up in .grad: the full-batch gradient, up to float rounding "
                 "({gap:.1e}).").format(count=accum_steps, gap=bound))
     elif result.proportional:
         print(_(".grad is {ratio:.3f} times the full-batch gradient.").format(ratio=result.ratio))
-    elif max((a - b).abs().max().item() for a, b in zip(accumulated, last)) <= bound:
+    elif last_alone():
         print(_(".grad is the last micro-batch's gradient alone (up to {gap:.1e}): the other {lost} were wiped "
                 "out.").format(gap=bound, lost=accum_steps - 1))
     else:
