@@ -284,6 +284,9 @@ def test_zeroing_at_the_start_of_each_cycle_is_not_a_bug():
         runs.append((model, steps))
     (after, steps_after), (start, steps_start) = runs
     assert accumlib.parameter_gap(after, start) == 0 and steps_after == steps_start and len(steps_after) == 8
+    with pytest.raises(ValueError, match="nothing can leak into it"):
+        pitfalls.classic_train(models.mlp(dtype=torch.float64), (X, y), torch.optim.SGD(models.mlp().parameters()),
+                               micro_batch_size=4, accum_steps=3, zero_at_cycle_start=True, last_cycle="leak")
     with pytest.raises(TypeError, match="zero_at_cycle_start must be True or False"):
         pitfalls.classic_train(models.mlp(dtype=torch.float64), (X, y), torch.optim.SGD(models.mlp().parameters()),
                                micro_batch_size=4, accum_steps=3, zero_at_cycle_start=1)

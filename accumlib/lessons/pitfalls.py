@@ -118,6 +118,10 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
                     update_per_micro_batch=update_per_micro_batch)
     for name, value in switches.items():
         _flag(name, value)
+    if zero_at_cycle_start and last_cycle == "leak":
+        raise ValueError("zero_at_cycle_start=True zeroes the gradients at the start of every cycle, the next epoch's "
+                         "first one too, so nothing can leak into it: use it with last_cycle 'drop', "
+                         "'divide-by-steps' or 'weighted', not 'leak'")
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     if scaler is None and (unscale_per_micro_batch or update_per_micro_batch):
