@@ -135,11 +135,14 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
 def zeroing_places(model: torch.nn.Module, data, *, micro_batch_size: int, accum_steps: int, lr: float = 0.1) -> float:
     """The seed zeroes the gradients at the start of each cycle (`if step % accum_steps == 0`, before the
     backward()), lesson 0's loop right after each step: one epoch of `pitfalls.classic_train` each way, with SGD at
-    `lr`, on two copies of `model` (left untouched). Prints whether they end with the same weights; returns the
-    largest weight difference."""
+    `lr`, on two float64 copies of `model` on the CPU (the model is left untouched), where the same operations give
+    the same bits (a GPU's kernels may add in another order from run to run). Prints whether they end with the same
+    weights; returns the largest weight difference."""
+    X, y = data
+    data = (X.to("cpu", torch.float64), y.to("cpu"))
     trained, steps = [], []
     for at_start in (False, True):
-        copied = copy.deepcopy(model)
+        copied = copy.deepcopy(model).to("cpu", torch.float64)
         log = classic_train(copied, data, torch.optim.SGD(copied.parameters(), lr=lr),
                             micro_batch_size=micro_batch_size, accum_steps=accum_steps, zero_at_cycle_start=at_start)
         trained.append(copied)
