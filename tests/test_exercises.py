@@ -4,6 +4,7 @@ modules check each other."""
 import contextlib
 import functools
 import io
+import linecache
 import re
 import textwrap
 
@@ -25,8 +26,11 @@ def run_cell(code: str) -> tuple[str, dict]:
     """Run a cell as a lesson would (torch, nn and exercises imported); return what it printed and its names."""
     names = dict(NAMESPACE)
     output = io.StringIO()
+    code = textwrap.dedent(code)
+    filename = f"<cell {hash(code)}>"  # the cell's source kept where inspect finds it, as Jupyter keeps it
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     with contextlib.redirect_stdout(output):
-        exec(textwrap.dedent(code), names)
+        exec(compile(code, filename, "exec"), names)
     return output.getvalue(), names
 
 
@@ -41,7 +45,7 @@ STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-divis
                  "last_cycle": ["tail-divided-by-steps"], "memory_plan": ["does-not-fit"],
                  "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"], "amp_loop": ["scaler-unused"],
                  "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"],
-                 "first_loop": ["step-every-micro-batch"]}
+                 "first_loop": ["your-turn"]}
 
 
 def test_every_lesson_but_the_recap_has_an_exercise():
@@ -567,6 +571,34 @@ SEED_PATTERN = LOOP.replace("        loss = loss_fn", "        if step % accum_s
 LAST = solution_without_check(exercises.last_cycle)
 FIRST = solution_without_check(exercises.first_loop)
 AMP_BF16 = AMP.replace("torch.float16", "torch.bfloat16")
+
+# The step condition, in every form a verdict or hint could state it (lesson 0 asks for it as its quick check)
+STEP_CONDITION = re.compile(r"%\s*accum_steps|\(step \+ 1\)|accum_steps - 1\b")
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_lesson_zero_never_states_the_step_condition_before_the_learner_writes_one(language):
+    """Lesson 0's quick check is the condition itself, and learners see the stub's stored verdict: the stub gets a
+    prompt, a loop that steps after every micro-batch is told so without the condition, and the hint (on request)
+    leads to it without stating it. After a wrong condition of the learner's own (the off-by-one), it may be said."""
+    accumlib.set_language(language)
+    try:
+        _, names = run_cell(exercises.first_loop.stub.replace("exercises.first_loop.check", "print"))
+        stub = exercises.first_loop.verdict(names["accumulate"])
+        always = exercises.first_loop.verdict(cell(FIRST.replace("(step + 1) % accum_steps == 0", "True"), "accumulate"))
+        hint = io.StringIO()
+        with contextlib.redirect_stdout(hint):
+            exercises.first_loop.hint()
+    finally:
+        accumlib.set_language("en")
+    assert stub.names == ["your-turn"] and always.names == ["step-every-micro-batch"]
+    assert "exercises.first_loop.hint()" in stub.text and "16" in always.text and "4" in always.text
+    for text in (stub.text, always.text, hint.getvalue()):
+        assert not STEP_CONDITION.search(text), text
+    # lesson 3's own check of the same loop still names the condition: only lesson 0 keeps it back
+    assert STEP_CONDITION.search(exercises.the_loop.verdict(cell(LOOP.replace("(step + 1) % accum_steps == 0", "True"),
+                                                                 "accumulate")).text)
+
 
 # exercise -> case -> (the answer: a tuple of the values check() gets, the finding names it must get; [] is right)
 CASES = {

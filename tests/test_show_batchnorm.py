@@ -84,3 +84,13 @@ def test_skipped_cycle_says_whether_the_statistics_were_put_back(capsys):
     assert not show.skipped_cycle(True, stats, {"1": (torch.ones(2), torch.ones(2))})
     assert "but the running statistics changed" in capsys.readouterr().out
     assert not show.skipped_cycle(False, stats, stats)
+
+
+def test_a_brief_deviation_keeps_the_finding_and_the_figure_without_the_table(capsys):
+    drift = {2: [LayerDeviation("1", 0.04, 0.08)], 64: [LayerDeviation("1", 0.01, 0.02)]}
+    assert show.deviation(drift, batch=64, brief=True) == {2: pytest.approx(0.12), 64: pytest.approx(0.03)}
+    brief = capsys.readouterr().out
+    show.deviation(drift, batch=64)
+    full = capsys.readouterr().out
+    assert brief.startswith("Micro-batches of 2 stray 4.0 times as far") and "layer 1: mean" not in brief
+    assert "layer 1: mean" in full.splitlines()[0] and brief.splitlines()[0] in full

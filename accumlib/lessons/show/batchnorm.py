@@ -26,9 +26,10 @@ def _layer_names(deviations: list[LayerDeviation]) -> list[str]:
     return [d.layer for d in deviations]
 
 
-def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, float]:
+def deviation(drift: dict[int, list[LayerDeviation]], batch: int, *, brief: bool = False) -> dict[int, float]:
     """How far each micro-batch size's BatchNorm statistics stray from those of the whole batch of `batch` samples
-    (`batchnorm.micro_batch_deviation` per size): a table per layer, the finding, a figure; returns the totals."""
+    (`batchnorm.micro_batch_deviation` per size): a table per layer (left out with brief=True, lesson 0), the
+    finding, a figure; returns the totals."""
     if len(drift) < 2 or not all(isinstance(v, list) and v and all(isinstance(d, LayerDeviation) for d in v)
                                  for v in drift.values()):
         raise TypeError("drift must map two or more micro-batch sizes to batchnorm.micro_batch_deviation results")
@@ -38,7 +39,8 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, f
     for layer in layers:
         header += [_("layer {layer}: mean").format(layer=layer), _("layer {layer}: variance").format(layer=layer)]
     rows = [[str(m), *(f"{value:.3f}" for d in drift[m] for value in (d.mean, d.variance))] for m in sizes]
-    print_table(header, rows)
+    if not brief:
+        print_table(header, rows)
     totals = {m: total(drift[m]) for m in sizes}
     smallest, largest = sizes[0], sizes[-1]
     values = dict(small=smallest, large=largest, batch=batch, small_total=totals[smallest],
