@@ -46,3 +46,29 @@ def test_the_answer_key_is_what_the_exercises_and_the_question_bank_give():
     for group in exercises.BY_LESSON.values():
         for exercise in group:
             assert exercise.solution_code.rstrip() in INSTRUCTORS, exercise.name
+
+
+def test_the_python_floor_is_the_one_pyproject_requires():
+    required = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    floor = re.fullmatch(r">=\s*(3\.\d+)", required).group(1)
+    assert f"Python {floor} or later" in INSTRUCTORS
+    assert not re.search(r"Python 3\.\d+\+", INSTRUCTORS), "an older 'Python 3.x+' floor is still there"
+
+
+def test_the_memory_dashboards_expected_observations_are_what_it_measures():
+    """INSTRUCTORS.md's answers to the memory dashboard's tasks: the peaks (bytes, the same on every CPU) as the
+    dashboard measures them, and 0.5 MiB fits 8 and (only at accum_steps 1) 16."""
+    from accumlib.lessons import widgets
+
+    class Job:
+        def check(self):
+            pass
+
+    board = widgets.MemoryDashboard(device="cpu")
+    peaks = {(m, k): board._report(m, k, Job()).peak for m, k in [(64, 1), (8, 8), (4, 16), (16, 1), (16, 4), (16, 16),
+                                                                  (8, 1), (128, 1)]}
+    section = INSTRUCTORS.split("**Memory dashboard**")[1].split("**BatchNorm dashboard**")[0]
+    for peak in peaks.values():
+        assert f"{peak:,}" in section, peak
+    budget = 524_288
+    assert peaks[8, 8] <= budget < peaks[16, 4] == peaks[16, 16] and peaks[16, 1] <= budget

@@ -579,7 +579,7 @@ def run_kernel(*answers, env_extra=None, tmp_path=None):
     """A fresh Python process (a kernel restart) that opens lesson 3's quick check and gives these answers."""
     import os
     env = {**os.environ, **(env_extra or {})}
-    done = subprocess.run([sys.executable, "-c", RESTART, *answers], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-c", RESTART, *answers], capture_output=True, text=True, env=env, check=False,
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import decimal
+import io
 import math
 import numbers
 import operator
@@ -17,11 +18,12 @@ import re
 import signal
 import threading
 import time
+import tokenize
 from dataclasses import dataclass
 
 import torch
 
-from ...i18n import N_, _, ngettext
+from ...i18n import N_, _, ngettext, pgettext
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,20 @@ class Exercise:
 
     def solution(self) -> None:
         print(_("One solution:"))
-        print(self.solution_code.rstrip())
+        print(commented(self.solution_code.rstrip(), f"{type(self).__name__}.solution_code"))
+
+
+def commented(code: str, context: str) -> str:
+    """`code` with the text of each comment in the course language (pgettext(context, text); tools/catalogs.py
+    extracts them), everything else, the comments' places included, unchanged."""
+    lines = code.splitlines(keepends=True)
+    comments = [t for t in tokenize.generate_tokens(io.StringIO(code).readline)
+                if t.type == tokenize.COMMENT and t.string[1:].strip()]
+    for token in reversed(comments):  # from the end, so that earlier columns stay where they are
+        (row, start), (_row, end) = token.start, token.end
+        line = lines[row - 1]
+        lines[row - 1] = f"{line[:start]}# {pgettext(context, token.string[1:].strip())}{line[end:]}"
+    return "".join(lines)
 
 
 def first_line(error: BaseException) -> str:
