@@ -22,7 +22,7 @@ X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 4 cycles of 4 x
 TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last cycle shards 5 + 4 samples
 MLP = functools.partial(models.mlp, dtype=torch.float64)
 SEQUENCE = functools.partial(models.sequence_model, dtype=torch.float64)
-BY_COUNT = dict(loss_fn=models.token_loss_sum, normalize="count", count=data.count_tokens)
+BY_COUNT = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", count=data.count_tokens)
 RUNS = [distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
         distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
         distributed.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),

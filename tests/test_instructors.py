@@ -72,3 +72,12 @@ def test_the_memory_dashboards_expected_observations_are_what_it_measures():
         assert f"{peak:,}" in section, peak
     budget = 524_288
     assert peaks[8, 8] <= budget < peaks[16, 4] == peaks[16, 16] and peaks[16, 1] <= budget
+
+
+def test_the_class_plan_counts_the_lessons_time_as_measured():
+    """The 50-minute plan says how long lessons 0, 2 and 3 take in full: the sum of their measured times."""
+    import json
+
+    times = json.loads((ROOT / "tools" / "lesson_times.json").read_text(encoding="utf-8"))["lessons"]
+    full = sum(times[name]["minutes"] for name in ("00_in_ten_minutes", "02_grad_accumulates", "03_the_loop"))
+    assert f"Lessons 0, 2 and 3 in full take {full} minutes" in INSTRUCTORS
