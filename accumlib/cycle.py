@@ -1,8 +1,8 @@
 """One optimizer step from a cycle of micro-batches: `accumulate_and_step`, and the checks of what it is given.
 
 Zero once, weight each micro-batch loss by its share of the cycle, backward() each (PyTorch adds into .grad), step
-once. The scheduler, clipping and the AMP scaler run once per step; under DistributedDataParallel the gradients are
-all-reduced once (`no_sync()` on the other micro-batches). Nothing reads a tensor's value on the host inside a cycle
+once. The scheduler, clipping and the AMP scaler run once per step; under DistributedDataParallel or FSDP2 the
+gradients are synchronised once (`accumlib.sharded`). Nothing reads a tensor's value on the host inside a cycle
 but once, after its last backward(): on a GPU every such read makes the host wait until the device has caught up.
 `accumlib.loop.train` drives it.
 """
@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules.batchnorm import _NormBase
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 from torch.utils._pytree import tree_leaves
 
 from ._validate import Shown, boolean, function, one_of, positive_number
 from .i18n import _
+from .sharded import cycle_sync
 
 
 _NOTHING = contextlib.nullcontext()  # a context that does nothing (reusable)
@@ -211,8 +211,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     scaler: a GradScaler (fp16); a disabled one (GradScaler(enabled=False)) is no scaler. autocast_dtype: run the
     forward passes under torch.autocast with this dtype.
     scheduler: stepped once after the optimizer; a ReduceLROnPlateau gets this cycle's loss.
-    ddp_no_sync: with a DistributedDataParallel model (compiled or not), all-reduce the gradients only on the last
-    micro-batch.
+    ddp_no_sync: with a DistributedDataParallel or FSDP2 (fully_shard) model, compiled or not, synchronise the
+    gradients only in the last micro-batch's backward (DDP's no_sync(), FSDP2's set_requires_gradient_sync).
     on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip") or raises NonFiniteError ("raise"); with a
     scaler, only a non-finite loss raises, as a gradient overflow is the scaler's routine (it skips that step and
     lowers its scale).
@@ -247,22 +247,25 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
     scheduler, ddp_no_sync, on_nonfinite, check_gradients = (options.scheduler, options.ddp_no_sync,
                                                              options.on_nonfinite, options.check_gradients)
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
-    ddp = _is_ddp(model)
-    no_sync = ddp and ddp_no_sync  # all-reduce in the last micro-batch's backward() only
+    sync = cycle_sync(model, ddp_no_sync)  # DDP or FSDP2: gradients synchronised in the last backward() (None: alone)
+    ddp = sync is not None  # several processes: each takes part in every collective
+    no_sync = ddp and ddp_no_sync
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
-    plain = not no_sync and autocast is _NOTHING  # no context to enter around a forward pass
+    plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
     watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
     watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
     # a micro-batch of weight 0 (no loss terms, no rows, DDP's padding) adds nothing: it is not run, so that its loss
     # (NaN, a mean over nothing) cannot reach the cycle's; under DDP every process runs at least its last micro-batch
     # (the all-reduce is in its backward), and without no_sync() every micro-batch, a weight-0 one seeded with 0
     nothing = [not isinstance(w, torch.Tensor) and w == 0 for w in loss_weights]
-    every = ddp and not no_sync  # each backward all-reduces: every process runs every micro-batch
+    # each backward all-reduces, or (FSDP2) each forward all-gathers the parameters: every process runs every one
+    every = ddp and (not no_sync or sync.fsdp)
     last = max((i for i, zero in enumerate(nothing) if not zero), default=None)  # under no_sync(), the backward
     if last is None:  # that all-reduces: this process's last
         if not ddp:  # nothing to learn: no step, nothing changed
             return CycleResult(math.nan, None, float(optimizer.param_groups[0]["lr"]), False, True)
         last = len(nothing) - 1
+    synced = len(nothing) - 1 if every else last  # the micro-batch whose backward synchronises the gradients
     if watch:
         watch("start", model)
     with _Kept(model, optimizer, params) as kept:  # the optimizer's .grad set aside (None from here), buffers copied
@@ -274,8 +277,8 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
                 watch("forward")
             if plain:
                 loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
-            else:  # DDP all-reduces in every backward() whose forward ran outside no_sync(): the last one only
-                with model.no_sync() if no_sync and i != last else _NOTHING, autocast:
+            else:  # DDP's no_sync() or FSDP2's gradient sync off, but for the last micro-batch run (sharded.py)
+                with sync.micro_batch(i, synced + 1) if sync else _NOTHING, autocast:
                     loss = _forward(model, loss_fn, x, y)
             weight = loss_weights[i]  # this micro-batch's share of the cycle's loss
             if nothing[i]:  # run for DDP only: its backward adds 0 (and all-reduces), its loss is not the cycle's
@@ -311,7 +314,7 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
         # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
         # anyway, or with a scaler (a step it skips for an overflow must be recorded as skipped)
         with_norm = check_gradients or clip_grad_norm is not None or scaler is not None
-        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, ddp)  # the one host read
+        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, sync)  # the one host read
         # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
         skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
         lr = float(optimizer.param_groups[0]["lr"])
@@ -357,12 +360,6 @@ def watched(watch: Callable):
         yield
     finally:
         stack.remove(watch)
-
-
-def _is_ddp(model) -> bool:
-    """A DistributedDataParallel model, also inside torch.compile's wrapper (which keeps it as `_orig_mod`)."""
-    return isinstance(model, DistributedDataParallel) or isinstance(model._modules.get("_orig_mod"),
-                                                                    DistributedDataParallel)
 
 
 class _Unit:
@@ -537,15 +534,17 @@ def _scalar_loss(loss) -> torch.Tensor:
 
 
 def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
-                        with_norm: bool, ddp: bool) -> tuple[float, float | None]:
+                        with_norm: bool, sync) -> tuple[float, float | None]:
     """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm (None unless
     with_norm), read from the device at once.
 
     Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
-    the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
-    return, before the optimizer step.
+    and FSDP2 (`sync`) the loss is averaged over the processes, as they average their gradients; under FSDP2 the
+    norm is over every process's shards. The norms' tensors are freed on return, before the optimizer step.
     """
-    if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
+    if sync is not None and sync.fsdp:  # each process holds a shard of each gradient: one all-reduce for both
+        total, norms = sync.loss_and_norm(total, params, clip_grad_norm, with_norm)
+    elif clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
     elif with_norm:
         grads = [grad for p in params if (grad := p.grad) is not None]  # no .grad: the loss does not depend on it
@@ -556,7 +555,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
         values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
     except RuntimeError:  # parameters on several devices (a model split over GPUs): the norms go to the loss's device
         values = torch.stack([total, *(norm.to(total.device) for norm in norms)])
-    if ddp:
+    if sync is not None and not sync.fsdp:  # DDP: every process holds the same, all-reduced, gradient
         dist.all_reduce(values[:1])
         values[:1] /= dist.get_world_size()
     if isinstance(values, FakeTensor):  # traced (memory.measure_step): no values; the cycle goes on as if finite

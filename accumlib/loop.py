@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import devices, memory
+from . import checkpoint as checkpoints, devices, memory, sharded
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
-                    _cycle, _is_ddp, _scalar_loss)
+                    _cycle, _scalar_loss)
 from ._validate import Shown, as_real, boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
@@ -108,7 +108,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
           scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
           on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
           max_skipped_steps: int = 50, resume_from_step: int = 0, measure_memory: bool = False,
-          memory_budget: int | None = None, ddp_no_sync: bool = True, check_gradients: bool = True) -> History:
+          memory_budget: int | None = None, ddp_no_sync: bool = True, check_gradients: bool = True,
+          checkpoint=None, checkpoint_every: int | None = None) -> History:
     """Train with gradient accumulation; return one record per optimizer step.
 
     data, one of:
@@ -166,6 +167,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     samples the uninterrupted run would have seen. Keep and restore yourself the model, the optimizer, the
     scheduler and the scaler (their state_dict()); for your own DataLoader also its order: build it again the same
     way (a seeded generator= or sampler), as train can only read it again.
+    checkpoint: a file path; train writes it every `checkpoint_every` optimizer steps (None: only at the end) and
+    when the run ends (done, max_steps, StopTraining, Ctrl-C), atomically, and goes on from it when it exists: the
+    weights and records of the uninterrupted run, bit for bit (see docs/checkpoints.md and accumlib.checkpoint).
     train puts the model in training mode (model.train()) when it finds it in eval mode, at the start and before
     each step (an on_step that evaluates may leave it in eval mode); a model already in training mode is left as
     it is, so a submodule you put in eval mode (frozen BatchNorm) stays so. Every module's mode found is put back
@@ -203,7 +207,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
                        amp=amp, scaler=scaler, device=device, seed=seed, shuffle=shuffle, on_step=on_step,
                        on_nonfinite=on_nonfinite, max_skipped_steps=max_skipped_steps,
                        resume_from_step=resume_from_step, measure_memory=measure_memory, memory_budget=memory_budget,
-                       ddp_no_sync=ddp_no_sync, check_gradients=check_gradients)
+                       ddp_no_sync=ddp_no_sync, check_gradients=check_gradients, checkpoint=checkpoint,
+                       checkpoint_every=checkpoint_every)
     return _train(model, optimizer, run)
 
 
@@ -217,7 +222,7 @@ class _Run(NamedTuple):
     options: CycleOptions  # the cycle's options, for every step
     accum_steps: int
     world: int  # processes (1 without DDP)
-    ddp: bool
+    ddp: bool  # DDP or FSDP2: several processes, the counts all-reduced
     normalize: str
     reduction: str  # "mean" or "sum": what the loss is over its micro-batch
     count: Callable | None
@@ -228,12 +233,13 @@ class _Run(NamedTuple):
     on_step: Callable | None
     measure_memory: bool
     memory_budget: int | None
+    checkpoint: object  # `checkpoints.Checkpoint`, or `checkpoints.NONE`
 
 
 def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epochs, max_steps, loss_fn, normalize,
                  loss_reduction, count, scheduler, clip_grad_norm, amp, scaler, device, seed, shuffle, on_step,
                  on_nonfinite, max_skipped_steps, resume_from_step, measure_memory, memory_budget, ddp_no_sync,
-                 check_gradients) -> _Run:
+                 check_gradients, checkpoint, checkpoint_every) -> _Run:
     """Every argument of `train`, checked before anything changes (each refusal names the parameter, the value and
     what is valid); the cycle's options are checked once, as one `CycleOptions`, which every step then uses."""
     _check_model(model)
@@ -246,8 +252,9 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         max_steps = positive_int("max_steps", max_steps)
     max_skipped_steps = positive_int("max_skipped_steps", max_skipped_steps)
     resume_from_step = non_negative_int("resume_from_step", resume_from_step)
-    ddp = _is_ddp(model)  # torch.compile(DDP(model)) included
-    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
+    path, checkpoint_every = checkpoints.check(checkpoint, checkpoint_every, resume_from_step)
+    world, rank = sharded.world_and_rank(model)  # DDP or FSDP2, compiled or not: the data shared out by rank
+    ddp = sharded.is_ddp(model) or sharded.is_fsdp(model)  # the counts all-reduced, the data shared out
     device = _device(device)
     seed = integer("seed", seed, -2 ** 63, 2 ** 64)  # a Python int before the source draws its order from it
     history = History()
@@ -291,12 +298,19 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     source.check_epochs(epochs)
     steps = source.steps(epochs)  # the run's optimizer steps, when they are known before it starts
     steps = max_steps if steps is None else steps if max_steps is None else min(steps, max_steps)
-    if steps is not None and resume_from_step >= steps:
+    checkpoint = checkpoints.NONE if path is None else checkpoints.Checkpoint(
+        path, checkpoint_every, model, optimizer, options.scheduler, options.scaler, StepRecord, device, dict(
+            accum_steps=accum_steps, micro_batch_size=micro_batch_size, seed=seed, shuffle=shuffle, processes=world),
+        rank)
+    checkpoint.read(steps)  # the file, if it exists: compared with this run, refused before anything changes
+    resume_from_step = resume_from_step or checkpoint.step
+    if steps is not None and resume_from_step >= steps and not checkpoint.finished:
         raise ValueError(_("resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
                            "valid: 0 to {last}").format(value=resume_from_step, steps=steps, last=steps - 1))
-    options.check_scheduler(optimizer, None if steps is None else steps - resume_from_step)
+    options.check_scheduler(optimizer, None if steps is None else max(steps - resume_from_step, 0))
     return _Run(history, source, device, params, options, accum_steps, world, ddp, normalize, reduction, count,
-                epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget)
+                epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget,
+                checkpoint)
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) -> History:
@@ -308,7 +322,11 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                           budget_bytes=run.memory_budget, device=device)  # traced on the run's device, not moved
     each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
     model.to(device)
-    seen = skips = 0  # samples so far; skipped steps in a row
+    run.checkpoint.restore(history)  # the file's states and records, if the run goes on from one
+    if run.checkpoint.finished:
+        return history  # the file holds every step of this run
+    seen = 0  # samples so far
+    skips = sum(1 for _ in itertools.takewhile(lambda r: r.skipped, reversed(history.records)))  # in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
     shape = weights = None  # the last cycle's (sizes, samples) and its loss weights
     fitted: set[tuple] = set()  # a loader's cycle layouts measured under memory_budget
@@ -316,7 +334,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     try:
         # STEP.run(): Ctrl-C's holding handler installed once for the run, not swapped at every step
         with memory.cuda_budget(device, run.memory_budget), _modes_kept(model), STEP.run():
-            for step, cycle in enumerate(itertools.islice(source.cycles(run.epochs), run.max_steps)):  # none past it
+            cycles = run.checkpoint.cycles(source.cycles(run.epochs), isinstance(source, _Loader))  # random states back
+            for step, cycle in enumerate(itertools.islice(cycles, run.max_steps)):  # none past max_steps
                 seen += cycle.samples
                 if step < run.resume_from_step:
                     continue  # a step the stopped run took: its samples are counted, nothing is trained
@@ -369,6 +388,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     record = history.records[-1] = dataclasses.replace(record, peak_memory_bytes=peaks[layout])
                 if run.on_step is not None:
                     run.on_step(record)
+                run.checkpoint.stepped(history)  # every checkpoint_every steps
                 skips = skips + 1 if result.skipped else 0
                 if skips == run.max_skipped_steps:  # a run whose every step is skipped is no longer training
                     raise NonFiniteError(_skipped_message(skips, options.scaler))
@@ -385,6 +405,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     if history.stopped is None and step < run.resume_from_step:  # the data ended before the stopped run's steps
         raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
                            "steps").format(value=run.resume_from_step, steps=step + 1))
+    run.checkpoint.ended(history)  # done, max_steps, StopTraining or Ctrl-C: the file holds the last step
     return history
 
 
@@ -548,7 +569,8 @@ class _Samples:
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
             if self.n:
-                _check_batch(data[0], _("data[0] (a sample)"), sample=True)
+                with checkpoints.random_states_kept():  # a Dataset that augments draws nothing the run would draw
+                    _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
             raise TypeError(_("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got "
