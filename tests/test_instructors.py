@@ -81,3 +81,23 @@ def test_the_class_plan_counts_the_lessons_time_as_measured():
     times = json.loads((ROOT / "tools" / "lesson_times.json").read_text(encoding="utf-8"))["lessons"]
     full = sum(times[name]["minutes"] for name in ("00_in_ten_minutes", "02_grad_accumulates", "03_the_loop"))
     assert f"Lessons 0, 2 and 3 in full take {full} minutes" in INSTRUCTORS
+
+
+def test_the_predict_questions_runs_are_what_instructors_md_says():
+    """The memory run's bytes (the same on every CPU) and the other runs' printed values as INSTRUCTORS.md gives
+    them, from each predict question's own experiment."""
+    from accumlib.lessons import quiz
+
+    section = INSTRUCTORS.split("## The predict questions: what their runs show")[1].split("\n## ")[0]
+    for q in quiz.bank()["questions"]:
+        if q["kind"] != "predict":
+            continue
+        graded = quiz.Quiz([q["id"]], "en", seed=0)
+        graded.answer(q["id"], q["answer"])
+        shown = graded.run_check(q["id"])
+        numbers = re.findall(r"\d[\d,]*(?:\.\d+)?(?:e-\d+)?", shown)
+        if q["id"] == "predict-batchnorm-gap":  # GroupNorm's value is rounding: only BatchNorm's is stable
+            numbers = [re.search(r"BatchNorm: (\S+)", shown).group(1)]
+        for number in numbers:
+            if number not in {"4", "8", "12", "16", "50", "64", "3", "5", "2"}:  # the set-up, not a measurement
+                assert number in section, (q["id"], number)
