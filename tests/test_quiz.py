@@ -647,3 +647,15 @@ def test_the_instructor_exports_one_csv_line_per_learner(score_file, tmp_path, m
         quiz.scores(tmp_path / "nowhere.json")
     with pytest.raises(TypeError, match="save must be a file path"):
         quiz.scores(save=3)
+
+
+def test_the_quiz_refuses_in_the_course_language(course_language):
+    """Hindi review: quiz.check(lesson=0), which a lesson-0 learner may type, answered in English in Hindi mode."""
+    course_language("hi")
+    with pytest.raises(ValueError, match="पाठ की संख्या 1 से 10 तक होनी चाहिए; पर 0 मिली"):
+        quiz.check(lesson=0)
+    with pytest.raises(ValueError, match="`ids`: अनजान id"):
+        quiz.check("no-such-question")
+    course_language("en")
+    with pytest.raises(ValueError, match="lesson must be a lesson number from 1 to 10; got 0"):
+        quiz.check(lesson=0)

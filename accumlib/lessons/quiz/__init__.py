@@ -38,7 +38,7 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from ...i18n import LANGUAGES, N_, catalogue, language as course_language
+from ...i18n import LANGUAGES, N_, _, catalogue, language as course_language
 from .experiments import RUNS
 from .scores import PROCESS_SEED, ScoreFile, rows as _score_rows, to_csv
 
@@ -129,8 +129,8 @@ def _check_language(language) -> str:
     if language is None:
         return course_language()
     if not isinstance(language, str) or language not in LANGUAGES:
-        raise ValueError(f"language must be one of {', '.join(map(repr, LANGUAGES))} (or None: the course "
-                         f"language); got {language!r}")
+        raise ValueError(_("language must be one of {valid} (or None: the course language); got {value}").format(
+            valid=", ".join(map(repr, LANGUAGES)), value=repr(language)))
     return language
 
 
@@ -143,32 +143,36 @@ def select(ids=None, lesson: int | None = None) -> list[dict]:
     questions = _by_id()
     if lesson is not None:
         if isinstance(lesson, bool) or not isinstance(lesson, numbers.Integral) or lesson not in LESSONS:
-            raise ValueError(f"lesson must be a lesson number from {LESSONS[0]} to {LESSONS[-1]}; got {lesson!r}")
+            raise ValueError(_("lesson must be a lesson number from {first} to {last}; got {value}").format(
+                first=LESSONS[0], last=LESSONS[-1], value=repr(lesson)))
     if ids is None or (not isinstance(ids, str) and isinstance(ids, (list, tuple)) and not ids):
         # a lesson's quick check: its questions but the "predict" ones, which it asks before it shows the answer
         chosen = [q for q in questions.values()
                   if lesson is None or (q["lesson"] == lesson and q["kind"] != "predict")]
         if not chosen:
-            raise ValueError(f"lesson: no question belongs to lesson {lesson}; lessons with questions: "
-                             f"{sorted({q['lesson'] for q in questions.values()})}")
+            raise ValueError(_("lesson: no question belongs to lesson {number}; lessons with questions: {numbers}").format(
+                number=lesson, numbers=sorted({q["lesson"] for q in questions.values()})))
         return copy.deepcopy(chosen)
     if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
-        raise TypeError(f"ids must be a list of question ids (strings), got {ids!r}")
+        raise TypeError(_("ids must be a list of question ids (strings), got {value}").format(value=repr(ids)))
     for qid in ids:
         if not isinstance(qid, str):
-            raise TypeError(f"ids: each question id must be a string, got {qid!r} ({type(qid).__name__}); "
-                            f"name the questions one by one, as in quiz.check('when-to-step', 'loop-order')")
+            raise TypeError(_("ids: each question id must be a string, got {value} ({kind}); name the questions one "
+                              "by one, as in quiz.check('when-to-step', 'loop-order')").format(
+                value=repr(qid), kind=type(qid).__name__))
     unknown = [qid for qid in ids if qid not in questions]
     if unknown:
-        raise ValueError(f"ids: unknown question id(s) {unknown}; valid ids: {', '.join(questions)}")
+        raise ValueError(_("ids: unknown question id(s) {unknown}; valid ids: {valid}").format(
+            unknown=unknown, valid=", ".join(questions)))
     repeated = sorted({qid for qid in ids if ids.count(qid) > 1})
     if repeated:
-        raise ValueError(f"ids: {', '.join(map(repr, repeated))} given more than once; name each question once")
-    later = [f"{qid!r} (lesson {questions[qid]['lesson']})" for qid in ids
+        raise ValueError(_("ids: {repeated} given more than once; name each question once").format(
+            repeated=", ".join(map(repr, repeated))))
+    later = [_("{qid} (lesson {number})").format(qid=repr(qid), number=questions[qid]["lesson"]) for qid in ids
              if lesson is not None and questions[qid]["lesson"] > lesson]
     if later:
-        raise ValueError(f"ids: the quick check of lesson {lesson} may only ask questions of lessons 1 to {lesson}; "
-                         f"these belong to later lessons: {', '.join(later)}")
+        raise ValueError(_("ids: the quick check of lesson {number} may only ask questions of lessons 1 to {number}; "
+                           "these belong to later lessons: {later}").format(number=lesson, later=", ".join(later)))
     return copy.deepcopy([questions[qid] for qid in ids])
 
 
@@ -450,8 +454,8 @@ def check(*ids: str, lesson: int | None = None, language: str | None = None) -> 
         quiz.check("when-to-step", "loop-order", lesson=3)   # refuses questions of lessons after 3
     """
     if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
-        raise TypeError(f"ids: pass the question ids as separate arguments, quiz.check({', '.join(map(repr, ids[0]))}), "
-                        f"not as one {type(ids[0]).__name__}")
+        raise TypeError(_("ids: pass the question ids as separate arguments, quiz.check({ids}), not as one "
+                          "{kind}").format(ids=", ".join(map(repr, ids[0])), kind=type(ids[0]).__name__))
     return QuizWidget(list(ids), language, lesson=lesson, store=ScoreFile())
 
 
@@ -464,7 +468,8 @@ def predict(qid: str, *, language: str | None = None) -> QuizWidget:
     question = select([qid])[0] if isinstance(qid, str) else None
     if question is None or question["kind"] != "predict":
         kinds = ", ".join(q["id"] for q in _bank()["questions"] if q["kind"] == "predict")
-        raise ValueError(f"qid must be the id of a 'predict' question ({kinds}); got {qid!r}")
+        raise ValueError(_("qid must be the id of a 'predict' question ({kinds}); got {value}").format(
+            kinds=kinds, value=repr(qid)))
     return QuizWidget([qid], language, title="predict_title", store=ScoreFile())
 
 
