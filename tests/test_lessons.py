@@ -98,3 +98,33 @@ def test_nothing_shown_above_or_in_lesson_zeros_exercise_states_the_step_conditi
     assert not found, f"{edition}/{LESSONS[0].name}: cells before the check state the step condition: {found}"
     assert "`(step + 1) % accum_steps == 0`" in notebook.cells[-1].source, "the recap gives the answer, after the check"
     assert "if ...:" in notebook.cells[exercise].source
+
+
+# What answered a predict question before it was asked (lessons review, turn 4): the sentence or output above it.
+GIVEAWAYS = {
+    "predict-no-division-adam": ("largely cancel", "exactly like an `accum_steps` times larger learning rate"),
+    "predict-classic-division": ("its step gets", "Divided by accum_steps"),
+    "predict-batchnorm-gap": ("no longer exact", "stops being exact", "normalises each sample on its own"),
+}
+
+
+@pytest.mark.parametrize("qid", sorted(GIVEAWAYS))
+def test_a_predict_question_comes_before_anything_that_answers_it(qid):
+    """No markdown, code or stored output above a predict question's cell says its answer (the three the review
+    found, each moved below its question: lesson 2's SGD and Adam, lesson 4's weights table, lesson 7's GroupNorm)."""
+    for path in LESSONS:
+        cells = nbformat.read(path, as_version=4).cells
+        asking = [i for i, cell in enumerate(cells) if cell.cell_type == "code" and f'quiz.predict("{qid}")' in cell.source]
+        if not asking:
+            continue
+        above = [" ".join((cell.source + "".join(str(o.get("text", "")) for o in cell.get("outputs", []))).split())
+                 for cell in cells[:asking[0]]]
+        for phrase in GIVEAWAYS[qid]:
+            assert not any(phrase in text for text in above), f"{path.name}: {phrase!r} above {qid}"
+        below = " ".join(" ".join(cell.source.split() + [str(o.get("text", "")) for o in cell.get("outputs", [])])
+                         for cell in cells[asking[0]:])
+        below = " ".join(below.split())
+        assert any(phrase in below for phrase in GIVEAWAYS[qid]), f"{path.name}: {qid}'s answer is never given"
+        break
+    else:
+        pytest.fail(f"no lesson asks {qid}")

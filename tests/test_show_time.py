@@ -122,3 +122,12 @@ def test_cost_prints_the_same_once_times_are_masked_and_refuses_a_sweep_it_canno
     assert not re.search(r"\d\.\d", masked(first)), "a measured number escapes the masks"
     with pytest.raises(ValueError, match="two or more splits"):
         show.cost(dataclasses.replace(decomposition(1e-3, 1e-4), steps=decomposition(1e-3, 1e-4).steps[:2]))
+
+
+def test_steps_name_the_clock_of_the_device_they_ran_on(capsys):
+    """Lesson 6 says the table names its clock: the thread's CPU time on one CPU thread, wall time on a GPU."""
+    show.steps(decomposition(1e-3, 1e-4))
+    assert "Measured on cpu, 1 thread(s); the clock: the CPU time of the one thread that computes" in capsys.readouterr().out
+    show.steps(dataclasses.replace(decomposition(1e-3, 1e-4), device="cuda:0", clock=timing.WALL))
+    assert "Measured on cuda:0, 1 thread(s); the clock: wall time (on a GPU: after waiting for the card" in \
+        capsys.readouterr().out

@@ -8,8 +8,8 @@ chosen only where the margin is wide (the fixed cost's share of a small model's 
 from __future__ import annotations
 
 from .. import plots
-from ...i18n import _
-from ...timing import TimeDecomposition
+from ...i18n import N_, _
+from ...timing import THREAD_CPU, WALL, TimeDecomposition
 from ._format import figure, width
 from .memory import split
 
@@ -21,6 +21,11 @@ def _ms(seconds: float) -> str:
 
 def _times(ratio: float) -> str:
     return f"{ratio:.2f}x"
+
+
+# What the clock of a decomposition measured, as the table says it: the one it used on the device it ran on.
+CLOCKS = {THREAD_CPU: N_("the CPU time of the one thread that computes (waiting for other programs does not count)"),
+          WALL: N_("wall time (on a GPU: after waiting for the card to finish, before each reading)")}
 
 
 def _check(decomposition, name: str = "decomposition") -> TimeDecomposition:
@@ -52,6 +57,8 @@ def steps(decomposition: TimeDecomposition) -> list[float]:
                  [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios)]))
     print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
         ratio=_times(ratios[-1]), **names))
+    print(_("Measured on {device}, {threads} thread(s); the clock: {clock}.").format(
+        device=d.device, threads=d.threads, clock=_(CLOCKS[d.clock])))
     return ratios
 
 
