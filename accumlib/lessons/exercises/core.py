@@ -397,27 +397,20 @@ class Exercise:
     def solution(self) -> None:
         """Print one solution's code, its comments in the course language."""
         print(_("One solution:"))
-        print(translated_comments(self.solution_code.rstrip()))
+        print(commented(self.solution_code.rstrip(), f"{type(self).__name__}.solution_code"))
 
 
-SOLUTION_COMMENT = "solution comment"  # the gettext context of a comment in an exercise's solution_code
-
-
-def code_comments(code: str) -> list[str]:
-    """The text of each comment in `code` (what follows its '#'), in order: the messages of SOLUTION_COMMENT."""
-    return [token.string[1:].strip() for token in tokenize.generate_tokens(io.StringIO(code).readline)
-            if token.type == tokenize.COMMENT]
-
-
-def translated_comments(code: str) -> str:
-    """`code` with each comment in the course language (its code, and where each comment starts, unchanged)."""
-    lines = code.split("\n")
-    for token in tokenize.generate_tokens(io.StringIO(code).readline):
-        if token.type == tokenize.COMMENT:
-            row, column = token.start
-            text = token.string[1:].strip()
-            lines[row - 1] = lines[row - 1][:column] + "# " + pgettext(SOLUTION_COMMENT, text)
-    return "\n".join(lines)
+def commented(code: str, context: str) -> str:
+    """`code` with the text of each comment in the course language (pgettext(context, text); tools/catalogs.py
+    extracts them), everything else, the comments' places included, unchanged."""
+    lines = code.splitlines(keepends=True)
+    comments = [t for t in tokenize.generate_tokens(io.StringIO(code).readline)
+                if t.type == tokenize.COMMENT and t.string[1:].strip()]
+    for token in reversed(comments):  # from the end, so that earlier columns stay where they are
+        (row, start), (_row, end) = token.start, token.end
+        line = lines[row - 1]
+        lines[row - 1] = f"{line[:start]}# {pgettext(context, token.string[1:].strip())}{line[end:]}"
+    return "".join(lines)
 
 
 def first_line(error: BaseException) -> str:
