@@ -3,6 +3,7 @@ and imports on its own; and `import accumlib` without the lesson stack."""
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +19,21 @@ def test_import_accumlib_imports_none_of_the_lesson_stack():
     code = f"import sys, accumlib; print([m for m in {LESSON_STACK!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+@pytest.mark.parametrize("hidden", ["matplotlib", "ipywidgets", "IPython"])
+def test_the_lessons_without_their_extra_say_how_to_install_it(hidden, language):
+    """A lesson module where one of the extra's packages is missing (hidden from the import system) refuses with
+    the command that installs it, in the course language, before anything else is imported."""
+    code = (f"import sys; sys.modules[{hidden!r}] = None\n"  # as if not installed: find_spec finds nothing
+            f"import accumlib; accumlib.set_language({language!r})\n"
+            "try:\n    from accumlib.lessons import quiz\n"
+            "except ModuleNotFoundError as error:\n    print(error.name, '|', error)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    name, message = done.stdout.strip().split(" | ")
+    assert name == hidden and hidden in message and 'pip install "accumlib[lessons]"' in message, done.stdout
+    assert ("lessons' extra" in message) == (language == "en")
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +61,38 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
     requirements = [line.split(":", 1)[1].strip() for line in info.decode().splitlines()
                     if line.startswith("Requires-Dist:")]
-    assert [r for r in requirements if "extra ==" not in r] == ["torch>=2.13"]
+    # torch bounded to the minor release CI tests (requirements.txt's pin): pip never pulls an untested torch
+    pinned = next(line.split("==")[1].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+                  if line.startswith("torch=="))
+    major, minor = map(int, pinned.split(".")[:2])
+    assert [r for r in requirements if "extra ==" not in r] == [f"torch<{major}.{minor + 1},>={major}.{minor}"]
     lessons = " ".join(r for r in requirements if 'extra == "lessons"' in r)
     assert all(name in lessons for name in ("matplotlib", "ipywidgets", "jsonschema"))
     # the project's URLs (the website's and the README's Binder, Colab and Kaggle buttons are built from Repository)
     urls = dict(line.split(":", 1)[1].strip().split(", ", 1) for line in info.decode().splitlines()
                 if line.startswith("Project-URL:"))
     assert urls["Repository"].startswith("https://github.com/") and {"Homepage", "Issues"} <= set(urls)
+
+
+def test_the_sdist_carries_every_file_its_tests_need(tmp_path):
+    """The source distribution holds every tracked file but the CI workflows and .gitignore: the tests, the
+    notebooks nbval checks, the tools, translations and site sources they build from (MANIFEST.in)."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs a git checkout to list the tracked files")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split("\0")
+    tracked = {name for name in tracked if name and (ROOT / name).is_file()}
+    source = tmp_path / "source"
+    for name in tracked:  # a copy: the build writes accumlib.egg-info beside the sources
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp_path / 'dist')!r}))"
+    built = subprocess.run([sys.executable, "-c", code], cwd=source, capture_output=True, text=True, check=True)
+    with tarfile.open(tmp_path / "dist" / built.stdout.strip().splitlines()[-1]) as sdist:
+        shipped = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    left_out = {name for name in tracked - shipped if not name.startswith(".github/") and name != ".gitignore"}
+    assert left_out == set(), sorted(left_out)[:10]
+    assert not any(name.startswith(".github/") for name in shipped)
 
 
 def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
