@@ -24,6 +24,7 @@ html_theme = "sphinx_book_theme"
 html_title = SITE["labels"]["home"]
 html_static_path = ["_static", "../accumlib/lessons/fonts"]  # the course's CSS, and Lohit Devanagari for Hindi
 html_css_files = ["accumlib.css"]
+html_js_files = ["quiz.js"]  # the quiz answered in the page (tools/site.py draws its data)
 html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -52,8 +53,10 @@ def site(tmp_path_factory):
     if not SITE_PYTHON.exists():
         pytest.fail("the site's builder is not installed: run `make .venv-site/.installed` (make test does)")
     out = tmp_path_factory.mktemp("site") / "site"
-    subprocess.run([str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)], check=True, timeout=600,
-                   env=dict(os.environ, PYTHONPATH=""))
+    # the quiz and the dashboards' figures are computed by the lessons' Python: this one, which runs the tests
+    lessons_python = os.environ.get("ACCUMLIB_LESSONS_PYTHON", sys.executable)
+    subprocess.run([str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)], check=True, timeout=1800,
+                   env=dict(os.environ, PYTHONPATH="", ACCUMLIB_LESSONS_PYTHON=lessons_python))
     return out
 
 
@@ -197,3 +200,65 @@ def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
                 dashboard.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-dashboard.png"))
         page.close()
     assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 6
+
+
+def bank_question(qid: str) -> dict:
+    """A question as the quiz's own loader reads it (the bank the notebooks' quiz asks)."""
+    return next(q for q in json.loads((ROOT / "accumlib" / "lessons" / "quiz" / "questions.json").read_text())
+                ["questions"] if q["id"] == qid)
+
+
+def test_the_quiz_is_answered_in_the_page_and_the_first_try_score_survives_a_reload(served, browser):
+    """Lesson 2's quick check on the site, without a kernel: a wrong option gives that option's feedback and the
+    hint, the right one the explanation, a number question grades typed numbers (a known wrong one gets its own
+    feedback); the score counts first tries, and after a reload it is the same (localStorage); a predict question
+    shows its stored run once answered. Both editions."""
+    context = browser.new_context(viewport={"width": PHONE, "height": 844})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    for lang, right, wrong in (("en", "Correct!", "That is not it. Try again."),
+                               ("hi", "सही!", None)):
+        page.goto(f"{served}/{lang}/02_grad_accumulates.html", wait_until="load")
+        check = page.locator(".web-quiz").filter(has=page.locator(".wq-question[data-qid=grad-adds-up]"))
+        assert check.count() == 1, lang
+        assert check.locator(".wq-question").count() == 5, lang  # grad-adds-up ... logging-loss: the stored quiz's
+        question = check.locator(".wq-question[data-qid=grad-adds-up]")
+        options = question.locator(".wq-option")
+        texts = options.all_inner_texts()
+        bank = bank_question("grad-adds-up")
+        if lang == "en":  # the options are the bank's, shown in the quiz's order for the website's seed
+            assert sorted(texts) == sorted(o["text"] for o in bank["options"])
+        right_text = next(o["text"] for o in bank["options"] if o["id"] == bank["answer"])
+        wrong_index = next(i for i, t in enumerate(texts) if lang != "en" or t != right_text)
+        if lang == "en":
+            wrong_option = next(o for o in bank["options"] if o["text"] == texts[wrong_index])
+        options.nth(wrong_index).locator("input").check()
+        question.locator(".wq-check").click()
+        feedback = question.locator(".wq-feedback").inner_text()
+        if lang == "en":
+            assert feedback.startswith(wrong) and wrong_option["feedback"] in feedback, feedback
+            assert bank["hint"] in question.locator(".wq-hint").inner_text()
+        number = check.locator(".wq-question[data-qid=samples-per-step]")
+        number.locator("input").fill("16")
+        number.locator(".wq-check").click()
+        known = next(c["feedback"] for c in bank_question("samples-per-step")["known_wrong"] if c["answer"] == 16)
+        if lang == "en":
+            assert known in number.locator(".wq-feedback").inner_text()
+        number.locator("input").fill("64")
+        number.locator(".wq-check").click()
+        assert number.locator(".wq-feedback").inner_text().startswith(right if lang == "en" else "सही"), lang
+        score = check.locator(".wq-score").inner_text()
+        page.reload(wait_until="load")
+        again = page.locator(".web-quiz").filter(has=page.locator(".wq-question[data-qid=grad-adds-up]"))
+        assert again.locator(".wq-score").inner_text() == score, (lang, score)
+        assert again.locator(".wq-before").count() == 2  # the two questions answered before the reload
+        if lang == "en":  # two answered, neither right at the first try; one right in the end
+            assert score == "Score: 0 of 5 right at the first try, 1 of 5 in the end", score
+        predict = page.locator(".wq-question[data-qid=predict-no-division-adam]")
+        assert predict.locator(".wq-result").is_hidden()
+        predict.locator(".wq-option input").first.check()
+        predict.locator(".wq-check").click()
+        assert "Adam" in predict.locator(".wq-result pre").inner_text(), lang  # the run's text, stored at the build
+    assert errors == [], errors
+    context.close()

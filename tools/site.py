@@ -13,7 +13,11 @@ with its own language, so its search index, its theme's labels and its `lang` at
 
 What the page shows of a notebook is what is stored in it. Widgets have no kernel on a static page, so each stored
 widget is drawn here as plain HTML from the notebook's widget state: its text, its controls as they were set
-(disabled) and its figures; a dashboard and a quiz say that they need a kernel and how to open one. No script of
+(disabled) and its figures; a dashboard says that it needs a kernel and how to open one. Each stored quiz is
+answered in the page (site/_static/quiz.js, no kernel): its questions as accumlib's quiz loads and grades them,
+computed with the lessons' Python by tools/site_data.py (a small script of our own rather than jupyterquiz: the
+bank's grading, its per-option and known-wrong-number feedback, the hint rule and the translations already live in
+accumlib.lessons.quiz, and the site takes them from there, so the two quizzes cannot drift). No script of
 the widgets' manager is loaded (it would come from a CDN). Every figure is an <img> with the alt text its notebook
 stores.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import html
 import json
 import os
@@ -72,6 +77,32 @@ def catalogue(lang: str):
 OUT_OF_NOTEBOOKS = re.compile(r"\]\(\.\./\.\./")  # a markdown link from notebooks/<lang>/ to the repository's root
 
 
+LESSONS_PYTHON = os.environ.get("ACCUMLIB_LESSONS_PYTHON", str(ROOT / ".venv" / "bin" / "python"))
+DATA_INPUTS = ("accumlib", "tools/site_data.py")  # what tools/site_data.py's results depend on
+
+
+def site_data(folder: Path) -> dict:
+    """What tools/site_data.py computes with the lessons' stack (the quiz, the dashboards' figures), written into
+    `folder` by the lessons' Python ($ACCUMLIB_LESSONS_PYTHON, else .venv's); recomputed only when accumlib's
+    sources or that script changed since (a hash of them is kept beside the results)."""
+    digest = hashlib.sha256()
+    for top in DATA_INPUTS:
+        for path in sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+                if (ROOT / top).is_dir() else [ROOT / top]:
+            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    stamp = folder / "inputs.sha256"
+    if not (stamp.exists() and stamp.read_text() == digest.hexdigest()):
+        if not Path(LESSONS_PYTHON).exists():
+            raise SystemExit(f"the lessons' Python {LESSONS_PYTHON} is missing: run `make .venv/.installed`, or "
+                             f"set ACCUMLIB_LESSONS_PYTHON to a Python with the lessons' stack")
+        shutil.rmtree(folder, ignore_errors=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        subprocess.run([LESSONS_PYTHON, str(ROOT / "tools" / "site_data.py"), "--out", str(folder)], check=True,
+                       env=env)
+        stamp.write_text(digest.hexdigest())
+    return {"quiz": json.loads((folder / "quiz.json").read_text(encoding="utf-8")), "folder": folder}
+
+
 def lessons(lang: str) -> list[Path]:
     """The edition's notebooks, in the order of the table of contents: lessons by file name, then the dashboards."""
     found = sorted(NOTEBOOKS.glob(f"{lang}/*.ipynb"), key=lambda p: (p.stem == "dashboards", p.name))
@@ -111,6 +142,14 @@ class StaticWidgets:
             return False
         return entry["model_name"] in names or any(self.contains(child, names)
                                                    for child in entry["state"].get("children", []))
+
+    def html_text(self, ref: str) -> str:
+        """The values of every HTML widget in `ref`'s tree, in order."""
+        entry = self.model(ref)
+        if entry is None:
+            return ""
+        own = entry["state"].get("value", "") if entry["model_name"] in ("HTMLModel", "HTMLMathModel") else ""
+        return str(own) + "".join(self.html_text(child) for child in entry["state"].get("children", []))
 
     def draw(self, ref: str) -> str:
         entry = self.model(ref)
@@ -181,8 +220,34 @@ def output_html(output: dict) -> str:
     return ""
 
 
-def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
-    """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard."""
+QUIZ_IDS = re.compile(r": ([a-z0-9-]+(?:, [a-z0-9-]+)*)$")  # the ids a stored quiz's text/plain names, line 1
+
+
+def web_quiz(widgets: "StaticWidgets", ref: str, plain: str, quiz: dict, lang: str) -> str:
+    """The stored quiz widget `ref` as a quiz answered in the page (site/_static/quiz.js): its questions, as
+    accumlib's quiz grades them (tools/site_data.py), in a JSON script; the stored drawing until the script runs."""
+    _ = catalogue(lang)
+    found = QUIZ_IDS.search(plain.splitlines()[0]) if plain else None
+    if found is None:
+        raise SystemExit(f"a stored quiz without its question ids in its text: {plain[:80]!r}")
+    ids = found.group(1).split(", ")
+    unknown = [qid for qid in ids if qid not in quiz["questions"]]
+    if unknown:
+        raise SystemExit(f"stored quiz names questions the bank lacks: {unknown}")
+    headings = re.findall(r"<h3>(.*?)</h3>", widgets.html_text(ref))  # the title the notebook's quiz showed
+    title = html.unescape(headings[0]) if headings else quiz["ui"]["title"]
+    data = {"language": lang, "title": title, "ui": quiz["ui"],
+            "questions": [{"id": qid, **quiz["questions"][qid]} for qid in ids],
+            "measured": _("What accumlib measured when this website was built (on a CPU):"),
+            "before": _("You answered this question before, on this device: your first answer counts in the score.")}
+    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div class="static-widget web-quiz"><script type="application/json" class="web-quiz-data">{payload}'
+            f'</script><div class="web-quiz-body">{widgets.draw(ref)}</div></div>')
+
+
+def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None = None) -> tuple[dict, bool]:
+    """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard.
+    `computed`: what tools/site_data.py computed (site_data); its quiz makes each stored quiz answerable in the page."""
     _ = catalogue(lang)
     owner, name = repository()
     notebook = copy.deepcopy(notebook)
@@ -204,6 +269,11 @@ def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
                                "for the settings below; to move the controls, open the notebook live with a button "
                                "at the top of the page.")
                     kind = "dashboard"
+                elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}) and computed is not None:
+                    plain = "".join(data_plain) if (data_plain := output.get("data", {}).get("text/plain")) else ""
+                    outputs.append({"output_type": "display_data", "metadata": {}, "data": {
+                        "text/html": web_quiz(widgets, ref, plain, computed["quiz"][lang], lang)}})
+                    continue
                 elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}):
                     notice = _("This quiz needs a running Python kernel to check your answers. This page shows it "
                                "as stored, at its first question; open the notebook live with a button at the top of "
@@ -230,7 +300,7 @@ def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
 
 # ---- the build ----
 
-def prepare(lang: str, source: Path) -> dict:
+def prepare(lang: str, source: Path, data: dict | None = None) -> dict:
     """Write the edition's Sphinx source folder; returns what site/conf.py needs to know of each page."""
     _ = catalogue(lang)
     if source.exists():
@@ -239,7 +309,7 @@ def prepare(lang: str, source: Path) -> dict:
     pages = {}
     entries = []
     for path in lessons(lang):
-        notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem)
+        notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem, data)
         (source / path.name).write_text(json.dumps(notebook, ensure_ascii=False))
         pages[path.stem] = {"launch": [[_(label), url] for label, url in launch_links(lang, path.stem, has_dashboard)],
                             "dashboard": has_dashboard}
@@ -251,14 +321,15 @@ def prepare(lang: str, source: Path) -> dict:
     return pages
 
 
-def build(out: Path, sphinx: list[str]) -> None:
+def build(out: Path, sphinx: list[str], data_folder: Path = ROOT / "build" / "site-data") -> None:
+    data = site_data(data_folder)
     work = out.parent / (out.name + "-src")
     shutil.rmtree(work, ignore_errors=True)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     for lang in LANGUAGES:
-        pages = prepare(lang, work / lang)
+        pages = prepare(lang, work / lang, data)
         other = {code: {"name": catalogue(code)("English", "language name"),
                         "label": catalogue(code)("Read this page in {language}").format(
                             language=catalogue(code)("English", "language name")),
