@@ -119,6 +119,8 @@ MEASURE = """() => {
     figures: figures.length, broken: figures.filter(i => !(i.complete && i.naturalWidth > 0)).length,
     noAlt: figures.filter(i => !i.alt.trim()).length,
     launch: [...document.querySelectorAll('.lesson-bar a.launch-button')].map(a => [a.textContent, a.href]),
+    shown: [...document.querySelectorAll('.lesson-bar a.launch-button')].filter(a => a.offsetWidth > 0)
+      .map(a => a.href),
     switch: [...document.querySelectorAll('.lesson-bar a.language-switch')].map(a => a.getAttribute('href')),
     lang: doc.lang,
     needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
@@ -150,6 +152,10 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
                 continue
             expected = widget_figures(ROOT / "notebooks" / lang / f"{stem}.ipynb")
             assert m["figures"] == expected and m["broken"] == 0 and m["noAlt"] == 0, (where, m)
+            # Binder's single-document view first; JupyterLab beside it only where the screen is wide enough
+            binder = [href for _, href in m["launch"] if "mybinder.org" in href]
+            assert "urlpath=doc%2Ftree%2Fnotebooks" in binder[0] and "urlpath=lab%2Ftree" in binder[1], where
+            assert binder[0] in m["shown"] and binder[1] not in m["shown"], where
             hosts = [href.split("/")[2] for _, href in m["launch"]]
             assert {"mybinder.org", "colab.research.google.com", "kaggle.com"} <= set(hosts), where
             assert any(f"notebooks%2F{lang}%2F{stem}.ipynb" in href or f"notebooks/{lang}/{stem}.ipynb" in href
@@ -262,3 +268,42 @@ def test_the_quiz_is_answered_in_the_page_and_the_first_try_score_survives_a_rel
         assert "Adam" in predict.locator(".wq-result pre").inner_text(), lang  # the run's text, stored at the build
     assert errors == [], errors
     context.close()
+
+
+def platform_fonts(page, selector: str) -> list[str]:
+    """The fonts Chromium drew `selector`'s first element's text with (DevTools' CSS.getPlatformFontsForNode)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+    cdp.detach()
+    return [f["familyName"] for f in fonts]
+
+
+def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text_uses_the_shipped_font(served, browser):
+    """The Colab/Kaggle install cell (tag remove-cell) is on no page; the lesson time shows the theme's stopwatch
+    icon, not the ⏱ emoji (a font the page does not carry); the Hindi title, text and code comments are drawn in
+    Lohit Devanagari, the font the site ships (before: headings and code fell back to whatever the system had)."""
+    page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
+    for lang in EDITIONS:
+        for stem in notebooks(lang):
+            page.goto(f"{served}/{lang}/{stem}.html", wait_until="load")
+            text = page.inner_text("article")
+            assert "ACCUMLIB_INSTALL" not in text and "Colab and Kaggle only" not in text, (lang, stem)
+            assert "⏱" not in text, (lang, stem)
+        page.goto(f"{served}/{lang}/03_the_loop.html", wait_until="load")
+        assert page.locator("article .fa-stopwatch").count() == 1, lang
+    page.goto(f"{served}/hi/03_the_loop.html", wait_until="load")
+    page.evaluate("document.fonts.ready")
+    comment = "article .highlight .c1"
+    assert page.locator(comment).count() > 0
+    hindi_comment = next(i for i, t in enumerate(page.locator(comment).all_inner_texts())
+                         if any("\u0900" <= c <= "\u097f" for c in t))
+    page.evaluate(f"(i) => document.querySelectorAll({comment!r})[i].id = 'hindi-comment'", hindi_comment)
+    for selector in ("article h1", "article p", "#hindi-comment"):
+        assert "Lohit Devanagari" in platform_fonts(page, selector), selector
+        # named by the page's CSS itself: a machine whose fallback is another font still gets the shipped one
+        family = page.evaluate(f"() => getComputedStyle(document.querySelector({selector!r})).fontFamily")
+        assert "Lohit Devanagari" in family, (selector, family)

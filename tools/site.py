@@ -111,13 +111,19 @@ def lessons(lang: str) -> list[Path]:
     return found
 
 
+DESKTOP_ONLY = {"Binder (JupyterLab)"}  # launch buttons a phone does not show (its screen is too narrow for them)
+
+
 def launch_links(lang: str, stem: str, has_dashboard: bool) -> list[tuple[str, str]]:
     """(label msgid, URL) of each button that opens this notebook live."""
     owner, name = repository()
     path = f"notebooks/{lang}/{stem}.ipynb"
     binder = f"https://mybinder.org/v2/gh/{owner}/{name}/HEAD?urlpath="
     github = f"https://github.com/{owner}/{name}/blob/main/{path}"
-    links = [("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe=""))]
+    # the single-document view first: at a phone's 390 px it leaves the notebook about 304 px (JupyterLab's side bars
+    # left its cells 40 px); JupyterLab beside it, for a desktop (site/_static/accumlib.css hides it on a phone)
+    links = [("Binder", binder + quote(f"doc/tree/{path}", safe="")),
+             ("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe=""))]
     if has_dashboard:  # Voila shows the dashboards notebook as an app: its controls and figures, no code
         links.append(("Binder (Voila app)", binder + quote(f"voila/render/notebooks/{lang}/dashboards.ipynb", safe="")))
     links.append(("Colab", f"https://colab.research.google.com/github/{owner}/{name}/blob/main/{path}"))
@@ -220,6 +226,7 @@ def output_html(output: dict) -> str:
     return ""
 
 
+TIMER = '<span class="fa-solid fa-stopwatch" aria-hidden="true"></span>'  # FontAwesome: in the theme's wheel
 QUIZ_IDS = re.compile(r": ([a-z0-9-]+(?:, [a-z0-9-]+)*)$")  # the ids a stored quiz's text/plain names, line 1
 
 
@@ -294,6 +301,11 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
         elif cell["cell_type"] == "markdown":  # a link out of notebooks/ (../../INSTRUCTORS.md): to the repository
             repository_root = f"](https://github.com/{owner}/{name}/blob/main/"
             cell["source"] = OUT_OF_NOTEBOOKS.sub(lambda _: repository_root, "".join(cell["source"]))
+            # the lesson time's ⏱ needs an emoji font many readers lack: the theme's own stopwatch icon instead
+            cell["source"] = cell["source"].replace("⏱", TIMER)
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "platform-setup" in tags and "remove-cell" not in tags:  # the Colab/Kaggle install cell: not on the site
+            cell.setdefault("metadata", {})["tags"] = [*tags, "remove-cell"]
     notebook.setdefault("metadata", {})["accumlib_site"] = {"stem": stem}
     return notebook, has_dashboard
 
@@ -311,7 +323,8 @@ def prepare(lang: str, source: Path, data: dict | None = None) -> dict:
     for path in lessons(lang):
         notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem, data)
         (source / path.name).write_text(json.dumps(notebook, ensure_ascii=False))
-        pages[path.stem] = {"launch": [[_(label), url] for label, url in launch_links(lang, path.stem, has_dashboard)],
+        pages[path.stem] = {"launch": [[_(label), url, label in DESKTOP_ONLY]
+                                       for label, url in launch_links(lang, path.stem, has_dashboard)],
                             "dashboard": has_dashboard}
         entries.append(path.stem)
     home = (SITE / "home" / f"{lang}.md").read_text()
