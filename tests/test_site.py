@@ -18,12 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from accumlib.lessons.plots import DPI
+
 ROOT = Path(__file__).resolve().parents[1]
 SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 SCREENSHOTS = ROOT / "build" / "screenshots"
 PHONE, DESKTOP = 390, 1280  # px: an iPhone 12-15's CSS width; a laptop's
 EDITIONS = ("en", "hi")
+SMALLEST_TEXT_PX = 8 * DPI / 72  # a figure's smallest text: tick labels and legends of 8 pt, at the figures' dpi
 
 
 def notebooks(lang):
@@ -83,8 +86,11 @@ def test_nothing_is_loaded_from_elsewhere(site):
 @pytest.fixture(scope="module")
 def served(site):
     """The site on a local HTTP server (127.0.0.1, an ephemeral port), as GitHub Pages would serve it."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # no line per request in the test's output
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -123,6 +129,12 @@ MEASURE = """() => {
       .map(a => a.href),
     switch: [...document.querySelectorAll('.lesson-bar a.language-switch')].map(a => a.getAttribute('href')),
     lang: doc.lang,
+    // every cell output inside the page; a figure or table wider than it scrolls inside its own box
+    outputsWider: [...document.querySelectorAll('article div.cell_output')].filter(e =>
+      e.getBoundingClientRect().right > doc.clientWidth + 1 || e.getBoundingClientRect().left < -1).length,
+    // each figure's drawn size against its pixels: its smallest text (8 pt at 90 dpi: 10 px) is drawn at 10 px x this
+    figureScale: Math.min(1, ...figures.filter(i => i.naturalWidth > 0).map(i => i.getBoundingClientRect().width / i.naturalWidth)),
+    tables: document.querySelectorAll('article div.cell_output table').length,
     needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
     dashboards: document.querySelectorAll('.static-dashboard').length,
   };
@@ -146,6 +158,8 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
             where = f"{lang}/{stem}"
             assert m["lang"] == lang, where
             assert m["scrollWidth"] <= m["clientWidth"], (where, m["scrollWidth"], m["wide"])
+            assert m["outputsWider"] == 0, where
+            assert m["figureScale"] * SMALLEST_TEXT_PX >= 9, (where, m["figureScale"])  # figure text: 9 px at least
             assert m["switch"] == [f"../{other}/{stem}.html"], where
             urllib.request.urlopen(f"{served}/{other}/{stem}.html").close()  # the other edition's page exists
             if stem == "index":
@@ -307,3 +321,59 @@ def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text
         # named by the page's CSS itself: a machine whose fallback is another font still gets the shipped one
         family = page.evaluate(f"() => getComputedStyle(document.querySelector({selector!r})).fontFamily")
         assert "Lohit Devanagari" in family, (selector, family)
+
+
+# bytes. The dashboards' figures for every offered setting, both editions (measured: about 10 MiB); the whole
+# site with them (measured before them: 17 MB, mostly the theme's assets and the notebooks' inline figures, twice)
+DASHBOARDS_BUDGET, SITE_BUDGET = 12 * 2 ** 20, 32 * 2 ** 20
+
+
+def test_the_site_fits_its_size_budget(site):
+    total = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
+    figures = sum(f.stat().st_size for f in site.glob("*/_dashboards/*.png"))
+    assert 0 < figures <= DASHBOARDS_BUDGET and total <= SITE_BUDGET, (total, figures)
+
+
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, width):
+    """On the dashboards page, without a kernel: moving accum_steps (the loss dashboard) or the card (memory) shows
+    the figure, alt text and findings computed for that setting; a switch the site offers changes them too; the
+    controls carry the dashboard's own labels. Both editions, at a phone's and a desktop's width; screenshots before
+    and after to look at (build/screenshots/site-slider-*.png)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": width, "height": 844})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    for lang in EDITIONS:
+        page.goto(f"{served}/{lang}/dashboards.html", wait_until="load")
+        loss = page.locator(".web-dashboard[data-dashboard=loss]")
+        assert loss.count() == 1 and page.locator(".web-dashboard").count() == 3, lang
+        figure = loss.locator("img.lesson-figure").first
+        before = (figure.get_attribute("src"), figure.get_attribute("alt"), loss.locator(".wd-summary").inner_text())
+        assert "accum_steps=4" in before[2] and "micro_batch_size=8" in before[2], before[2]
+        loss.scroll_into_view_if_needed()
+        loss.screenshot(path=str(SCREENSHOTS / f"site-slider-{lang}-{width}-before.png"))
+        slider = loss.locator("input[type=range][data-part=accum_steps]")
+        box = loss.locator(".sw-slider", has=page.locator("input[data-part=accum_steps]"))
+        assert "accum_steps" in box.inner_text()
+        slider.fill("15")  # index 15: accum_steps 16
+        page.wait_for_function("(src) => document.querySelector('.web-dashboard[data-dashboard=loss] "
+                               "img.lesson-figure').getAttribute('src') !== src", arg=before[0])
+        after = (figure.get_attribute("src"), figure.get_attribute("alt"), loss.locator(".wd-summary").inner_text())
+        assert "accum_steps=16" in after[2] and after[1] != before[1], after
+        assert box.locator("output").inner_text() == "16"
+        assert page.evaluate("(img) => img.complete && img.naturalWidth > 0", figure.element_handle())
+        loss.screenshot(path=str(SCREENSHOTS / f"site-slider-{lang}-{width}-after.png"))
+        switch = loss.locator("input[type=checkbox][data-switch=forget_division]")
+        assert switch.is_enabled() and loss.locator("input[type=checkbox]:disabled").count() == 3
+        switch.check()
+        assert "forget_division=True" in loss.locator(".wd-summary").inner_text()
+        memory = page.locator(".web-dashboard[data-dashboard=memory]")
+        card = memory.locator("input[type=range][data-part=extra]")
+        summary = memory.locator(".wd-summary").inner_text()
+        card.fill("4")  # 4 MiB
+        assert memory.locator(".wd-summary").inner_text() != summary
+        assert f"budget_bytes={4 * 2 ** 20}" in memory.locator(".wd-summary").inner_text()
+        width_now = page.evaluate("document.documentElement.scrollWidth")
+        assert width_now <= width, (lang, width_now)
+    assert errors == [], errors

@@ -100,7 +100,10 @@ def site_data(folder: Path) -> dict:
         subprocess.run([LESSONS_PYTHON, str(ROOT / "tools" / "site_data.py"), "--out", str(folder)], check=True,
                        env=env)
         stamp.write_text(digest.hexdigest())
-    return {"quiz": json.loads((folder / "quiz.json").read_text(encoding="utf-8")), "folder": folder}
+    dashboards = {lang: json.loads((folder / "dashboards" / lang / "dashboards.json").read_text(encoding="utf-8"))
+                  for lang in LANGUAGES}
+    return {"quiz": json.loads((folder / "quiz.json").read_text(encoding="utf-8")), "dashboards": dashboards,
+            "folder": folder}
 
 
 def lessons(lang: str) -> list[Path]:
@@ -252,6 +255,59 @@ def web_quiz(widgets: "StaticWidgets", ref: str, plain: str, quiz: dict, lang: s
             f'</script><div class="web-quiz-body">{widgets.draw(ref)}</div></div>')
 
 
+TASKS = re.compile(r"<b>[^<]*</b><ol>.*?</ol>", re.S)  # a stored dashboard's task list (its HTML widget)
+
+
+def web_dashboard(widgets: "StaticWidgets", ref: str, plain: str, dashboards: dict, lang: str) -> str | None:
+    """The stored dashboard `ref` with working controls (site/_static/dashboards.js): the figures and findings of
+    every offered setting, computed by tools/site_data.py; None when the dashboard is not one of those."""
+    _ = catalogue(lang)
+    name = next((n for n, d in dashboards.items() if plain.startswith(d["title"] + " (")), None)
+    if name is None:
+        return None
+    board = dashboards[name]
+    tasks = TASKS.search(widgets.html_text(ref))
+    sliders = [("micro_batch_size", board["micro_batch_size"]), ("accum_steps", board["accum_steps"])]
+    if board["budget"]:
+        sliders.append(("extra", board["budget"]))
+    controls = []
+    for part, control in sliders:
+        keys = [str(v) for v in control["values"]]
+        labels = [f"{v:.2f}" if isinstance(v, float) else str(v) for v in control["values"]]
+        index = control["values"].index(control["default"])
+        controls.append(
+            f'<label class="sw-slider"><span class="sw-label">{html.escape(control["label"])}</span>'
+            f'<input type="range" min="0" max="{len(keys) - 1}" step="1" value="{index}" data-part="{part}" '
+            f"data-keys='{html.escape(json.dumps(keys))}' data-labels='{html.escape(json.dumps(labels))}'>"
+            f"<output>{html.escape(labels[index])}</output></label>")
+    switches = "".join(
+        f'<label class="sw-check"><input type="checkbox" data-part="switch" data-switch="{s["name"]}" '
+        f'data-offered="{"yes" if s["offered"] else "no"}">{html.escape(s["label"])}</label>'
+        for s in board["switches"])
+    default = board["frames"][f'{board["micro_batch_size"]["default"]}|{board["accum_steps"]["default"]}|'
+                              f'{board["budget"]["default"] if board["budget"] else ""}']
+    base = "_dashboards/"
+    figures = "".join(f'<div class="lesson-figure-box">{figure_html_file(base + file, alt)}</div>'
+                      for file, alt in default["images"])
+    offered = _("This page shows the figures and findings computed with accumlib for each setting below when this "
+                "website was built (on a CPU): move a slider to see them. The switches that are greyed out, and "
+                "every other setting, need the notebook live: open it with a button at the top of the page.")
+    payload = json.dumps({"frames": board["frames"], "base": base, "shown": board["shown"]},
+                         ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div class="static-widget static-dashboard web-dashboard" data-dashboard="{name}">'
+            f'<script type="application/json" class="web-dashboard-data">{payload}</script>'
+            f'<h3>{html.escape(board["title"])}</h3>{tasks.group(0) if tasks else ""}'
+            f'<p class="needs-kernel">{html.escape(offered)}</p>'
+            f'<div class="sw-hbox wd-controls">{"".join(controls)}</div>'
+            + (f'<div class="sw-hbox wd-switches">{switches}</div>' if switches else "")
+            + f'<div class="wd-readout">{default["readout"]}</div><div class="wd-figures">{figures}</div>'
+            f'<pre class="sw-stream wd-summary">{html.escape(board["shown"] + chr(10) + default["summary"])}</pre></div>')
+
+
+def figure_html_file(src: str, alt: str) -> str:
+    return f'<img class="lesson-figure" src="{html.escape(src)}" alt="{html.escape(alt.strip())}">'
+
+
 def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None = None) -> tuple[dict, bool]:
     """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard.
     `computed`: what tools/site_data.py computed (site_data); its quiz makes each stored quiz answerable in the page."""
@@ -270,6 +326,13 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
                 if widgets.model(ref) is None:  # no state stored: what the notebook shows without a kernel
                     outputs.append(output | {"data": {"text/plain": data.get("text/plain", "")}})
                     continue
+                plain = "".join(data_plain) if (data_plain := data.get("text/plain")) else ""
+                live = (web_dashboard(widgets, ref, plain, computed["dashboards"][lang], lang)
+                        if computed is not None and widgets.contains(ref, SLIDERS) else None)
+                if live is not None:
+                    has_dashboard = True
+                    outputs.append({"output_type": "display_data", "metadata": {}, "data": {"text/html": live}})
+                    continue
                 if widgets.contains(ref, SLIDERS):
                     has_dashboard = True
                     notice = _("This dashboard needs a running Python kernel. This page shows the figure stored "
@@ -277,7 +340,6 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
                                "at the top of the page.")
                     kind = "dashboard"
                 elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}) and computed is not None:
-                    plain = "".join(data_plain) if (data_plain := output.get("data", {}).get("text/plain")) else ""
                     outputs.append({"output_type": "display_data", "metadata": {}, "data": {
                         "text/html": web_quiz(widgets, ref, plain, computed["quiz"][lang], lang)}})
                     continue
@@ -359,6 +421,10 @@ def build(out: Path, sphinx: list[str], data_folder: Path = ROOT / "build" / "si
                         "-d", str(work / f"{lang}-doctrees"), str(work / lang), str(html_dir)], check=True, env=env)
         shutil.rmtree(html_dir / "_sources", ignore_errors=True)  # html_copy_source is off: nothing to serve there
         shutil.move(html_dir, out / lang)
+        frames = out / lang / "_dashboards"  # the dashboards' figures for every offered setting
+        frames.mkdir()
+        for png in (data["folder"] / "dashboards" / lang).glob("*.png"):
+            shutil.copy(png, frames / png.name)
     choices = "".join(f'<li><a lang="{code}" href="{code}/index.html">{html.escape(catalogue(code)("Gradient accumulation, seen and measured"))}'
                       f' ({html.escape(name)})</a></li>' for code, name in LANGUAGES.items())
     (out / "index.html").write_text(
