@@ -365,9 +365,6 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
             cell["source"] = OUT_OF_NOTEBOOKS.sub(lambda _: repository_root, "".join(cell["source"]))
             # the lesson time's ⏱ needs an emoji font many readers lack: the theme's own stopwatch icon instead
             cell["source"] = cell["source"].replace("⏱", TIMER)
-        tags = cell.get("metadata", {}).get("tags", [])
-        if "platform-setup" in tags and "remove-cell" not in tags:  # the Colab/Kaggle install cell: not on the site
-            cell.setdefault("metadata", {})["tags"] = [*tags, "remove-cell"]
     notebook.setdefault("metadata", {})["accumlib_site"] = {"stem": stem}
     return notebook, has_dashboard
 

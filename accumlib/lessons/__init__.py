@@ -16,5 +16,5 @@ STACK = ("matplotlib", "ipywidgets", "IPython")  # what the lesson modules impor
 _missing = [name for name in STACK if find_spec(name) is None]
 if _missing:
     raise ModuleNotFoundError(
-        _("accumlib.lessons needs {missing}, which the lessons' extra installs: pip install \"accumlib[lessons]\"")
-        .format(missing=", ".join(_missing)), name=_missing[0])
+        _("{module} needs {missing}, which the lessons' extra installs: {command}").format(
+            module=__name__, missing=", ".join(_missing), command='pip install "accumlib[lessons]"'), name=_missing[0])

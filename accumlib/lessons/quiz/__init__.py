@@ -32,6 +32,7 @@ from importlib import resources
 import ipywidgets as w
 
 from ...i18n import LANGUAGES, N_, catalogue, language as course_language
+from .._view import view_bundle
 from .experiments import RUNS
 
 LESSONS = range(1, 11)  # the course's lessons, numbered as in notebooks/en (10: the recap)
@@ -393,7 +394,7 @@ class QuizWidget:
         return text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle = view_bundle(self.widget, include, exclude)
         ids = ", ".join(q["id"] for q in self.quiz.questions)
         summary = self.quiz.ui("whole_summary" if self.whole else "summary", language=LANGUAGES[self.quiz.language],
                                count=len(self.quiz.questions), ids=ids)
