@@ -1,27 +1,85 @@
 """Argument checks shared by every module: each error names the parameter, the value and what is valid.
 
 Types are checked strictly: `True` is not the integer 1, `0` is not `False`, the string "no" is not a boolean.
+Numbers are taken as Python converts them (`operator.index` for an integer, `float()` for a real): NumPy scalars
+and 0-d tensors too; a count past `sys.maxsize`, or a real past float's range, is refused by name.
 """
 from __future__ import annotations
 
 import inspect
 import math
 import numbers
+import operator
+import re
+import sys
 
 import torch
 
 from .i18n import N_, _
 
+# the largest count a run can use: Python's limit on an index or a length (itertools.islice, range, len)
+LARGEST = sys.maxsize
+
+
+class Shown:
+    """`value` as an error message shows it (`{value!r}`): its repr on one line, shortened in the middle past 80
+    characters (an integer of 400 digits, a tensor, a long list), so that a message stays readable."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self) -> str:
+        text = re.sub(r"\s*\n\s*", " ", repr(self.value))  # a tensor's repr spans lines
+        return text if len(text) <= 80 else f"{text[:38]}...{text[-38:]} ({len(text)} characters)"
+
+
+def _is_bool(value) -> bool:
+    """True for what Python, NumPy or torch hold as a truth value: True, numpy.bool_, a bool tensor."""
+    return (isinstance(value, bool) or type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+            or isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+
+
+def as_integer(value) -> int | None:
+    """`value` as a Python int when Python would take it as one (`operator.index`: an int, a NumPy integer, a 0-d
+    integer tensor), else None; never a truth value (True, numpy.bool_, a bool tensor) or a tensor with a shape."""
+    if _is_bool(value) or isinstance(value, torch.Tensor) and value.dim() != 0:
+        return None
+    try:
+        return operator.index(value)
+    except (TypeError, RuntimeError):  # RuntimeError: a tensor without values (the meta device)
+        return None
+
+
+def as_real(value) -> float | None:
+    """`value` as a Python float when it is a real number Python converts with float() (an int, a float, a NumPy
+    number, a 0-d real tensor), else None; never a truth value, a string, a complex number or a tensor with a
+    shape. An integer too large for a float is float('inf') (what it is past)."""
+    if _is_bool(value) or isinstance(value, torch.Tensor) and (value.dim() != 0 or value.is_complex()):
+        return None
+    if not isinstance(value, (numbers.Real, torch.Tensor)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range
+        return math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
 
 def _integer_in(name: str, value, low: int, high: float, not_integer: str, out_of_range: str) -> int:
-    """Return `value` as an int if it is an integer (not a bool) with low <= value < high; otherwise raise
-    TypeError(not_integer) or ValueError(out_of_range), two catalogue messages (marked N_) with the fields name, value,
-    type, low and high (the largest valid value)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_(not_integer).format(name=name, value=value, type=type(value).__name__))
-    if not low <= value < high:
-        raise ValueError(_(out_of_range).format(name=name, value=value, low=low, high=high - 1))
-    return int(value)
+    """Return `value` as an int if Python takes it as an integer (`as_integer`) with low <= value < high; otherwise
+    raise TypeError(not_integer) or ValueError(out_of_range), two catalogue messages (marked N_) with the fields
+    name, value, type, low and high (the largest valid value). Without an upper bound (high = inf), a value past
+    `LARGEST` is refused as more than a run can use."""
+    number = as_integer(value)
+    if number is None:
+        raise TypeError(_(not_integer).format(name=name, value=Shown(value), type=type(value).__name__))
+    if high == math.inf and number > LARGEST:
+        raise ValueError(_("{name}={value!r} is more than a run can use: valid up to {high} (sys.maxsize, Python's "
+                           "largest index)").format(name=name, value=Shown(value), high=LARGEST))
+    if not low <= number < high:
+        raise ValueError(_(out_of_range).format(name=name, value=Shown(value), low=low, high=high - 1))
+    return number
 
 
 def positive_int(name: str, value) -> int:
@@ -45,13 +103,15 @@ def non_negative_int(name: str, value) -> int:
 
 
 def positive_number(name: str, value) -> float:
-    """Return `value` as a float if it is a finite number > 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """Return `value` as a float if it is a finite real number > 0 (`as_real`: NumPy numbers and 0-d tensors too)."""
+    number = as_real(value)
+    if number is None:
         raise TypeError(_("{name} must be a positive number, got {value!r} of type {type}").format(
-            name=name, value=value, type=type(value).__name__))
-    if not 0 < float(value) < float("inf"):
-        raise ValueError(_("{name} must be a positive, finite number, got {value!r}").format(name=name, value=value))
-    return float(value)
+            name=name, value=Shown(value), type=type(value).__name__))
+    if not 0 < number < math.inf:
+        raise ValueError(_("{name} must be a positive, finite number, got {value!r}").format(name=name,
+                                                                                           value=Shown(value)))
+    return number
 
 
 def boolean(name: str, value) -> bool:

@@ -1,8 +1,8 @@
 """One optimizer step from a cycle of micro-batches: `accumulate_and_step`, and the checks of what it is given.
 
 Zero once, weight each micro-batch loss by its share of the cycle, backward() each (PyTorch adds into .grad), step
-once. The scheduler, clipping and the AMP scaler run once per step; under DistributedDataParallel the gradients are
-all-reduced once (`no_sync()` on the other micro-batches). Nothing reads a tensor's value on the host inside a cycle
+once. The scheduler, clipping and the AMP scaler run once per step; under DistributedDataParallel or FSDP2 the
+gradients are synchronised once (`accumlib.sharded`). Nothing reads a tensor's value on the host inside a cycle
 but once, after its last backward(): on a GPU every such read makes the host wait until the device has caught up.
 `accumlib.loop.train` drives it.
 """
@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules.batchnorm import _NormBase
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 from torch.utils._pytree import tree_leaves
 
-from ._validate import boolean, function, one_of, positive_number
+from ._validate import Shown, boolean, function, one_of, positive_number
 from .i18n import _
+from .sharded import cycle_sync
 
 
 _NOTHING = contextlib.nullcontext()  # a context that does nothing (reusable)
@@ -48,6 +48,7 @@ class CycleResult(NamedTuple):
     grad_norm: float | None  # L2 norm of the accumulated gradient, before clipping (None: check_gradients=False)
     lr: float  # learning rate of the optimizer's first parameter group when the step was taken
     skipped: bool  # True when the loss or the gradient norm was NaN/inf: no step, the model left as it was
+    empty: bool = False  # True when every loss weight was 0 (nothing to learn): no step, nothing run or changed
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class CycleOptions:
         if self.scaler is not None and not isinstance(self.scaler, torch.amp.GradScaler):
             raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
                 value=self.scaler, type=type(self.scaler).__name__))
+        if self.scaler is not None and not self.scaler.is_enabled():  # GradScaler(enabled=use_amp), use_amp False
+            object.__setattr__(self, "scaler", None)  # a disabled scaler is no scaler: it scales and skips nothing
         if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, torch.dtype):
             raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got "
                               "{value!r}").format(value=self.autocast_dtype))
@@ -118,7 +121,7 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
     """accumulate_and_step's model, optimizer and data, checked before anything changes (loss weights given as
     tensors are read from the device once, together; nothing else is)."""
     _check_model(model)
-    _check_optimizer(model, optimizer)  # one that holds some of the model's trainable parameters, without a closure
+    params = _check_optimizer(model, optimizer)  # some of the model's trainable parameters, without a closure
     for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
         if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
             raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
@@ -128,27 +131,39 @@ def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
     if len(micro_batches) != len(loss_weights):
         raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
                            "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
-    _check_weights(loss_weights)
+    _check_weights(loss_weights, min((p.dtype for p in params if p.is_floating_point()),
+                                     key=lambda dtype: torch.finfo(dtype).max, default=torch.float64))
     _check_micro_batches(model, micro_batches)
 
 
-def _check_weights(loss_weights) -> None:
-    """One finite number >= 0 per micro-batch: a Python number, a NumPy scalar or a 0-d real tensor. The tensors
-    are read together, in one host read, before anything changes."""
-    tensors = []
+def _check_weights(loss_weights, dtype: torch.dtype = torch.float64) -> None:
+    """One finite number >= 0 per micro-batch: a Python number, a NumPy scalar or a 0-d real tensor, at most the
+    largest finite value of `dtype` (the optimizer's parameters': past it the weighted loss is no number of that
+    dtype). The tensors are read together, in one host read, before anything changes."""
+    largest, tensors, values = torch.finfo(dtype).max, [], []
     for i, weight in enumerate(loss_weights):
         if isinstance(weight, torch.Tensor) and weight.dim() == 0 and not (weight.is_complex() or
                                                                           weight.dtype == torch.bool):
             tensors.append((i, weight))
         elif not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 <= weight < math.inf:
             raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or 0-d "
-                               "real tensors), one per micro-batch").format(i=i, value=weight))
+                               "real tensors), one per micro-batch").format(i=i, value=Shown(weight)))
+        else:
+            values.append((i, weight, weight))
     if tensors:
-        values = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
-        for (i, weight), value in zip(tensors, values):
+        read = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
+        for (i, weight), value in zip(tensors, read):
             if not 0 <= value < math.inf:
                 raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or "
                                    "0-d real tensors), one per micro-batch").format(i=i, value=weight))
+            values.append((i, weight, value))
+    for i, weight, value in values:  # a weight past the dtype's range: refused by name, not an error inside
+        if value > largest:
+            raise ValueError(_("loss_weights[{i}] is {value!r}, more than the largest {dtype} ({largest:g}), the "
+                               "dtype of the optimizer's parameters: the weighted loss would be no {dtype} number; "
+                               "valid: finite numbers from 0 to {largest:g}").format(
+                                   i=i, value=Shown(weight), dtype=str(dtype).removeprefix("torch."),
+                                   largest=largest))
 
 
 def _check_micro_batches(model: torch.nn.Module, micro_batches) -> None:
@@ -187,12 +202,17 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on iteration); x
     is a tensor (model(x)) or `Inputs(args, kwargs)` for a model called as model(*args, **kwargs).
     loss_weights: one number per micro-batch, what its loss is multiplied by before backward(); for k micro-batches
-    of a mean-reduced loss that is each one's share of the cycle's samples (1/k when they are equal).
+    of a mean-reduced loss that is each one's share of the cycle's samples (1/k when they are equal). A micro-batch
+    of weight 0 (a number, not a tensor) adds nothing and is not run, so its loss (NaN for a mean over no tokens)
+    cannot reach the cycle's; when every weight is 0 nothing is run or changed and the result says `empty` (under
+    DDP a process still runs its last micro-batch, its backward seeded with 0, for the all-reduce in it: exact when
+    the loss's gradient over no tokens is 0, as cross_entropy's is; a NaN there skips the step on every process).
     loss_fn(model(x), y) must return a scalar tensor. clip_grad_norm: clip the accumulated gradient to this L2 norm.
-    scaler: a GradScaler (fp16). autocast_dtype: run the forward passes under torch.autocast with this dtype.
+    scaler: a GradScaler (fp16); a disabled one (GradScaler(enabled=False)) is no scaler. autocast_dtype: run the
+    forward passes under torch.autocast with this dtype.
     scheduler: stepped once after the optimizer; a ReduceLROnPlateau gets this cycle's loss.
-    ddp_no_sync: with a DistributedDataParallel model (compiled or not), all-reduce the gradients only on the last
-    micro-batch.
+    ddp_no_sync: with a DistributedDataParallel or FSDP2 (fully_shard) model, compiled or not, synchronise the
+    gradients only in the last micro-batch's backward (DDP's no_sync(), FSDP2's set_requires_gradient_sync).
     on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip") or raises NonFiniteError ("raise"); with a
     scaler, only a non-finite loss raises, as a gradient overflow is the scaler's routine (it skips that step and
     lowers its scale).
@@ -200,8 +220,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     sqrt or log at 0 in backward) skips or raises too; False leaves the norm out unless clipping or a scaler needs
     it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
     The norm and clipping cover exactly the optimizer's parameters.
-    What it leaves: after a step, the weights and the optimizer stepped and every `.grad` of the optimizer's
-    parameters None (as zero_grad(set_to_none=True) leaves it: read grad_norm from the result). After a skipped
+    What it leaves: after a step, the weights and the optimizer stepped and the gradients zeroed by the optimizer's
+    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result). After a skipped
     cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
     optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
     parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
@@ -227,26 +247,44 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
     scheduler, ddp_no_sync, on_nonfinite, check_gradients = (options.scheduler, options.ddp_no_sync,
                                                              options.on_nonfinite, options.check_gradients)
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
-    ddp = _is_ddp(model)
-    no_sync = ddp and ddp_no_sync  # all-reduce in the last micro-batch's backward() only
+    sync = cycle_sync(model, ddp_no_sync)  # DDP or FSDP2: gradients synchronised in the last backward() (None: alone)
+    ddp = sync is not None  # several processes: each takes part in every collective
+    no_sync = ddp and ddp_no_sync
     autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
-    plain = not no_sync and autocast is _NOTHING  # no context to enter around a forward pass
+    plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
     watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
     watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
+    # a micro-batch of weight 0 (no loss terms, no rows, DDP's padding) adds nothing: it is not run, so that its loss
+    # (NaN, a mean over nothing) cannot reach the cycle's; under DDP every process runs at least its last micro-batch
+    # (the all-reduce is in its backward), and without no_sync() every micro-batch, a weight-0 one seeded with 0
+    nothing = [not isinstance(w, torch.Tensor) and w == 0 for w in loss_weights]
+    # each backward all-reduces, or (FSDP2) each forward all-gathers the parameters: every process runs every one
+    every = ddp and (not no_sync or sync.fsdp)
+    last = max((i for i, zero in enumerate(nothing) if not zero), default=None)  # under no_sync(), the backward
+    if last is None:  # that all-reduces: this process's last
+        if not ddp:  # nothing to learn: no step, nothing changed
+            return CycleResult(math.nan, None, float(optimizer.param_groups[0]["lr"]), False, True)
+        last = len(nothing) - 1
+    synced = len(nothing) - 1 if every else last  # the micro-batch whose backward synchronises the gradients
     if watch:
         watch("start", model)
-    with _Kept(model, params) as kept:  # the optimizer's .grad set aside (None from here), changing buffers copied
+    with _Kept(model, optimizer, params) as kept:  # the optimizer's .grad set aside (None from here), buffers copied
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
+            if nothing[i] and i != last and not every:
+                continue  # fetched, not run
             if watch:
                 watch("forward")
             if plain:
                 loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
-            else:  # DDP all-reduces in every backward() whose forward ran outside no_sync(): the last one only
-                with model.no_sync() if no_sync and i < len(loss_weights) - 1 else _NOTHING, autocast:
+            else:  # DDP's no_sync() or FSDP2's gradient sync off, but for the last micro-batch run (sharded.py)
+                with sync.micro_batch(i, synced + 1) if sync else _NOTHING, autocast:
                     loss = _forward(model, loss_fn, x, y)
-            weight = loss_weights[i]  # this micro-batch's share of the cycle's loss (0 for padding)
-            if scaler is None and not isinstance(weight, torch.Tensor):
+            weight = loss_weights[i]  # this micro-batch's share of the cycle's loss
+            if nothing[i]:  # run for DDP only: its backward adds 0 (and all-reduces), its loss is not the cycle's
+                root, seed = loss, 0
+                total = torch.zeros_like(loss.detach()) if total is None else total
+            elif scaler is None and not isinstance(weight, torch.Tensor):
                 # backward() from the loss itself, its gradient seeded with the weight: what (loss * weight) would
                 # give, bit for bit, without the multiply and its node in the graph
                 root, value = loss, loss.detach()  # the loss without its graph: for the cycle's loss so far
@@ -276,7 +314,7 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
         # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
         # anyway, or with a scaler (a step it skips for an overflow must be recorded as skipped)
         with_norm = check_gradients or clip_grad_norm is not None or scaler is not None
-        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, ddp)  # the one host read
+        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, sync)  # the one host read
         # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
         skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
         lr = float(optimizer.param_groups[0]["lr"])
@@ -322,12 +360,6 @@ def watched(watch: Callable):
         yield
     finally:
         stack.remove(watch)
-
-
-def _is_ddp(model) -> bool:
-    """A DistributedDataParallel model, also inside torch.compile's wrapper (which keeps it as `_orig_mod`)."""
-    return isinstance(model, DistributedDataParallel) or isinstance(model._modules.get("_orig_mod"),
-                                                                    DistributedDataParallel)
 
 
 class _Unit:
@@ -502,15 +534,17 @@ def _scalar_loss(loss) -> torch.Tensor:
 
 
 def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
-                        with_norm: bool, ddp: bool) -> tuple[float, float | None]:
+                        with_norm: bool, sync) -> tuple[float, float | None]:
     """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm (None unless
     with_norm), read from the device at once.
 
     Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
-    the loss is averaged over the processes, as DDP averages their gradients. The norms' tensors are freed on
-    return, before the optimizer step.
+    and FSDP2 (`sync`) the loss is averaged over the processes, as they average their gradients; under FSDP2 the
+    norm is over every process's shards. The norms' tensors are freed on return, before the optimizer step.
     """
-    if clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
+    if sync is not None and sync.fsdp:  # each process holds a shard of each gradient: one all-reduce for both
+        total, norms = sync.loss_and_norm(total, params, clip_grad_norm, with_norm)
+    elif clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
         norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
     elif with_norm:
         grads = [grad for p in params if (grad := p.grad) is not None]  # no .grad: the loss does not depend on it
@@ -521,7 +555,7 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
         values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
     except RuntimeError:  # parameters on several devices (a model split over GPUs): the norms go to the loss's device
         values = torch.stack([total, *(norm.to(total.device) for norm in norms)])
-    if ddp:
+    if sync is not None and not sync.fsdp:  # DDP: every process holds the same, all-reduced, gradient
         dist.all_reduce(values[:1])
         values[:1] /= dist.get_world_size()
     if isinstance(values, FakeTensor):  # traced (memory.measure_step): no values; the cycle goes on as if finite
@@ -587,11 +621,11 @@ _CHANGED: dict[int, weakref.ref] = {}  # buffers seen to change in a forward pas
 
 class _Kept(_BuffersKept):
     """`_BuffersKept`, and the .grad of the optimizer's parameters set aside (None during the block): restore()
-    gives back the .grad found, stepped() frees the block's."""
+    gives back the .grad found, stepped() frees the block's with the optimizer's own zero_grad(set_to_none=True)."""
 
-    def __init__(self, model: torch.nn.Module, params: list[torch.Tensor]):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]):
         super().__init__(model)
-        self.params = params
+        self.optimizer, self.params = optimizer, params
         # the .grad found, where there is one (after a step there is none: nothing to set aside, nothing to set)
         self.grads = [(p, grad) for p in params if (grad := p.grad) is not None]
         for p, _grad in self.grads:
@@ -606,8 +640,8 @@ class _Kept(_BuffersKept):
 
     def stepped(self) -> None:
         self.done = True
-        for p in self.params:
-            p.grad = None
+        # the step's zeroing, once: the optimizer's own (a sharded or fused optimizer's override runs too)
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def _check_model(model) -> None:

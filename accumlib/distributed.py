@@ -11,11 +11,16 @@ are stopped and its error is raised. `compare_no_sync` is lesson 9's job (one ru
 """
 from __future__ import annotations
 
+import functools
 import gc
+import hashlib
+import hmac
 import importlib
+import io
 import math
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -33,7 +38,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ._validate import boolean, function, positive_int, positive_number
+from ._validate import Shown, boolean, function, positive_int, positive_number
 from .i18n import _
 
 # train() arguments a DDPRun sets itself: they cannot also come in its train_options
@@ -59,7 +64,10 @@ class DDPRun:
         if isinstance(self.builder, torch.nn.Module):
             raise TypeError(_("builder must build the model (a function of no arguments, e.g. "
                               "functools.partial(models.mlp, dtype=torch.float64)), not be the model itself"))
-        function("builder", self.builder)
+        _importable("builder", function("builder", self.builder))
+        for name, value in self.train_options.items():
+            if callable(value):  # loss_fn, count: unpickled in the job's processes too
+                _importable(f"train_options[{name!r}]", value)
         positive_int("micro_batch_size", self.micro_batch_size)
         positive_int("accum_steps", self.accum_steps)
         positive_int("epochs", self.epochs)
@@ -77,6 +85,24 @@ class DDPRun:
     def steps(self, world_size: int) -> int:
         """Optimizer steps this run takes with `world_size` processes."""
         return self.epochs * math.ceil(len(self.data[0]) / (self.micro_batch_size * self.accum_steps * world_size))
+
+
+def _importable(name: str, value) -> None:
+    """A function the job's processes can unpickle: pickle sends a function as its module and name, which the job
+    (a fresh Python process) imports; refused naming `name` when it cannot (defined in __main__, in a function, a
+    lambda), before any process starts, instead of the job's "Can't get attribute"."""
+    function = value.func if isinstance(value, functools.partial) else value
+    function = function if hasattr(function, "__qualname__") else type(function)  # an object with __call__
+    module, qualname = getattr(function, "__module__", None), function.__qualname__
+    if module == "__main__":
+        raise TypeError(_("{name}={value!r} is defined in __main__ (a notebook cell or the script being run): the "
+                          "job's processes import it by its module and name, and their __main__ is not yours; "
+                          "define it in a module (a .py file next to the notebook) and import it from there, "
+                          "before the job starts").format(name=name, value=Shown(value)))
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise TypeError(_("{name}={value!r} is a lambda or a function defined inside another function: the job's "
+                          "processes cannot import it by its name; define it at the top level of a module and "
+                          "import it from there, before the job starts").format(name=name, value=Shown(value)))
 
 
 @dataclass(frozen=True)
@@ -123,17 +149,21 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
     if not runs or not all(isinstance(run, DDPRun) for run in runs):
         raise TypeError(_("runs must be a non-empty sequence of DDPRun, got {value!r}").format(value=runs))
     total = sum(run.steps(world_size) for run in runs)
+    key = secrets.token_hex(32)  # the job's key: only its own processes get it (in their environment)
     with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as folder:
         job = Path(folder)
-        torch.save(runs, job / "job.pt")
+        pickled = io.BytesIO()
+        torch.save(runs, pickled)
+        (job / "job.pt").write_bytes(pickled.getvalue())
+        (job / "job.sig").write_text(_signature(key, pickled.getvalue()))
         for _attempt in range(2):  # a second try only when another program took the free port first
-            codes, errors = _start_and_follow(job, world_size, timeout, total, on_progress)
+            codes, errors = _start_and_follow(job, world_size, timeout, total, on_progress, key)
             if "address already in use" not in errors.lower():
                 break
         if any(codes):
             raise RuntimeError(_("DDP job failed (exit codes {codes}):\n{errors}").format(codes=codes,
                                                                                         errors=errors[-3000:]))
-        results = torch.load(job / "result.pt", weights_only=False)
+        results = torch.load(job / "result.pt", weights_only=True)  # numbers, tuples and tensors: nothing runs
     return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, **result)
             for run, result in zip(runs, results)]
 
@@ -167,7 +197,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on_progress) -> tuple[list, str]:
+def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on_progress,
+                      key: str) -> tuple[list, str]:
     """Start the job's processes, report rank 0's steps, stop every process if one fails or time runs out.
 
     One fresh Python process (the job's parent, in a session of its own) imports torch and reads the job, then forks
@@ -177,7 +208,7 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
     """
     package_root = str(Path(__file__).resolve().parents[1])  # the processes import this very accumlib
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+           "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), _KEY: key,
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     for name in ("RANK", "LOCAL_RANK"):  # the parent sets them in each rank
         env.pop(name, None)
@@ -332,12 +363,39 @@ def _stop(handle) -> None:
         os.kill(handle, signal.SIGKILL)
 
 
+# the environment variable that gives the job's processes its key (an environment is readable by its user alone)
+_KEY = "ACCUMLIB_DDP_JOB_KEY"
+
+
+def _signature(key: str, pickled: bytes) -> str:
+    return hmac.new(bytes.fromhex(key), pickled, hashlib.sha256).hexdigest()
+
+
+def _read_job(job: Path) -> list:
+    """The job's runs, unpickled only when job.pt carries the signature of this process's key (`_KEY`): a folder
+    launch() did not write, or a job.pt changed since, is refused before anything in it runs (unpickling a job
+    runs code: its builders)."""
+    pickled = (job / "job.pt").read_bytes()
+    key = os.environ.get(_KEY, "")
+    signature = (job / "job.sig").read_text() if (job / "job.sig").exists() else ""
+    try:
+        valid = hmac.compare_digest(_signature(key, pickled), signature)
+    except ValueError:  # a key that is no hex
+        valid = False
+    if not valid:
+        raise PermissionError(_("{folder} is not a job that accumlib.distributed.launch() started: its job.pt is not "
+                                "signed with the key launch() gives its own processes ({key}); it is not unpickled "
+                                "(that would run its code). Start DDP jobs with launch()").format(
+                                    folder=job, key=_KEY))
+    return torch.load(io.BytesIO(pickled), weights_only=False, map_location="cpu")
+
+
 def _parent(job: Path) -> int:
     """Read the job, start its ranks, wait for them; stop them all when one fails or this process is orphaned."""
     torch.set_num_threads(1)  # before forking: no thread pool starts in the parent
     world_size = int(os.environ["WORLD_SIZE"])
     # the builders' modules are imported here, shared by the ranks; tensors on the CPU: CUDA must not start before fork
-    runs = torch.load(job / "job.pt", weights_only=False, map_location="cpu") if _FORK else []
+    runs = _read_job(job) if _FORK else []
     if _FORK:
         importlib.import_module("torch._dynamo")  # DistributedDataParallel() imports it (and sympy: about 70 MB)
     launcher = os.getppid()
@@ -365,5 +423,5 @@ def _parent(job: Path) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3:  # a rank started as a fresh process (not on Linux)
-        _rank(Path(sys.argv[1]), int(sys.argv[2]), torch.load(Path(sys.argv[1]) / "job.pt", weights_only=False))
+        _rank(Path(sys.argv[1]), int(sys.argv[2]), _read_job(Path(sys.argv[1])))
     sys.exit(_parent(Path(sys.argv[1])))

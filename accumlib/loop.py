@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import devices, memory
+from . import checkpoint as checkpoints, devices, memory, sharded
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
-                    _cycle, _is_ddp, _scalar_loss)
-from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
+                    _cycle, _scalar_loss)
+from ._validate import Shown, as_real, boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
 
@@ -57,6 +57,9 @@ class StepRecord:
     seconds: float  # wall time of the cycle, seconds
     peak_memory_bytes: int | None  # peak bytes during the cycle (CUDA allocator / CPU live tensors)
     skipped: bool = False  # True when a NaN/inf loss or gradient made this step leave the model untouched
+    # True when the cycle had nothing to learn from: no samples (0-row batches), or no loss terms with
+    # normalize="count". No step: the model, optimizer, scheduler and scaler untouched; loss NaN, grad_norm None
+    empty: bool = False
 
     @property
     def samples_per_second(self) -> float:
@@ -103,7 +106,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
           scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
           on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
           max_skipped_steps: int = 50, resume_from_step: int = 0, measure_memory: bool = False,
-          memory_budget: int | None = None, ddp_no_sync: bool = True, check_gradients: bool = True) -> History:
+          memory_budget: int | None = None, ddp_no_sync: bool = True, check_gradients: bool = True,
+          checkpoint=None, checkpoint_every: int | None = None) -> History:
     """Train with gradient accumulation; return one record per optimizer step.
 
     data, one of:
@@ -131,11 +135,16 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(x, y)` (or
     `count(batch)` for a dict batch) per micro-batch over the cycle's total. loss_reduction says what the loss is
     over its micro-batch, never guessed from values: "mean" (weight: its samples or terms over the cycle's) or "sum"
-    (weight: 1 over the cycle's samples or terms). Default: "sum" with normalize="count" and your own loss_fn, as
-    before this parameter existed; "mean" otherwise (the model's own loss is a mean: a Hugging Face model's is, over
-    its non-ignored tokens). Counts are computed a cycle at a time, as the cycle comes: a run starts at once, and each
-    cycle costs one host read of its counts (and one all-reduce under DDP) before its first forward; a cycle without
-    loss terms, or a count that is negative or not finite, is refused before that cycle changes anything.
+    (weight: 1 over the cycle's samples or terms). With normalize="count" and your own loss_fn it is required (a
+    wrong guess trains other weights, silently); otherwise the default is "mean" (the model's own loss is a mean: a
+    Hugging Face model's is, over its non-ignored tokens). Counts are computed a cycle at a time, as the cycle
+    comes: a run starts at once, and each cycle costs one host read of its counts (and one all-reduce under DDP)
+    before its first forward; a count that is negative or not finite is refused before that cycle changes anything.
+    A micro-batch without loss terms (count 0: labels all -100) or without rows (a filtering collate_fn's) adds
+    nothing and is not run, so its NaN mean loss cannot spoil its cycle: the cycle is the step on its other
+    micro-batches. A cycle with nothing to learn (no loss terms or no samples in all, on every process) is not
+    stepped: its record says `empty` (loss NaN), the model, optimizer, scheduler and scaler are left alone, and the
+    run goes on.
     scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
     loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run
     (a loader without len() needs max_steps for that).
@@ -143,7 +152,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
     left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
     amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16"
-    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`).
+    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`). A
+    disabled scaler, GradScaler(enabled=False) (PyTorch's recipe: enabled=use_amp), is no scaler: accepted without
+    amp, refused with fp16.
     on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
     included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
     skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
@@ -154,6 +165,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     samples the uninterrupted run would have seen. Keep and restore yourself the model, the optimizer, the
     scheduler and the scaler (their state_dict()); for your own DataLoader also its order: build it again the same
     way (a seeded generator= or sampler), as train can only read it again.
+    checkpoint: a file path; train writes it every `checkpoint_every` optimizer steps (None: only at the end) and
+    when the run ends (done, max_steps, StopTraining, Ctrl-C), atomically, and goes on from it when it exists: the
+    weights and records of the uninterrupted run, bit for bit (see docs/checkpoints.md and accumlib.checkpoint).
     train puts the model in training mode (model.train()) when it finds it in eval mode, at the start and before
     each step (an on_step that evaluates may leave it in eval mode); a model already in training mode is left as
     it is, so a submodule you put in eval mode (frozen BatchNorm) stays so. Every module's mode found is put back
@@ -176,7 +190,10 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     copies of the model and optimizer, nothing computed, on `device`: before the model moves there, so a refused
     run leaves it where it was): for (X, y) tensors or a Dataset of tensor pairs once, before the run; for a loader
     (or a Dataset of dicts) each cycle's batches as they are, before that cycle changes anything, once per layout
-    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle).
+    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle). The
+    micro-batches it traces are fetched under their own random state, so a Dataset that augments randomly trains as
+    without the budget, bit for bit. Under DDP each process traces what it needs itself, without collectives: the
+    module, plus DDP's gradient buckets.
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
@@ -188,7 +205,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
                        amp=amp, scaler=scaler, device=device, seed=seed, shuffle=shuffle, on_step=on_step,
                        on_nonfinite=on_nonfinite, max_skipped_steps=max_skipped_steps,
                        resume_from_step=resume_from_step, measure_memory=measure_memory, memory_budget=memory_budget,
-                       ddp_no_sync=ddp_no_sync, check_gradients=check_gradients)
+                       ddp_no_sync=ddp_no_sync, check_gradients=check_gradients, checkpoint=checkpoint,
+                       checkpoint_every=checkpoint_every)
     return _train(model, optimizer, run)
 
 
@@ -202,7 +220,7 @@ class _Run(NamedTuple):
     options: CycleOptions  # the cycle's options, for every step
     accum_steps: int
     world: int  # processes (1 without DDP)
-    ddp: bool
+    ddp: bool  # DDP or FSDP2: several processes, the counts all-reduced
     normalize: str
     reduction: str  # "mean" or "sum": what the loss is over its micro-batch
     count: Callable | None
@@ -213,12 +231,13 @@ class _Run(NamedTuple):
     on_step: Callable | None
     measure_memory: bool
     memory_budget: int | None
+    checkpoint: object  # `checkpoints.Checkpoint`, or `checkpoints.NONE`
 
 
 def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epochs, max_steps, loss_fn, normalize,
                  loss_reduction, count, scheduler, clip_grad_norm, amp, scaler, device, seed, shuffle, on_step,
                  on_nonfinite, max_skipped_steps, resume_from_step, measure_memory, memory_budget, ddp_no_sync,
-                 check_gradients) -> _Run:
+                 check_gradients, checkpoint, checkpoint_every) -> _Run:
     """Every argument of `train`, checked before anything changes (each refusal names the parameter, the value and
     what is valid); the cycle's options are checked once, as one `CycleOptions`, which every step then uses."""
     _check_model(model)
@@ -231,9 +250,11 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         max_steps = positive_int("max_steps", max_steps)
     max_skipped_steps = positive_int("max_skipped_steps", max_skipped_steps)
     resume_from_step = non_negative_int("resume_from_step", resume_from_step)
-    ddp = _is_ddp(model)  # torch.compile(DDP(model)) included
-    world, rank = (dist.get_world_size(), dist.get_rank()) if ddp else (1, 0)
+    path, checkpoint_every = checkpoints.check(checkpoint, checkpoint_every, resume_from_step)
+    world, rank = sharded.world_and_rank(model)  # DDP or FSDP2, compiled or not: the data shared out by rank
+    ddp = sharded.is_ddp(model) or sharded.is_fsdp(model)  # the counts all-reduced, the data shared out
     device = _device(device)
+    seed = integer("seed", seed, -2 ** 63, 2 ** 64)  # a Python int before the source draws its order from it
     history = History()
     source = _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, history.notes)
     params = _check_optimizer(model, optimizer)
@@ -248,32 +269,46 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         if normalize == "steps":
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
-    reduction = loss_reduction or ("sum" if normalize == "count" and loss_fn is not None else "mean")
-    seed = integer("seed", seed, -2 ** 63, 2 ** 64)
+    elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights
+        raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
+                           "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
+                           "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
+                           "loss_reduction='sum' (their sum, as reduction='sum' gives it)"))
+    reduction = loss_reduction or "mean"  # the model's own loss is a mean (a Hugging Face model's: over its tokens)
     boolean("shuffle", shuffle)
     boolean("measure_memory", measure_memory)
     on_step = function("on_step", on_step, optional=True)
     if memory_budget is not None:
         memory_budget = positive_int("memory_budget", memory_budget)
     amp_dtype = _amp(amp, device)
+    if amp_dtype is torch.float16 and isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled():
+        raise ValueError(_("scaler is disabled (GradScaler(enabled=False)) but amp={value!r} trains in fp16, which "
+                           "needs one: pass an enabled GradScaler, or none (train makes one)").format(value=amp))
     if amp_dtype is torch.float16 and scaler is None:
         scaler = torch.amp.GradScaler(device.type)  # fp16 needs one: a new one, unless given
     options = CycleOptions(  # the cycle's options, checked here once; without loss_fn, the model's own loss
         loss_fn=_own_loss if loss_fn is None else loss_fn, clip_grad_norm=clip_grad_norm, scaler=scaler,
         autocast_dtype=amp_dtype, scheduler=scheduler, ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite,
         check_gradients=check_gradients)
-    if amp is False and scaler is not None:
+    if amp is False and options.scaler is not None:  # a disabled scaler (GradScaler(enabled=use_amp)) is none
         raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
     epochs = epochs if epochs is not None or max_steps is not None else 1  # None: as many as max_steps takes
     source.check_epochs(epochs)
     steps = source.steps(epochs)  # the run's optimizer steps, when they are known before it starts
     steps = max_steps if steps is None else steps if max_steps is None else min(steps, max_steps)
-    if steps is not None and resume_from_step >= steps:
+    checkpoint = checkpoints.NONE if path is None else checkpoints.Checkpoint(
+        path, checkpoint_every, model, optimizer, options.scheduler, options.scaler, StepRecord, device, dict(
+            accum_steps=accum_steps, micro_batch_size=micro_batch_size, seed=seed, shuffle=shuffle, processes=world),
+        rank)
+    checkpoint.read(steps)  # the file, if it exists: compared with this run, refused before anything changes
+    resume_from_step = resume_from_step or checkpoint.step
+    if steps is not None and resume_from_step >= steps and not checkpoint.finished:
         raise ValueError(_("resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
                            "valid: 0 to {last}").format(value=resume_from_step, steps=steps, last=steps - 1))
-    options.check_scheduler(optimizer, None if steps is None else steps - resume_from_step)
+    options.check_scheduler(optimizer, None if steps is None else max(steps - resume_from_step, 0))
     return _Run(history, source, device, params, options, accum_steps, world, ddp, normalize, reduction, count,
-                epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget)
+                epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget,
+                checkpoint)
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) -> History:
@@ -285,22 +320,36 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                           budget_bytes=run.memory_budget, device=device)  # traced on the run's device, not moved
     each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
     model.to(device)
-    seen = skips = 0  # samples so far; skipped steps in a row
+    run.checkpoint.restore(history)  # the file's states and records, if the run goes on from one
+    if run.checkpoint.finished:
+        return history  # the file holds every step of this run
+    seen = 0  # samples so far
+    skips = sum(1 for _ in itertools.takewhile(lambda r: r.skipped, reversed(history.records)))  # in a row
     peaks: dict[tuple, int] = {}  # CPU: peak bytes per micro-batch layout
     shape = weights = None  # the last cycle's (sizes, samples) and its loss weights
     fitted: set[tuple] = set()  # a loader's cycle layouts measured under memory_budget
     step = -1
     try:
         # STEP.run(): Ctrl-C's holding handler installed once for the run, not swapped at every step
-        with memory.cuda_budget(device, run.memory_budget), _modes_kept(model), STEP.run():
-            for step, cycle in enumerate(itertools.islice(source.cycles(run.epochs), run.max_steps)):  # none past it
+        with memory.cuda_budget(device, run.memory_budget), _ModesKept(model), STEP.run():
+            cycles = run.checkpoint.cycles(source.cycles(run.epochs), isinstance(source, _Loader))  # random states back
+            for step, cycle in enumerate(itertools.islice(cycles, run.max_steps)):  # none past max_steps
                 seen += cycle.samples
                 if step < run.resume_from_step:
                     continue  # a step the stopped run took: its samples are counted, nothing is trained
                 if not model.training:
                     model.train()  # dropout on, BatchNorm's statistics updated: the mode training needs
+                began = time.perf_counter()
+                terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step) if run.count else (None, 1)
+                if not (cycle.samples and total):  # nothing to learn, on every process (the totals are theirs)
+                    record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
+                                        cycle.samples, math.nan, float(optimizer.param_groups[0]["lr"]), None,
+                                        time.perf_counter() - began, None, empty=True)
+                    history.records.append(record)  # not stepped: model, optimizer, scheduler and scaler untouched
+                    if run.on_step is not None:
+                        run.on_step(record)
+                    continue
                 if run.count:
-                    terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step)
                     weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
                                             run.world, terms, total)
                 elif (cycle.sizes, cycle.samples) != shape:  # the weights depend on the sizes only: computed again
@@ -326,7 +375,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
                                         cycle.samples, result.loss, result.lr, result.grad_norm,
                                         time.perf_counter() - started,
-                                        peaks.get(layout) if run.measure_memory else None, result.skipped)
+                                        peaks.get(layout) if run.measure_memory else None, result.skipped,
+                                        result.empty)
                     history.records.append(record)
                 if measure and device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
                     # this step made the optimizer's state: the layout's peak is the heavier of this step and a later
@@ -336,6 +386,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     record = history.records[-1] = dataclasses.replace(record, peak_memory_bytes=peaks[layout])
                 if run.on_step is not None:
                     run.on_step(record)
+                run.checkpoint.stepped(history)  # every checkpoint_every steps
                 skips = skips + 1 if result.skipped else 0
                 if skips == run.max_skipped_steps:  # a run whose every step is skipped is no longer training
                     raise NonFiniteError(_skipped_message(skips, options.scaler))
@@ -344,13 +395,18 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     except KeyboardInterrupt:
         history.stopped = "KeyboardInterrupt"
     except Exception as error:
-        error.history = history  # nothing is lost: the records so far travel with the exception
+        # nothing is lost: the records so far travel with the exception; one that takes no attribute (a read-only
+        # history, a frozen dataclass) is raised as it is
+        with contextlib.suppress(AttributeError, TypeError):
+            error.history = history
         raise
     finally:
-        optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
+        if any(p.grad is not None for p in run.params):  # after a step the cycle has zeroed them already
+            optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
     if history.stopped is None and step < run.resume_from_step:  # the data ended before the stopped run's steps
         raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
                            "steps").format(value=run.resume_from_step, steps=step + 1))
+    run.checkpoint.ended(history)  # done, max_steps, StopTraining or Ctrl-C: the file holds the last step
     return history
 
 
@@ -358,9 +414,10 @@ def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     """The cycle's real micro-batches as the cycle takes them (not moved: a trace moves its copies), without DDP's
     padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
     the run's random state."""
-    with torch.random.fork_rng(devices=[]):
-        batches = [_as_pair(batch) for batch in cycle.raw()]
-    return batches, [weight for weight, size in zip(weights, cycle.sizes) if size]
+    with checkpoints.random_states_kept():
+        batches = [_as_pair(batch) for batch in cycle.raw()]  # a loader's 0-row batches too, in order
+    return ([batch for batch, size in zip(batches, cycle.sizes) if size],
+            [weight for weight, size in zip(weights, cycle.sizes) if size])
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
@@ -396,14 +453,18 @@ def _skipped_message(skips: int, scaler) -> str:
                  count=skips, scale=scaler.get_scale())
 
 
-@contextlib.contextmanager
-def _modes_kept(model: torch.nn.Module):
-    """Put back every module's training/eval mode as found, whatever happens in the block."""
-    modes = [(module, module.training) for module in model.modules()]
-    try:
-        yield
-    finally:
-        for module, training in modes:
+class _ModesKept:
+    """Put back every module's training/eval mode as found, whatever happens in the block. A class, not a generator:
+    a generator's exit sets the error's __traceback__, which a frozen dataclass exception refuses."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.modes = [(module, module.training) for module in model.modules()]
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exception) -> None:
+        for module, training in self.modes:
             module.training = training
 
 
@@ -412,23 +473,51 @@ def _own_loss(output, target):
     (a `.loss` attribute or a "loss" key)."""
     if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
         return torch.nn.functional.cross_entropy(output, target)
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if loss is not None:
+    mapping = isinstance(output, Mapping)
+    loss = output.get("loss") if mapping else getattr(output, "loss", None)
+    if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
+    if loss is not None:
+        _refuse_model_loss(loss, "output['loss']" if mapping else "output.loss")
     raise TypeError(_("the model returned {type} without a loss (no .loss attribute or 'loss' key) and no loss_fn "
                       "was given: put the labels in the batch so that the model computes its loss, or give "
                       "loss_fn(output, target)").format(type=type(output).__name__))
 
 
+def _refuse_model_loss(loss, where: str) -> None:
+    """The model's own loss (`where`: its output's .loss or 'loss' key; no loss_fn was given), refused naming it
+    unless it is a floating-point 0-d tensor with a gradient (no value read from the device)."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(_("the model's own loss ({where}; no loss_fn was given) must be a scalar tensor, got "
+                          "{value!r} of type {type}: let the model return the tensor itself (not loss.item() or "
+                          "float(loss)), or give loss_fn(output, target)").format(
+                              where=where, value=Shown(loss), type=type(loss).__name__))
+    if loss.dim() != 0:
+        raise ValueError(_("the model's own loss ({where}; no loss_fn was given) must be a scalar, got a tensor of "
+                           "shape {shape}: reduce it in the model (a mean or a sum), or give loss_fn(output, target) "
+                           "that does").format(where=where, shape=tuple(loss.shape)))
+    if not loss.is_floating_point():
+        raise TypeError(_("the model's own loss ({where}; no loss_fn was given) is a tensor of {dtype}, which has no "
+                          "gradient: a loss is a floating-point scalar computed from the model's outputs").format(
+                              where=where, dtype=loss.dtype))
+    if not loss.requires_grad:
+        raise ValueError(_("the model's own loss ({where}; no loss_fn was given) has no gradient "
+                           "(requires_grad=False): the model computed it outside its parameters' graph (under "
+                           "torch.no_grad() or with .detach()), or every parameter is frozen (requires_grad=False: "
+                           "an on_step that freezes the model does this)").format(where=where))
+
+
 def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,
                   terms: list[float] | None = None, total_terms: float | None = None) -> list[float]:
-    """What each micro-batch's loss is multiplied by before backward(); 0 for a padding micro-batch (size 0)."""
+    """What each micro-batch's loss is multiplied by before backward(); 0 (not run) for a micro-batch without rows
+    (DDP's padding, a 0-row batch) or, with counts, without loss terms. The cycle has some (`_empty`)."""
     if normalize == "steps":  # the classic loss / accum_steps: every micro-batch alike, even in a short last cycle
         shares = [1 / (accum_steps * world) if size else 0.0 for size in sizes]
     elif normalize == "samples":  # a mean: the micro-batch's share of the cycle's samples; a sum: 1 per sample
         shares = [(size if reduction == "mean" else 1.0 if size else 0.0) / cycle_samples for size in sizes]
     else:  # "count": a mean over its terms, the micro-batch's share of the cycle's terms; a sum: 1 per term
-        shares = [(n if reduction == "mean" else 1.0 if size else 0.0) / total_terms for size, n in zip(sizes, terms)]
+        shares = [(n if reduction == "mean" else 1.0) / total_terms if size and n else 0.0
+                  for size, n in zip(sizes, terms)]
     # DDP averages the gradients of its `world` processes; times `world`, that mean becomes the sum of every
     # process's shares, which add up to the whole cycle (on one process world is 1)
     return [world * share for share in shares]
@@ -447,8 +536,8 @@ class _Cycle(NamedTuple):
 
 def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
     """Where the cycles come from: (X, y) tensors or a Dataset split by micro_batch_size, or a loader's batches."""
-    indexed = isinstance(data, tuple) or isinstance(data, list) and any(
-        not isinstance(item, (tuple, list, Mapping)) for item in data)  # a list of tensors is (X, y), not batches
+    indexed = isinstance(data, tuple) or isinstance(data, list) and bool(data) and all(
+        isinstance(item, torch.Tensor) for item in data)  # a list of tensors is (X, y); any other list, batches
     indexed = indexed or isinstance(data, Dataset) and not isinstance(data, IterableDataset)
     if indexed:
         samples = _Samples(data)
@@ -493,7 +582,8 @@ class _Samples:
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
             if self.n:
-                _check_batch(data[0], _("data[0] (a sample)"), sample=True)
+                with checkpoints.random_states_kept():  # a Dataset that augments draws nothing the run would draw
+                    _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
             raise TypeError(_("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got "
@@ -539,7 +629,7 @@ def _check_batch(batch, name: str, sample: bool = False) -> int | None:
     pair = isinstance(batch, (tuple, list)) and len(batch) == 2
     if not (pair or isinstance(batch, Mapping)):
         raise TypeError(_("{name} must be (x, y), (inputs, y) with a tuple or dict of inputs, or a dict of model "
-                          "inputs, got {value!r} of type {type}").format(name=name, value=batch,
+                          "inputs, got {value!r} of type {type}").format(name=name, value=Shown(batch),
                                                                         type=type(batch).__name__))
     _refuse_meta(batch)
     if sample:
@@ -604,8 +694,10 @@ class _Indexed:
         return None if epochs is None else epochs * math.ceil(self.samples.n / self.effective)
 
     def example(self):
-        """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors."""
-        x, y = self.samples.fetch(list(range(self.micro)))
+        """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors.
+        Fetched under its own random state: a Dataset that augments randomly draws for the run as without it."""
+        with checkpoints.random_states_kept():
+            x, y = self.samples.fetch(list(range(self.micro)))
         return (x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else None
 
     def cycles(self, epochs: int | None):
@@ -693,6 +785,17 @@ class _Loader:
             self.length = None
         if self.length == 0 and world == 1:  # under DDP the first cycle's all-reduce says it, to every process
             raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=0))
+        # a list's batches, each checked before the run (one in a step that resume_from_step passes over too); under
+        # DDP the refusal waits for the first cycle's all-reduce, which stops every process with it
+        self.refused = None
+        if isinstance(data, list):
+            try:
+                for i, batch in enumerate(data):
+                    _check_batch(batch, _("data[{i}] (batch {i} of the list)").format(i=i))
+            except (TypeError, ValueError) as error:
+                if world == 1:
+                    raise
+                self.refused = error
 
     def check_epochs(self, epochs) -> None:
         if self.once and epochs is not None and epochs > 1:
@@ -701,20 +804,32 @@ class _Loader:
                                    value=epochs, type=type(self.data).__name__))
 
     def steps(self, epochs: int | None) -> int | None:
-        if self.length is None or epochs is None:
+        if self.length is None or epochs is None or self.length == 0:  # 0: under DDP, the first cycle says it
             return None
         return epochs * math.ceil(self.length / self.accum_steps)
 
     def _busiest(self, batches: int, samples: int, failed: bool = False,
-                 empty: bool = False) -> tuple[int, int, int, int]:
-        """(the most batches any process holds in this cycle, the cycle's samples over all processes, how many
-        processes failed fetching or checking their batches, how many never had a batch), from one all-reduce (one
-        host read) of every process's counts: a process that stops, stops every process, none waits for it."""
-        counts = torch.zeros(self.world + 3, dtype=torch.float64, device=self.device)
-        counts[0], counts[1], counts[2], counts[3 + self.rank] = samples, float(failed), float(empty), batches
+                 empty: bool = False) -> tuple[int, int, list[int], list[int]]:
+        """(the most batches any process holds in this cycle, the cycle's samples over all processes, the ranks of
+        the processes that failed fetching or checking their batches, the ranks of those that never had a batch),
+        from one all-reduce (one host read) of every process's counts: a process that stops, stops every process,
+        none waits for it."""
+        world = self.world
+        counts = torch.zeros(1 + 3 * world, dtype=torch.float64, device=self.device)
+        counts[0], counts[1 + self.rank] = samples, batches
+        counts[1 + world + self.rank], counts[1 + 2 * world + self.rank] = float(failed), float(empty)
         dist.all_reduce(counts)
-        total, failures, empties, *per_process = counts.tolist()
-        return int(max(per_process)), int(total), int(failures), int(empties)
+        total, *per_process = counts.tolist()
+        failures, empties = per_process[world:2 * world], per_process[2 * world:]
+        return (int(max(per_process[:world])), int(total), [rank for rank, f in enumerate(failures) if f],
+                [rank for rank, e in enumerate(empties) if e])
+
+    def _reasons(self, error: Exception | None) -> list:
+        """Every process's error in words ("TypeError: ..."; None for one that did not fail): one all_gather_object,
+        run only once the counts have said that a process failed, so every process takes part."""
+        reasons = [None] * self.world
+        dist.all_gather_object(reasons, None if error is None else f"{type(error).__name__}: {error}")
+        return reasons
 
     def cycles(self, epochs: int | None):
         pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
@@ -728,35 +843,46 @@ class _Loader:
             batches, cycle = iter(self.data), 0
             while True:
                 try:
+                    if self.refused is not None:  # a list's bad batch: every process stops at the first cycle
+                        raise self.refused
                     held = list(itertools.islice(batches, self.accum_steps))  # this cycle's batches, until its step
                     sizes = [_check_batch(b, _("data's batch {i} of epoch {epoch}").format(
                         i=cycle * self.accum_steps + i, epoch=epoch)) for i, b in enumerate(held)]
-                except Exception:  # under DDP the other processes learn of it in the counts' all-reduce and stop
-                    if self.world > 1:  # too, instead of waiting for this one in their next all-reduce
+                except Exception as error:  # under DDP the other processes learn of it in the counts' all-reduce
+                    if self.world > 1:  # and stop too, with its words, instead of waiting for this one
                         self._busiest(0, 0, failed=True)
+                        self._reasons(error)
                     raise
                 pad = held[-1] if held else pad
                 if self.world == 1:
-                    busiest, samples, failures, empties = len(held), sum(sizes), 0, 0
+                    busiest, samples, failures, empties = len(held), sum(sizes), [], []
                 else:
                     busiest, samples, failures, empties = self._busiest(len(held), sum(sizes), empty=pad is None)
                 if failures:
+                    reasons = self._reasons(None)
                     raise ValueError(ngettext(
-                        "{count} other process failed fetching or checking its batches for step {step} (epoch "
-                        "{epoch}): its own error says why; this process stops with it, before this step changes "
+                        "the process of rank {ranks} failed fetching or checking its batches for step {step} (epoch "
+                        "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes "
                         "anything",
-                        "{count} other processes failed fetching or checking their batches for step {step} (epoch "
-                        "{epoch}): their own errors say why; this process stops with them, before this step changes "
-                        "anything", failures).format(count=failures, step=made + 1, epoch=epoch))
+                        "the processes of ranks {ranks} failed fetching or checking their batches for step {step} "
+                        "(epoch {epoch}): {reasons}. This process (rank {rank}) stops with them, before this step "
+                        "changes anything", len(failures)).format(
+                            ranks=", ".join(map(str, failures)), step=made + 1, epoch=epoch, rank=self.rank,
+                            reasons="; ".join(_("{reason} (rank {rank})").format(reason=reasons[r], rank=r)
+                                              for r in failures)))
                 if busiest == 0:  # the epoch has ended on every process
                     if cycle == 0:
                         raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=epoch))
                     break
-                if empties:  # every process stops: the one without a batch says so, the others that it exists
-                    raise ValueError(_("data gave this process no batch while another process has some: give every "
-                                       "process a share of the data (a DistributedSampler)") if pad is None else
-                                     _("data gave another process no batch while this one has some: give every "
-                                       "process a share of the data (a DistributedSampler)"))
+                if empties:  # every process stops: the one without a batch says so, the others which it is
+                    raise ValueError(_("data gave this process (rank {rank}) no batch while another process has "
+                                       "some: give every process a share of the data (a DistributedSampler)").format(
+                                           rank=self.rank) if pad is None else ngettext(
+                        "data gave the process of rank {ranks} no batch while this one (rank {rank}) has some: give "
+                        "every process a share of the data (a DistributedSampler)",
+                        "data gave the processes of ranks {ranks} no batch while this one (rank {rank}) has some: "
+                        "give every process a share of the data (a DistributedSampler)", len(empties)).format(
+                            ranks=", ".join(map(str, empties)), rank=self.rank))
                 padding = busiest - len(held)
                 if epoch == 0 and cycle == 0 and busiest < self.accum_steps:
                     self.notes.append(_("accum_steps={k} is more than the {n} batches of an epoch of data: every "
@@ -786,8 +912,8 @@ class _Moved:
 
 def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool, step: int):
     """(each micro-batch's loss terms, 0 for padding; the cycle's total over all processes), with one host read
-    (and under DDP one all-reduce). Refuses a count that is not a non-negative number, and a cycle without loss
-    terms (its loss could not be normalised), naming its step and epoch, before the cycle changes anything."""
+    (and under DDP one all-reduce). Refuses a count that is not a non-negative number, naming its step and epoch,
+    before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`)."""
     counts = [_count_value(count(*batch) if isinstance(batch, (tuple, list)) else count(batch))
               for batch in cycle.raw()]
     where = counts[0].device if counts else device
@@ -805,20 +931,18 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
     if bad:
         raise ValueError(_("count gave a negative or non-finite number of loss terms on another process, for step "
                            "{step} (epoch {epoch})").format(step=step + 1, epoch=cycle.epoch))
-    if total == 0:
-        raise ValueError(_("count gives 0 loss terms for the whole of step {step} (epoch {epoch}): a loss cannot be "
-                           "normalised by 0; check count, or drop the samples without loss terms").format(
-                               step=step + 1, epoch=cycle.epoch))
-    values = iter(values)
-    return [next(values) if size else 0.0 for size in cycle.sizes], total
+    # raw() is the real micro-batches (0-row batches of a loader included), in order, before any padding
+    return values + [0.0] * (len(cycle.sizes) - len(values)), total
 
 
 def _count_value(value) -> torch.Tensor:
-    """count(...) as a 0-d float64 tensor where it was computed (an int, a float or a 0-d tensor), unread."""
+    """count(...) as a 0-d float64 tensor where it was computed (an int, a float, a NumPy number or a 0-d tensor),
+    unread."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not (value.is_complex() or value.dtype == torch.bool):
         return value.to(torch.float64)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(float(value), dtype=torch.float64)
+    number = as_real(value) if not isinstance(value, torch.Tensor) else None  # a NumPy number as Python takes it
+    if number is not None:
+        return torch.tensor(number, dtype=torch.float64)
     raise TypeError(_("count must return the number of loss terms of a micro-batch (a number or a 0-d tensor), got "
                       "{value!r} of type {type}").format(value=value, type=type(value).__name__))
 

@@ -43,6 +43,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeCopyMode,
                                           FakeTensorMode)
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -446,7 +447,31 @@ def _measure_cycle(model, optimizer, batches, loss_weights, options: cycle.Cycle
                    fake: bool, device: torch.device, explain: Callable = contextlib.nullcontext) -> MemoryReport:
     """The memory of the cycle of `batches` with `loss_weights` and `options` (checked) on a copy of the model and
     of the optimizer, on `device` (fake: under FakeTensorMode where the model is; a step that reads a value is then
-    measured for real on the CPU, with a warning). explain(): a context that words a failure of the model."""
+    measured for real on the CPU, with a warning). explain(): a context that words a failure of the model.
+    A DistributedDataParallel model: what one process needs, traced without collectives (`_one_process`)."""
+    module, buckets = _one_process(model)
+    report = _measure_copy(module, optimizer, batches, loss_weights, options, micro_batch_size, fake, device, explain)
+    if not buckets:
+        return report
+    return dataclasses.replace(report, peak=report.peak + buckets, gradients=report.gradients + buckets)
+
+
+def _one_process(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
+    """What one process of a DistributedDataParallel model (torch.compile's wrapper of one too) is measured as: its
+    module, traced without DDP (whose communication hooks all-reduce, which a trace on copies cannot), and the
+    bytes DDP itself holds from its construction on, its gradient buckets: a flat copy of every trainable
+    parameter's gradient (none with gradient_as_bucket_view=True, whose .grad are views of them), counted as
+    gradients at the peak. Any other model: itself, 0 bytes."""
+    ddp = model if isinstance(model, DistributedDataParallel) else model._modules.get("_orig_mod")
+    if not isinstance(ddp, DistributedDataParallel):
+        return model, 0
+    trainable = [p for p in ddp.module.parameters() if p.requires_grad]
+    return ddp.module, 0 if ddp.gradient_as_bucket_view else sum(p.numel() * p.element_size() for p in trainable)
+
+
+def _measure_copy(model, optimizer, batches, loss_weights, options: cycle.CycleOptions, micro_batch_size: int,
+                  fake: bool, device: torch.device, explain: Callable) -> MemoryReport:
+    """`_measure_cycle` of a model that is no DistributedDataParallel."""
     home = next(model.parameters()).device
     with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the caller's random state
         if fake:
@@ -651,8 +676,13 @@ def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, l
     allocator rounds it) and the model itself does not move, so a refusal leaves it where it was.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
+    budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
     if options is None:
         options = _step_options(loss_fn, {})
+    elif not isinstance(options, cycle.CycleOptions):
+        raise TypeError(_("options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
+                          "e.g. CycleOptions(clip_grad_norm=1.0)) or None, got {value!r} of type {type}").format(
+                              value=_validate.Shown(options), type=type(options).__name__))
     elif loss_fn is not None:
         raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
     report = _step_peak(model, optimizer, x, y, options, accum_steps,
@@ -689,7 +719,6 @@ def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.
     return report
 
 
-@contextlib.contextmanager
 def cuda_budget(device: torch.device, budget_bytes: int | None):
     """On CUDA, cap this process's caching allocator for the block where a real card could honour `budget_bytes`;
     the allocator's OOM becomes OutOfMemory. Elsewhere, or without a budget, it does nothing.
@@ -703,10 +732,17 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
     outside the allocator and never counted: a real card of N bytes offers N minus the context. cuDNN's workspaces
     inside the step are not in the trace either; the segment allowance absorbs small ones.
     (Not run on a GPU yet: benchmarks/gpu_check.py checks these rules where there is one.)
+    Where it does nothing it is a plain nullcontext (no generator, whose exit would set an error's __traceback__:
+    a frozen dataclass exception would be replaced by the FrozenInstanceError of that).
     """
     if device.type != "cuda" or budget_bytes is None or budget_bytes < CUDA_CAP_MINIMUM:
-        yield
-        return
+        return contextlib.nullcontext()
+    return _capped(device, budget_bytes)
+
+
+@contextlib.contextmanager
+def _capped(device: torch.device, budget_bytes: int):
+    """`cuda_budget` where it caps the allocator."""
     _take_workspaces(device)
     torch.cuda.synchronize(device)
     cap = torch.cuda.memory_reserved(device) + budget_bytes + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT

@@ -28,6 +28,9 @@ The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUML
    the step did not hold) within the card, and the next plan must be refused.
 8. one device: accumlib.train(device=None) honours ACCUMLIB_DEVICE; the quiz experiments, the three dashboards'
    computations and the exercise checkers that measure run on the device without a device mismatch.
+9. examples: examples/causal_lm.py (DDP and FSDP2) and examples/image_batchnorm.py (DDP, FSDP2, SyncBatchNorm)
+   started by torchrun on the GPUs (one process per GPU, at most 2) with nccl; each must exit 0 and say what it
+   checks (the LM: every process holds the same weights). On the CPU, tests/test_torchrun.py runs them with gloo.
 """
 from __future__ import annotations
 
@@ -343,6 +346,34 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
             except Exception as error:  # noqa: BLE001 - reported as the check's result
                 ok = False
                 lines.append(f"{label}: {type(error).__name__}: {str(error)[:160]}")
+    return ("ok" if ok else "FAILED"), lines
+
+
+@check
+def examples(device: torch.device, options) -> tuple[str, list[str]]:
+    """The examples under torchrun with nccl, one process per GPU (at most 2): DDP, FSDP2, SyncBatchNorm."""
+    if device.type != "cuda":
+        return "skipped", ["no CUDA device: tests/test_torchrun.py runs the examples with gloo on the CPU"]
+    import subprocess
+
+    processes = min(2, torch.cuda.device_count())
+    runs = [("causal_lm.py", []), ("causal_lm.py", ["--fsdp2"]), ("image_batchnorm.py", []),
+            ("image_batchnorm.py", ["--fsdp2"]), ("image_batchnorm.py", ["--sync-bn"])]
+    lines, ok = [], True
+    for script, arguments in runs:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+                   str(ROOT / "examples" / script), *arguments]
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                                  os.environ.get("PYTHONPATH")]))}
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=environment, check=False)
+            output = (done.stdout.strip().splitlines() or [""])[-1]
+            good = done.returncode == 0 and "nccl" in output and "NO" not in output
+            failure = "" if good else f" (exit {done.returncode}: {done.stderr.strip()[-300:]})"
+        except subprocess.TimeoutExpired:
+            good, output, failure = False, "", " (not done within 240 s)"
+        ok &= good
+        lines.append(f"{script} {' '.join(arguments)}: {output}{failure}")
     return ("ok" if ok else "FAILED"), lines
 
 

@@ -22,7 +22,7 @@ X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 4 cycles of 4 x
 TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last cycle shards 5 + 4 samples
 MLP = functools.partial(models.mlp, dtype=torch.float64)
 SEQUENCE = functools.partial(models.sequence_model, dtype=torch.float64)
-BY_COUNT = dict(loss_fn=models.token_loss_sum, normalize="count", count=data.count_tokens)
+BY_COUNT = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", count=data.count_tokens)
 RUNS = [distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
         distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
         distributed.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
@@ -205,3 +205,72 @@ def test_bad_jobs_are_refused_before_any_process_starts(arguments, error, names)
     with pytest.raises(error) as info:
         distributed.launch(**(dict(runs=RUNS[:1]) | arguments))
     assert all(name in str(info.value) for name in names)
+
+
+def main_builder():
+    return models.mlp(dtype=torch.float64)
+
+
+main_builder.__module__ = "__main__"  # as a function defined in a notebook cell is
+
+
+def nested_builder():
+    def build():
+        return models.mlp()
+    return build
+
+
+@pytest.mark.parametrize("change, name, words", [
+    (dict(builder=main_builder), "builder", "is defined in __main__ (a notebook cell or the script being run)"),
+    (dict(builder=functools.partial(main_builder)), "builder", "is defined in __main__"),
+    (dict(builder=lambda: models.mlp()), "builder", "is a lambda or a function defined inside another function"),
+    (dict(builder=nested_builder()), "builder", "is a lambda or a function defined inside another function"),
+    (dict(train_options=dict(loss_fn=lambda out, y: out.sum())), "train_options['loss_fn']", "is a lambda"),
+])
+def test_a_function_the_jobs_processes_cannot_import_is_refused_before_any_process_starts(change, name, words):
+    """Before: the job failed with "Can't get attribute 'main_builder' on <module 'accumlib.distributed'>"."""
+    with pytest.raises(TypeError) as refused:
+        distributed.DDPRun(**(dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change))
+    message = str(refused.value)
+    assert message.startswith(f"{name}=") and words in message and "define it" in message and "module" in message
+
+
+class Payload:
+    """Unpickled, it writes a file: what a planted job.pt would do (pickle keeps exec and its argument only)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('it ran')",)
+
+
+@pytest.mark.parametrize("case", ["no signature", "another key's signature", "no key", "changed after signing",
+                                  "signed with the job's key"])
+def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_path, case):
+    """`python -m accumlib.distributed FOLDER` unpickles a job.pt only when it carries the signature of the key
+    launch() gives its own processes (an HMAC of the file): a planted folder's pickle never runs."""
+    import hmac
+
+    job, marker = tmp_path / "job", tmp_path / "ran.txt"
+    job.mkdir()
+    torch.save([Payload(marker)], job / "job.pt")
+    ours, theirs = "ab" * 32, "cd" * 32
+    pickled = (job / "job.pt").read_bytes()
+    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(distributed.__file__).parents[1])}
+    env.pop(distributed._KEY, None)
+    if case != "no signature":
+        (job / "job.sig").write_text(hmac.new(bytes.fromhex(theirs if case == "another key's signature" else ours),
+                                              pickled, "sha256").hexdigest())
+    if case != "no key":
+        env[distributed._KEY] = ours
+    if case == "changed after signing":
+        (job / "job.pt").write_bytes(pickled + b"\0")
+    done = subprocess.run([sys.executable, "-m", "accumlib.distributed", str(job)], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    if case == "signed with the job's key":  # the control: what launch() writes is unpickled, payload and all
+        assert marker.read_text() == "it ran"
+        return
+    assert done.returncode != 0 and not marker.exists()
+    assert (f"PermissionError: {job} is not a job that accumlib.distributed.launch() started: its job.pt is not "
+            f"signed with the key launch() gives its own processes ({distributed._KEY})") in done.stderr

@@ -22,7 +22,7 @@ def reads_of_a_run(normalize, extras):
     if normalize == "count":
         X, y = data.token_sequences(72, seed=2)
         model = models.sequence_model()
-        options = dict(loss_fn=models.token_loss_sum, count=data.count_tokens)
+        options = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", count=data.count_tokens)
     else:
         X, y = data.digits(72, flat=True)
         model = models.mlp()

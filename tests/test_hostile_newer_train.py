@@ -25,7 +25,8 @@ import accumlib
 from accumlib.lessons import data, models
 
 X, Y = data.token_sequences(48, seed=3)  # token sequences for normalize="count": micro-batch 4 x 2 = 6 steps/epoch
-COUNTED = dict(loss_fn=models.token_loss_sum, normalize="count", micro_batch_size=4, accum_steps=2, shuffle=False)
+COUNTED = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", micro_batch_size=4, accum_steps=2,
+               shuffle=False)
 
 
 def counting(calls):
@@ -81,9 +82,9 @@ def test_case_6_ctrl_c_while_counting_stops_cleanly():
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_case_6_a_cycle_without_loss_terms_is_refused_before_it_changes():
-    """Counting a cycle at a time, the cycle without terms (step 2) is refused when it comes, before it changes
-    anything; step 1 has been taken and recorded (the error carries its history)."""
+def test_case_6_a_cycle_without_loss_terms_is_not_stepped_and_the_run_goes_on():
+    """Counting a cycle at a time, the cycle without terms (step 2) has nothing to learn: it is recorded as empty
+    (not skipped), not stepped, and the run goes on: the run without step 2's samples, bit for bit."""
     blank = X.clone()
     blank[8:16] = 0  # step 2's sequences: nothing but padding
 
@@ -91,13 +92,16 @@ def test_case_6_a_cycle_without_loss_terms_is_refused_before_it_changes():
         return (x != 0).sum()
 
     model = models.sequence_model()
-    with pytest.raises(ValueError, match="count gives 0 loss terms for the whole of step 2 \\(epoch 0\\)") as info:
-        accumlib.train(model, (blank, Y), torch.optim.SGD(model.parameters(), lr=0.5), count=count, **COUNTED)
-    assert [r.step for r in info.value.history] == [1]
-    one_step = models.sequence_model()
-    accumlib.train(one_step, (blank, Y), torch.optim.SGD(one_step.parameters(), lr=0.5), count=count, max_steps=1,
+    history = accumlib.train(model, (blank, Y), torch.optim.SGD(model.parameters(), lr=0.5), count=count,
+                             **COUNTED)
+    assert [(r.step, r.empty, r.skipped) for r in history][:3] == [(1, False, False), (2, True, False),
+                                                                   (3, False, False)]
+    assert [r.empty for r in history].count(True) == 1
+    without = models.sequence_model()
+    kept = torch.cat([torch.arange(8), torch.arange(16, len(X))])
+    accumlib.train(without, (blank[kept], Y[kept]), torch.optim.SGD(without.parameters(), lr=0.5), count=count,
                    **COUNTED)
-    assert accumlib.parameter_gap(model, one_step) == 0.0
+    assert accumlib.parameter_gap(model, without) == 0.0
 
 
 def bn_model():

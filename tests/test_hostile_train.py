@@ -4,6 +4,7 @@ an error that names the parameter (and the value), before any weight, buffer, gr
 The model has BatchNorm (buffers that a forward pass changes) and an Adam optimizer with state from a first run.
 """
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -244,3 +245,76 @@ def test_the_cycle_function_refuses_before_anything_changes(case, changes, error
         accumlib.accumulate_and_step(**arguments)
     assert all(name in str(info.value) for name in names), str(info.value)
     assert same(snapshot(model, optimizer)[:2], before[:2])  # weights, buffers (put back) and optimizer state
+
+
+class OwnLoss(nn.Module):
+    """A model that computes its own loss from labels (as a Hugging Face model does), in one of the broken forms."""
+
+    def __init__(self, kind: str, key: bool):
+        super().__init__()
+        self.layer, self.kind, self.key = nn.Linear(64, 10), kind, key
+
+    def forward(self, x, labels):
+        per_sample = nn.functional.cross_entropy(self.layer(x.flatten(1)), labels, reduction="none")
+        loss = {"a vector": per_sample, "a float": 0.5, "detached": per_sample.mean().detach(),
+                "an integer tensor": labels.sum(), "a tensor without grad": per_sample.mean()}[self.kind]
+        if self.kind == "a tensor without grad":
+            self.requires_grad_(False)  # frozen from here on, as an on_step that freezes the model leaves it
+        return {"loss": loss} if self.key else type("Output", (), {"loss": loss})()
+
+
+@pytest.mark.parametrize("key", [True, False], ids=["output['loss']", "output.loss"])
+@pytest.mark.parametrize("kind, error, message", [
+    ("a vector", ValueError, "must be a scalar, got a tensor of shape (4,): reduce it in the model"),
+    ("a float", TypeError, "must be a scalar tensor, got 0.5 of type float: let the model return the tensor itself"),
+    ("detached", ValueError, "has no gradient (requires_grad=False): the model computed it outside its parameters'"),
+    ("an integer tensor", TypeError, "is a tensor of torch.int64, which has no gradient"),
+    ("a tensor without grad", ValueError, "has no gradient (requires_grad=False)"),
+])
+def test_a_models_own_broken_loss_is_named_as_the_models_not_as_loss_fn(kind, error, message, key):
+    """Without loss_fn, the model's own loss is refused naming it (the user passed no loss_fn), before the step."""
+    torch.manual_seed(0)
+    model = OwnLoss(kind, key)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = copy.deepcopy(model.state_dict())
+    where = "output['loss']" if key else "output.loss"
+    batches = [{"x": X[i:i + 4], "labels": Y[i:i + 4]} for i in range(0, 8, 4)]
+    with pytest.raises(error) as refused:
+        accumlib.train(model, batches, optimizer, accum_steps=2, device="cpu")
+    assert str(refused.value).startswith(f"the model's own loss ({where}; no loss_fn was given) {message}")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenError(Exception):
+    why: str
+
+
+class ReadOnlyHistory(Exception):
+    @property
+    def history(self):
+        return "its own"
+
+
+def raising(error):
+    def raise_it(*_):
+        raise error
+    return raise_it
+
+
+@pytest.mark.parametrize("error", [FrozenError("the loss"), ReadOnlyHistory("the loss")], ids=["frozen", "read-only"])
+@pytest.mark.parametrize("where", ["loss_fn", "on_step"])
+def test_an_exception_that_takes_no_history_is_raised_as_it_is(error, where):
+    """A frozen-dataclass exception, or one whose history is read-only, reaches the caller itself (not the
+    AttributeError of attaching the history, nor contextlib's FrozenInstanceError of setting its __traceback__)."""
+    model = nn.Linear(64, 10)
+    callbacks = {where: raising(error)}
+    with pytest.raises(type(error)) as raised:
+        accumlib.train(model, (X.flatten(1), Y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
+                       accum_steps=1, device="cpu", **callbacks)
+    assert raised.value is error
+    plain = ValueError("a plain one")  # one that takes attributes carries the records so far, as before
+    with pytest.raises(ValueError) as raised:
+        accumlib.train(model, (X.flatten(1), Y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
+                       accum_steps=1, device="cpu", **{where: raising(plain)})
+    assert len(raised.value.history) == (1 if where == "on_step" else 0)

@@ -1,5 +1,5 @@
 """Each lesson's time (tools/lesson_time.py): recomputed from the stored English notebooks, it must be what
-tools/lesson_times.json, the README's lesson table, INSTRUCTORS.md and each lesson's own time cell (both editions)
+tools/lesson_times.json, docs/lessons.md's lesson table, INSTRUCTORS.md and each lesson's own time cell (both editions)
 say; lesson 0 keeps the seed's promise of ten minutes. The counting rules are checked on small notebooks first.
 
 A failure names what is stale; `python tools/lesson_time.py write` refreshes it. Run with `-rP` to see lesson 0's
@@ -122,8 +122,8 @@ def test_lesson_zero_takes_ten_minutes_or_less(times):
 
 def test_the_readme_and_instructors_tables_are_current(times):
     readme = lesson_time.README.read_text(encoding="utf-8")
-    assert lesson_time.refreshed_readme(readme, times) == readme, f"README.md's lesson table is stale: {FIX}"
-    assert set(lesson_time.table_rows(readme)) == {t.lesson for t in times}, "README.md's table lacks a lesson"
+    assert lesson_time.refreshed_readme(readme, times) == readme, f"docs/lessons.md's lesson table is stale: {FIX}"
+    assert set(lesson_time.table_rows(readme)) == {t.lesson for t in times}, "docs/lessons.md's table lacks a lesson"
     instructors = lesson_time.INSTRUCTORS.read_text(encoding="utf-8")
     assert lesson_time.refreshed_instructors(instructors, times) == instructors, f"INSTRUCTORS.md's times: {FIX}"
 

@@ -296,7 +296,7 @@ def test_token_count_normalisation_equals_the_full_batch():
         model = models.sequence_model(dtype=torch.float64)
         accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
                        accum_steps=k, epochs=2, loss_fn=models.token_loss_sum, normalize="count",
-                       count=data.count_tokens)
+                       loss_reduction="sum", count=data.count_tokens)
         return model
 
     def fit_mean_of_means(m, k):
@@ -532,3 +532,184 @@ def test_the_cycles_seeded_backward_gives_the_six_line_recipes_gradient_bit_for_
     torch.optim.SGD(reference.parameters(), lr=1.0).step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
     assert result.loss == pytest.approx(math.fsum(losses), rel=6 * torch.finfo(dtype).eps)
+
+
+def identical(a, b) -> bool:
+    """Two nested structures (state dicts) equal, every tensor bit for bit (its dtype and shape too)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(identical, a, b))
+    return a == b
+
+
+def ignoring(n=48, every=3):
+    """X64[:n] with every `every`-th label ignored (-100): micro-batches of 4 hold 2 to 4 counted labels."""
+    y = Y64[:n].clone()
+    y[::every] = -100
+    return X64[:n], y
+
+
+def counted(batch) -> torch.Tensor:
+    """The loss terms of an (x, y) micro-batch: its labels that are not ignored."""
+    return (batch[-1] != -100).sum()
+
+
+def test_a_mean_loss_fn_with_counts_said_to_be_a_mean_equals_the_full_batch_and_a_sum_does_not():
+    """F.cross_entropy (a mean over the counted labels, PyTorch's default) with normalize="count": said to be a
+    mean, 3 micro-batches of 4 are one step on all 12 samples' counted labels, to float64's rounding (sums of ~10
+    terms of size ~1: 1e-13 leaves room); taken for a sum, it is weighted by its counts twice, far off."""
+    X, y = ignoring()
+
+    def fit(m, k, **options):
+        model = models.mlp(dtype=torch.float64)
+        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
+                       accum_steps=k, shuffle=False, loss_fn=torch.nn.functional.cross_entropy, normalize="count",
+                       count=lambda *batch: counted(batch), **options)
+        return model
+
+    full = fit(12, 1, loss_reduction="mean")
+    assert max_param_diff(fit(4, 3, loss_reduction="mean"), full) <= 1e-13
+    assert max_param_diff(fit(4, 3, loss_reduction="sum"), full) > 1e-3
+
+
+def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_changed():
+    X, y = ignoring()
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, max_steps=1)  # Adam holds state
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)  # a gradient of the learner's own, left as it is
+    before = copy.deepcopy((model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict()))
+    with pytest.raises(ValueError, match="loss_reduction is missing") as refused:
+        accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, normalize="count",
+                       loss_fn=torch.nn.functional.cross_entropy, count=lambda *batch: counted(batch))
+    assert "loss_reduction='mean'" in str(refused.value) and "loss_reduction='sum'" in str(refused.value)
+    after = (model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    assert all(torch.equal(a, b) for a, b in zip(before[1], after[1]))
+    assert identical(before[2], after[2])  # the step counts and moments, bit for bit
+    # the model's own loss needs none: it is a mean
+    accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
+                   normalize="count", count=lambda *batch: counted(batch), max_steps=1)
+
+
+def test_a_disabled_grad_scaler_is_no_scaler_in_train():
+    """GradScaler(enabled=use_amp) with use_amp False, PyTorch's own AMP recipe: train takes it for no scaler (the
+    same run, bit for bit, and a NaN gradient raises with on_nonfinite="raise"); with fp16 it is refused."""
+    def disabled():
+        return torch.amp.GradScaler("cpu", enabled=False)
+
+    plain, history = run(4, 3, 48, epochs=1)
+    scaled, scaled_history = run(4, 3, 48, epochs=1, scaler=disabled())
+    assert max_param_diff(scaled, plain) == 0 and scaled_history.deterministic() == history.deterministic()
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        nan_gradient_run(on_nonfinite="raise", scaler=disabled())
+    model = models.mlp()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"scaler is disabled .* amp='fp16'"):
+        accumlib.train(model, (X64[:24].float(), Y64[:24]), torch.optim.SGD(model.parameters(), lr=0.5),
+                       micro_batch_size=4, accum_steps=3, amp="fp16", scaler=disabled(), device="cpu")
+    assert identical(before, model.state_dict())
+
+
+def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
+    """A NaN gradient under a finite loss raises with on_nonfinite="raise" (a real scaler would take it for an
+    overflow and skip), the model and .grad left as they were; a finite cycle steps as without a scaler."""
+    x, y = X64[:16].clone(), Y64[:16].clone()
+    y[5] = 99
+    micro_batches = list(zip(x.split(8), y.split(8)))
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.5, 0.5], loss_fn=nan_gradient_on_label_99,
+                                     scaler=torch.amp.GradScaler("cpu", enabled=False), on_nonfinite="raise")
+    assert identical(before, model.state_dict()) and all(p.grad is None for p in model.parameters())
+    y[5] = 0
+    reference = copy.deepcopy(model)
+    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
+                                 list(zip(x.split(8), y.split(8))), [0.5, 0.5])
+    result = accumlib.accumulate_and_step(model, optimizer, list(zip(x.split(8), y.split(8))), [0.5, 0.5],
+                                          scaler=torch.amp.GradScaler("cpu", enabled=False))
+    assert not result.skipped and max_param_diff(model, reference) == 0
+
+
+class CountingSGD(torch.optim.SGD):
+    """An SGD whose zero_grad (as a sharded or fused optimizer's override would) notes each call's set_to_none."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.calls = [*getattr(self, "calls", []), set_to_none]
+        super().zero_grad(set_to_none)
+
+
+def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
+    """5 cycles, the second holding a NaN (skipped: the model left as found, no zeroing): 4 steps, 4 calls, each
+    set_to_none=True, in train; one call per accumulate_and_step step; the weights those of plain SGD."""
+    X, y = X64[:60].clone(), Y64[:60].clone()
+    y[13] = 99  # the second cycle (micro-batches of 4, accum_steps 3)
+    model, plain = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    optimizer = CountingSGD(model.parameters(), lr=0.5)
+    history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, shuffle=False,
+                             loss_fn=nan_on_label_99)
+    accumlib.train(plain, (X, y), torch.optim.SGD(plain.parameters(), lr=0.5), micro_batch_size=4, accum_steps=3,
+                   shuffle=False, loss_fn=nan_on_label_99)
+    assert [r.skipped for r in history] == [False, True, False, False, False]
+    assert optimizer.calls == [True] * 4 and max_param_diff(model, plain) == 0
+    optimizer.calls = []
+    accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y64[:8].split(4))), [0.5, 0.5])
+    assert optimizer.calls == [True] and all(p.grad is None for p in model.parameters())
+
+
+def linear_run(batches, accum_steps, optimizer=torch.optim.SGD):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3, dtype=torch.float64)
+    history = accumlib.train(model, batches, optimizer(model.parameters(), lr=0.1), accum_steps=accum_steps)
+    return model, history
+
+
+def test_a_batch_of_0_rows_adds_nothing_mid_cycle_and_at_the_end():
+    """A filtering collate_fn's 0-row batch: mid-cycle, the cycle is the step on its other batches, bit for bit (not
+    a skipped step); at the end, its cycle has nothing to learn: recorded as empty, not stepped, no error."""
+    X, y = X64[:18, :6], Y64[:18] % 3
+    batches = list(zip(X.split(3), y.split(3)))
+    none = (X[:0], y[:0])
+    model, history = linear_run([batches[0], none, batches[1]], 3)
+    others, _ = linear_run(batches[:2], 2)
+    assert [(r.skipped, r.empty, r.micro_batches, r.samples) for r in history] == [(False, False, 2, 6)]
+    assert max_param_diff(model, others) == 0
+    model, history = linear_run(batches + [none], 3)
+    plain, _ = linear_run(batches, 3)
+    assert [(r.skipped, r.empty, r.samples) for r in history] == [(False, False, 9), (False, False, 9),
+                                                                    (False, True, 0)]
+    assert max_param_diff(model, plain) == 0
+    model, history = linear_run([none, none], 2)  # only 0-row batches: nothing to learn, nothing changed
+    torch.manual_seed(0)
+    assert [(r.empty, r.micro_batches) for r in history] == [(True, 0)]
+    assert max_param_diff(model, torch.nn.Linear(6, 3, dtype=torch.float64)) == 0
+
+
+def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
+    """A weight-0 micro-batch whose loss is NaN does not poison the cycle (it is not run: the step on the others,
+    bit for bit); all weights 0: nothing run or changed, the result says empty."""
+    x, y = X64[:12], Y64[:12]
+    micro_batches = list(zip(x.split(4), y.split(4)))
+    model, reference = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    calls = []
+
+    def loss_fn(out, target):
+        calls.append(len(target))
+        return torch.nn.functional.cross_entropy(out, target) * (math.nan if target is micro_batches[1][1] else 1.0)
+
+    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches,
+                                          [0.5, 0, 0.5], loss_fn=loss_fn)
+    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
+                                 [micro_batches[0], micro_batches[2]], [0.5, 0.5])
+    assert not result.skipped and not result.empty and max_param_diff(model, reference) == 0
+    before, calls[:] = copy.deepcopy(model.state_dict()), []
+    optimizer = torch.optim.Adam(model.parameters())
+    result = accumlib.accumulate_and_step(model, optimizer, micro_batches, [0, 0.0, 0], loss_fn=loss_fn)
+    assert (result.empty, result.skipped, result.grad_norm, calls, optimizer.state) == (True, False, None, [], {})
+    assert math.isnan(result.loss) and identical(before, model.state_dict())

@@ -243,3 +243,137 @@ def test_an_optimizer_of_the_head_alone_keeps_state_for_the_head_alone():
     both = memory.measure_step(body_trains_too, X[:8], Y[:8], optimizer=torch.optim.Adam(body_trains_too[-1].parameters()),
                                accum_steps=2)
     assert both.optimizer_state == report.optimizer_state and both.gradients == both.parameters
+
+
+AUG_X = torch.randn(24, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+AUG_Y = torch.randint(0, 3, (24,), generator=torch.Generator().manual_seed(6))
+
+
+class Augmenting(torch.utils.data.Dataset):
+    """torchvision-style random augmentation in __getitem__, drawing from torch's, Python's and NumPy's random
+    states (albumentations-style libraries draw from the last two)."""
+
+    def __len__(self):
+        return len(AUG_X)
+
+    def __getitem__(self, i):
+        import random
+
+        import numpy as np
+        noise = 0.1 * torch.randn(6, dtype=torch.float64) + 0.01 * random.random() + 0.01 * np.random.rand()
+        return AUG_X[i] + noise, AUG_Y[i]
+
+
+class AugmentingDicts(Augmenting):
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return {"x": x, "y": y}
+
+
+class Classifier(torch.nn.Module):
+    """forward(x) -> logits, or forward(x=..., y=...) -> {"loss": ...} for dict batches."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(6, 3, dtype=torch.float64)
+
+    def forward(self, x, y=None):
+        out = self.layer(x)
+        return out if y is None else {"loss": torch.nn.functional.cross_entropy(out, y)}
+
+
+@pytest.mark.parametrize("dataset", [Augmenting(), AugmentingDicts()], ids=["pairs", "dicts"])
+def test_memory_budget_leaves_a_randomly_augmenting_dataset_as_it_trains_without_it(dataset):
+    """The budget's trace fetches its micro-batch under its own random state: the seeded run is bit-identical with
+    and without the budget, and torch's, Python's and NumPy's random states end where they would without it."""
+    import random
+
+    import numpy as np
+
+    def run(budget):
+        torch.manual_seed(0), random.seed(0), np.random.seed(0)
+        model = Classifier()
+        history = accumlib.train(model, dataset, torch.optim.Adam(model.parameters(), lr=0.1), micro_batch_size=4,
+                                 accum_steps=2, epochs=2, memory_budget=budget, device="cpu")
+        return model.state_dict(), history.deterministic(), torch.get_rng_state(), random.random(), np.random.rand()
+
+    without, within = run(None), run(2 ** 30)
+    assert accumlib.parameter_gap(within[0], without[0]) == 0 and within[1] == without[1]
+    assert torch.equal(within[2], without[2]) and within[3:] == without[3:]
+    # the augmentation is real: another seed trains other weights
+    torch.manual_seed(1)
+    assert accumlib.parameter_gap(Classifier().state_dict(), without[0]) > 0
+
+
+DDP_BUDGET_WORKER = '''
+import gc, json, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib
+from accumlib import memory
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+X, Y = torch.randn(48, 6, dtype=torch.float64), torch.randint(0, 3, (48,))
+batches = [(X[i:i + 4], Y[i:i + 4]) for i in range(rank * 24, rank * 24 + 24, 4)]
+
+
+def build(view=False):
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).double()
+    return DistributedDataParallel(net, gradient_as_bucket_view=view)
+
+
+out = {}
+for name, data, options in [("X, y", (X, Y), dict(micro_batch_size=4)), ("list", batches, {})]:
+    states = []
+    for budget in (None, 2 ** 30):
+        model = build()
+        history = accumlib.train(model, data, torch.optim.Adam(model.parameters(), lr=0.1), accum_steps=3,
+                                 memory_budget=budget, device="cpu", **options)
+        states.append((model.module.state_dict(), history.deterministic()))
+    out[name] = accumlib.parameter_gap(*[s for s, _ in states]), states[0][1] == states[1][1]
+for view in (False, True):
+    model = build(view)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    traced, module = (memory.check_fits(m, optimizer, X[:4], Y[:4], accum_steps=3, budget_bytes=2 ** 30)
+                      for m in (model, model.module))
+    out[f"peak, view={view}"] = traced.peak
+    out[f"view={view}"] = (traced.peak - module.peak, traced.gradients - module.gradients,
+                           sum(map(int, str(model._get_ddp_logging_data()["bucket_sizes"]).split(","))) if not view else 0)
+model = build()
+before = [t.clone() for t in model.module.state_dict().values()]
+try:
+    accumlib.train(model, (X, Y), torch.optim.Adam(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
+                   memory_budget=1000, device="cpu")
+    out["too small"] = "trained"
+except memory.OutOfMemory as error:
+    out["too small"] = [error.needed_bytes, error.available_bytes]
+out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, model.module.state_dict().values()))
+with open(sys.argv[2] + f".{rank}", "w") as f:
+    json.dump(out, f)
+gc.collect()
+dist.destroy_process_group()
+'''
+
+
+def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_path):
+    """2 gloo processes: train(DDP(model), memory_budget=...) trains bit for bit as without the budget, for (X, y)
+    and a list of batches (before: INTERNAL ASSERT FAILED at c10d/comm.cpp from the trace running DDP's hook);
+    the peak is the module's plus DDP's gradient buckets (the sizes DDP itself reports; none when the .grad are
+    views of them); a budget too small stops both processes with OutOfMemory before anything changes."""
+    from test_pipeline import run_on_two_processes
+
+    run_on_two_processes(DDP_BUDGET_WORKER, tmp_path, str(tmp_path / "out"), timeout=180)
+    import json
+    for rank in range(2):
+        out = json.loads((tmp_path / f"out.{rank}").read_text())
+        assert out["X, y"] == [0.0, True] and out["list"] == [0.0, True]
+        buckets, gradients, reported = out["view=False"]
+        assert buckets == gradients == reported == 8 * (6 * 16 + 16 + 16 * 3 + 3)
+        assert out["view=True"] == [0, 0, 0]
+        assert out["too small"] == [out["peak, view=False"], 1000]
+        assert out["unchanged"]

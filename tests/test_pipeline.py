@@ -7,8 +7,10 @@ included. Tolerance: float64 rounds at 1.1e-16 relative; the sums and means here
 terms of size ~1 and the weights stay ~1, so 10 SGD steps stay far below 1e-13 (a lost or mis-weighted micro-batch
 moves a weight by ~1e-3).
 """
+import copy
 import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -133,8 +135,8 @@ def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
 
 
 def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
-    """The same model's loss, reduced by sum (loss_fn, the default reduction "sum" with normalize="count") or by mean
-    (loss_reduction="mean" said explicitly): the same steps, both equal to the full batch."""
+    """The same model's loss, reduced by sum (loss_reduction="sum") or by mean (loss_reduction="mean"): the same
+    steps, both equal to the full batch."""
     def token_sum(output, batch):
         logits, labels = output.logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1)
         return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
@@ -144,7 +146,7 @@ def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
 
     loader = torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad)
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 1))
-    for options in (dict(loss_fn=token_sum), dict(loss_fn=token_mean, loss_reduction="mean")):
+    for options in (dict(loss_fn=token_sum, loss_reduction="sum"), dict(loss_fn=token_mean, loss_reduction="mean")):
         model = TinyCausalLM()
         accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                        normalize="count", count=tokens, **options)
@@ -178,7 +180,7 @@ def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
     loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=lambda b: as_tuple(pad(b)))
     model = TupleInputLM()
     history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
-                             loss_fn=token_sum_of_logits, normalize="count",
+                             loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
                              count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
     assert len(history) == 6
@@ -207,7 +209,7 @@ def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
     n = len(dataset)
     tuple_model = TupleInputLM()
     accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
-                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count",
+                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
                    count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
     dict_model = TinyCausalLM()
     accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
@@ -290,8 +292,9 @@ def test_the_model_s_own_loss_with_normalize_samples_weights_each_batch_by_its_s
     ("micro-batch-size-missing", dict(data=(torch.zeros(4, 2), torch.zeros(4))), TypeError,
      ["micro_batch_size is missing", "(X, y)"]),
     ("batch-of-one-tensor", dict(data=[[torch.zeros(2, 6)], [torch.zeros(2, 6)]]), TypeError,
-     ["data's batch 0 of epoch 0", "(x, y)"]),
-    ("batch-without-tensors", dict(data=[{"input_ids": [1, 2]}]), TypeError, ["data's batch 0", "no tensor"]),
+     ["data[0] (batch 0 of the list)", "(x, y)"]),
+    ("batch-without-tensors", dict(data=[{"input_ids": [1, 2]}]), TypeError,
+     ["data[0] (batch 0 of the list)", "no tensor"]),
     ("empty-loader", dict(data=[]), ValueError, ["data gave no batch", "empty"]),
     ("a-string", dict(data="tokens.txt"), TypeError, ["data", "str"]),
     ("a-generator-twice", dict(data=(b for b in []), epochs=2), ValueError, ["epochs=2", "generator", "once"]),
@@ -372,7 +375,8 @@ try:
         collate = (lambda b: t.as_tuple(t.pad(b))) if name == "tuple inputs" else t.pad
         loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=collate)
         model = DistributedDataParallel(t.TupleInputLM() if name == "tuple inputs" else t.TinyCausalLM())
-        options = (dict(loss_fn=t.token_sum_of_logits, count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
+        options = (dict(loss_fn=t.token_sum_of_logits, loss_reduction="sum",
+                        count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
                    if name == "tuple inputs" else dict(count=lambda batch: (batch["labels"][:, 1:] != -100).sum()))
         history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                                  normalize="count", epochs=2, device="cpu", **options)
@@ -452,11 +456,11 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     assert result["samples"] == [24, 5] * 2
     assert result["micro_batches"] == [4, 2] * 2  # process 0's; process 1 has one real and one padding in step 2
     assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
-    # per step, Python-level all-reduces: the cycle's batch counts (5 values: samples, processes that failed
-    # fetching, processes without any batch, and each process's batches), its loss terms (2: terms and bad counts)
+    # per step, Python-level all-reduces: the cycle's batch counts (7 values: samples, and each process's batches,
+    # whether it failed fetching and whether it never had a batch), its loss terms (2: terms and bad counts)
     # once, and the loss (1); a short cycle (fewer than accum_steps batches on every process) ends the epoch without
     # another
-    assert result["sizes"] == [5, 2, 1] * 4
+    assert result["sizes"] == [7, 2, 1] * 4
 
 
 def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
@@ -555,7 +559,8 @@ torch.manual_seed(0)
 good = [(torch.randn(2, 6), torch.zeros(2, dtype=torch.long)) for _ in range(4)]
 if rank == 1:  # the other process's data is as rank 0's but for what the case breaks
     scalar = (torch.zeros(()), torch.zeros(()))  # a batch without a batch dimension: refused as its cycle comes
-    good = {"bad batch": good[:3] + [scalar], "no batch": [], "loader error": good[:3] + [None]}[case]
+    good = {"bad batch": good[:3] + [scalar], "no batch": [], "loader error": good[:3] + [None],
+            "list: empty": [], "list: a bad item": good[:1] + [None] + good[2:]}[case]
 
 
 def batches(items):  # a stream (no len()): each batch is checked as its cycle is fetched
@@ -567,8 +572,8 @@ def batches(items):  # a stream (no len()): each batch is checked as its cycle i
 
 model = DistributedDataParallel(torch.nn.Linear(6, 3))
 try:
-    accumlib.train(model, batches(good), torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
-                   device="cpu")
+    data = good if case.startswith("list") else batches(good)  # a list: every item checked before the run
+    accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, device="cpu")
     outcome = "trained"
 except Exception as error:
     outcome = f"{type(error).__name__}: {error}"
@@ -579,16 +584,165 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error"])
+@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item"])
 def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
-    """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch) stops, and the
-    others stop at the same cycle with a message that says so, instead of waiting for it in an all-reduce."""
+    """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch; a list that is
+    empty or holds a bad item) stops, and the others stop at the same cycle with a message that says which process
+    failed and why, instead of waiting for it in an all-reduce (or gloo's "Connection closed by peer")."""
     run_on_two_processes(REFUSING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)  # both exit: none waits
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
-    expected = {"bad batch": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
-                              "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension"),
-                "no batch": ("ValueError: data gave another process no batch while this one has some",
-                             "ValueError: data gave this process no batch while another process has some"),
-                "loader error": ("ValueError: 1 other process failed fetching or checking its batches for step 2",
-                                 "OSError: the disk went away")}[case]
+    bad_item = ("TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
+                "inputs, or a dict of model inputs, got None of type NoneType")
+    failed = "ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
+    stops = " (rank 1). This process (rank 0) stops with it, before this step changes anything"
+    no_batch = ("ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
+                "ValueError: data gave this process (rank 1) no batch while another process has some")
+    scalar = "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be counted"
+    expected = {"bad batch": (failed.format(step=2) + scalar + stops, scalar),
+                "no batch": no_batch, "list: empty": no_batch,
+                "loader error": (failed.format(step=2) + "OSError: the disk went away" + stops,
+                                 "OSError: the disk went away"),
+                "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item)}[case]
     assert ours.startswith(expected[0]) and theirs.startswith(expected[1]), (ours, theirs)
+
+
+def unlabelled(batch: dict) -> dict:
+    """`batch` with every label ignored (-100): a micro-batch without loss terms (prompt masking, packing)."""
+    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE)}
+
+
+BATCHES = [pad(ITEMS[i:i + 3]) for i in range(0, 18, 3)]  # 6 batches of 3 sequences
+
+
+def hf_run(batches, optimizer=torch.optim.SGD, accum_steps=3, **options):
+    """The README's Hugging Face recipe (the model's own mean loss, count = its shifted labels that are not -100)."""
+    model = TinyCausalLM()
+    opt = optimizer(model.parameters(), lr=0.5 if optimizer is torch.optim.SGD else 0.01)
+    history = accumlib.train(model, batches, opt, accum_steps=accum_steps, normalize="count",
+                             count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), **options)
+    return model, opt, history
+
+
+def test_a_micro_batch_without_labelled_tokens_adds_nothing_to_its_cycle():
+    """Its mean loss is NaN (a mean over 0 tokens): the cycle is the step on its other micro-batches, bit for bit,
+    and one step on all their sequences at once to float64's rounding; it is not a skipped step."""
+    model, _, history = hf_run([BATCHES[0], unlabelled(BATCHES[1]), BATCHES[2]])
+    others, _, _ = hf_run([BATCHES[0], BATCHES[2]], accum_steps=2)
+    assert [(r.skipped, r.empty, r.micro_batches) for r in history] == [(False, False, 3)]
+    assert math.isfinite(history[0].loss)
+    assert accumlib.parameter_gap(model, others) == 0
+    reference = full_batch_reference(TinyCausalLM(), [ITEMS[0:3] + ITEMS[6:9]])
+    assert accumlib.parameter_gap(model, reference) < TOLERANCE
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+def test_a_cycle_without_labelled_tokens_is_not_stepped_and_the_run_goes_on(optimizer):
+    """Step 2's micro-batches have no labelled token: no step (Adam's step count and moments untouched), recorded
+    as empty (not as skipped, loss NaN, no norm), then step 3 trains: the run of steps 1 and 3 alone, bit for bit."""
+    seen = []
+    model, opt, history = hf_run([BATCHES[0], BATCHES[1], unlabelled(BATCHES[2]), unlabelled(BATCHES[3]),
+                                  BATCHES[4], BATCHES[5]], optimizer, accum_steps=2, on_step=seen.append)
+    alone, alone_opt, _ = hf_run([BATCHES[0], BATCHES[1], BATCHES[4], BATCHES[5]], optimizer, accum_steps=2)
+    assert [(r.step, r.skipped, r.empty) for r in history] == [(1, False, False), (2, False, True), (3, False, False)]
+    assert math.isnan(history[1].loss) and history[1].grad_norm is None and seen == list(history)
+    assert accumlib.parameter_gap(model, alone) == 0
+    state, alone_state = opt.state_dict()["state"], alone_opt.state_dict()["state"]
+    assert all(torch.equal(state[i][key], alone_state[i][key]) for i in state for key in state[i])
+    if optimizer is torch.optim.Adam:
+        assert {float(s["step"]) for s in state.values()} == {2.0}
+
+
+ZERO_WORKER = '''
+import gc, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib, test_pipeline as t
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, results = dist.get_rank(), {}
+B, Z = t.BATCHES, t.unlabelled
+# step 1: process 1's second micro-batch has no labelled token; step 2: none has any, on either process; step 3:
+# process 1 has none in the whole cycle while process 0 has some
+batches = ([B[0], B[1], Z(B[2]), Z(B[3]), B[4], B[5]] if rank == 0 else
+           [t.pad(t.ITEMS[18:21]), Z(t.pad(t.ITEMS[21:24])), Z(B[0]), Z(B[1]), Z(B[2]), Z(B[3])])
+try:
+    for name, optimizer, options in (("SGD", torch.optim.SGD, {}), ("Adam", torch.optim.Adam, {}),
+                                     ("SGD without no_sync", torch.optim.SGD, dict(ddp_no_sync=False))):
+        model = DistributedDataParallel(t.TinyCausalLM())
+        opt = optimizer(model.parameters(), lr=0.5 if optimizer is torch.optim.SGD else 0.01)
+        history = accumlib.train(model, batches, opt, accum_steps=2, normalize="count", device="cpu",
+                                 count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), **options)
+        results[name] = dict(state=model.module.state_dict(), records=[(r.skipped, r.empty) for r in history],
+                             steps=sorted({float(s["step"]) for s in opt.state.values() if "step" in s}))
+    if rank == 0:
+        torch.save(results, sys.argv[2])
+    dist.barrier()
+finally:
+    gc.collect()
+    dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def two_processes_without_tokens(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ddp-zero")
+    run_on_two_processes(ZERO_WORKER, folder, str(folder / "result.pt"), timeout=240)
+    return torch.load(folder / "result.pt")
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "SGD without no_sync"])
+def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_rest(two_processes_without_tokens,
+                                                                                     name):
+    """On 2 gloo processes: a micro-batch without labelled tokens adds nothing (step 1, on process 1: its last, so
+    it all-reduces in its first); a cycle without any on either process is not stepped (step 2: no collective, Adam's
+    step count untouched); a process without any in a cycle still takes part in the step of the other (step 3): one
+    step per stepped cycle on all its labelled sequences at once, to float64's rounding."""
+    result = two_processes_without_tokens[name]
+    assert result["records"] == [(False, False), (False, True), (False, False)]
+    model = TinyCausalLM()
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01) if name == "Adam" else
+                 torch.optim.SGD(model.parameters(), lr=0.5))
+    for cycle in (ITEMS[0:6] + ITEMS[18:21], ITEMS[12:18]):
+        optimizer.zero_grad()
+        model(**pad(cycle)).loss.backward()
+        optimizer.step()
+    assert accumlib.parameter_gap(result["state"], model.state_dict()) < TOLERANCE
+    assert result["steps"] == ([2.0] if name == "Adam" else [])
+
+
+LIST_X = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+LIST_Y = torch.randint(0, 3, (12,), generator=torch.Generator().manual_seed(4))
+LIST_BATCHES = [(LIST_X[i:i + 4], LIST_Y[i:i + 4]) for i in range(0, 12, 4)]
+
+
+@pytest.mark.parametrize("item, shown", [
+    (None, "None of type NoneType"), (3, "3 of type int"), ("batch", "'batch' of type str"),
+    ((LIST_X[:4], LIST_Y[:4], LIST_Y[:4]), r"\(tensor\(\[\[.*\.\.\..*\]\)\) \(\d+ characters\) of type tuple"),
+    (LIST_X[:4], r"tensor\(\[\[.*\.\.\..*\]\], dtype=torch.float64\) \(\d+ characters\) of type Tensor"),
+], ids=["None", "int", "str", "a triple", "a tensor"])
+@pytest.mark.parametrize("resume_from_step", [0, 2])
+def test_a_bad_item_in_a_list_of_batches_is_named_by_position_and_value(item, shown, resume_from_step):
+    """[B0, bad, B2]: refused before the run naming data[1], its value (a long one shortened) and what a batch may
+    be, also when resume_from_step passes over its step; not taken for (X, y) data. Nothing changes."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3, dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    with pytest.raises(TypeError, match=r"^data\[1\] \(batch 1 of the list\) must be \(x, y\), \(inputs, y\) with a "
+                                        r"tuple or dict of inputs, or a dict of model inputs, got " + shown + "$"):
+        accumlib.train(model, [LIST_BATCHES[0], item, LIST_BATCHES[2]], optimizer, accum_steps=1,
+                       resume_from_step=resume_from_step, device="cpu")
+    assert accumlib.parameter_gap(model, before[0]) == 0 and optimizer.state_dict() == before[1]
+
+
+def test_a_list_of_two_tensors_is_still_x_y_data():
+    def fit(data):
+        torch.manual_seed(0)
+        model = nn.Linear(6, 3, dtype=torch.float64)
+        accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=1,
+                       device="cpu")
+        return model
+
+    assert accumlib.parameter_gap(fit([LIST_X, LIST_Y]), fit((LIST_X, LIST_Y))) == 0

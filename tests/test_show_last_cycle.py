@@ -85,7 +85,8 @@ def test_tokens_compares_each_normalisation_with_the_reference(capsys):
                        micro_batch_size=micro_batch_size, accum_steps=accum_steps, measure_memory=False, **loss)
         return model
 
-    by_tokens = dict(loss_fn=models.token_loss_sum, normalize="count", count=data.count_tokens)
+    by_tokens = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count",
+                     count=data.count_tokens)
     gaps = last_cycle.tokens({"mean": run(4, 3, loss_fn=models.token_loss_mean), "count": run(4, 3, **by_tokens)},
                              run(12, 1, **by_tokens))
     out = capsys.readouterr().out

@@ -94,6 +94,9 @@ def test_every_loss_combination_gives_a_figure_on_the_full_batch(loss, m, k):
     assert len(rx) == -(-96 // full) and rx[-1] == ax_[-1] == 96  # one batch of m x k, or of all 96 samples
     assert np.array_equal(rx, ax_) and np.max(np.abs(ry - ay)) <= 1e-5
     assert (f"all {full} samples" in reference_label) == (m * k > 96)
+    clamped = f"(the effective batch of {m * k} is more than the 96 samples: every step takes all 96)"
+    title = " ".join(loss.plots[0].figure.axes[0].get_title().split())  # wrapped onto lines to fit the figure
+    assert (clamped in title) == (clamped in loss.plots[0].alt) == (clamped in loss.summary) == (m * k > 96)
     assert f"micro-batch{'es' if k > 1 else ''} of {m}" in label
     assert "curves equal to within 1e-5: yes" in loss.summary
 
@@ -522,3 +525,70 @@ def test_a_kernel_restarted_while_a_dashboard_computes_exits_cleanly(tmp_path):
         stderr.close()
     assert any("True" in msg["content"].get("text", "") for msg in printed)  # they were computing
     assert "terminate called" not in (tmp_path / "kernel-stderr.txt").read_text()
+
+
+def test_a_micro_batch_size_of_none_is_refused_and_the_slider_keeps_its_size():
+    """ipywidgets' own SelectionSlider kept None after its TraitError, and every later change failed."""
+    dashboard = widgets.LossDashboard(samples=96, epochs=1)
+    with pytest.raises(widgets.traitlets.TraitError, match=r"^micro-batch size must be one of 2, 4, 8, 16, 32, 64, "
+                                                          r"got None; it stays 8$"):
+        dashboard.micro_batch_size.value = None
+    assert dashboard.micro_batch_size.value == 8 and dashboard.effective_batch == 32 and not dashboard.runs
+    assert settle(dashboard, micro_batch_size=16).settings["effective_batch"] == 64
+    assert dashboard.runs[-1].outcome == "done"
+
+
+def test_wait_from_another_thread_while_a_change_is_starting_its_run(monkeypatch):
+    """wait() from a thread, at the moment a change has made its run's thread but not yet started it, waits for
+    it (before: RuntimeError 'cannot join thread before it is started'). The change's start() is held open until
+    the waiting thread has returned from wait() or 2 s have passed, so the moment is hit every time."""
+    dashboard = widgets.LossDashboard(samples=96, epochs=1)
+    made, returned, outcome = threading.Event(), threading.Event(), []
+
+    def wait_then_say():
+        made.wait()
+        try:
+            dashboard.wait()
+            outcome.append("waited")
+        except Exception as error:
+            outcome.append(error)
+        returned.set()
+
+    waiter = threading.Thread(target=wait_then_say)
+    waiter.start()
+
+    class HeldStart(threading.Thread):
+        def start(self):
+            made.set()  # the dashboard holds this thread as its latest run's, not started yet
+            returned.wait(2)
+            super().start()
+
+    monkeypatch.setattr(widgets.threading, "Thread", HeldStart)
+    dashboard.micro_batch_size.value = 16
+    monkeypatch.undo()
+    waiter.join()
+    dashboard.wait()
+    assert outcome == ["waited"] and dashboard.runs[-1].outcome == "done"
+
+
+def test_the_cached_digits_are_copied_for_each_caller():
+    """A dashboard's digits (or a learner's change of them in place) never reach another dashboard's."""
+    first = widgets._digits(4, flat=True)
+    first[0].add_(1)
+    first[1][0] = 9
+    again = widgets._digits(4, flat=True)
+    expected = widgets.data.digits(4, flat=True)
+    assert torch.equal(again[0], expected[0]) and torch.equal(again[1], expected[1])
+
+
+def test_dashboard_settings_take_numpy_integers_as_python_ints():
+    """np.int64 from a config or np.random: the dashboard is the one built from the Python ints."""
+    dashboard = widgets.LossDashboard(samples=np.int64(96), epochs=1, micro_batch_size=np.int64(16),
+                                      accum_steps=np.int32(2))
+    assert dashboard.current_settings() == widgets.LossDashboard(samples=96, epochs=1, micro_batch_size=16,
+                                                                 accum_steps=2).current_settings()
+    assert all(type(v) is int for v in (dashboard.samples, dashboard.micro_batch_size.value,
+                                         dashboard.accum_steps.value))
+    for bad in (8.0, True, np.True_):
+        with pytest.raises(ValueError, match=r"^micro_batch_size must be one of \(2, 4, 8, 16, 32, 64\), got "):
+            widgets.LossDashboard(micro_batch_size=bad)

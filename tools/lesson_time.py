@@ -8,7 +8,7 @@ method, and `lesson_times.json` beside this file the one place that holds the nu
 `write` puts (or refreshes) each named lesson's time cell, a markdown cell tagged and identified `lesson-time`
 right after the title, with its Hindi translation in translations/lessons/hi/<lesson>.po, and rebuilds
 notebooks/hi (tools/editions.py build: stored outputs are kept, since no code cell changes); it then stores the
-method and every lesson's numbers in tools/lesson_times.json and rewrites the time columns of the README's lesson
+method and every lesson's numbers in tools/lesson_times.json and rewrites the time columns of docs/lessons.md's lesson
 table and of INSTRUCTORS.md. tests/test_lesson_time.py recomputes all of it from the notebooks and fails when
 anything is stale.
 
@@ -61,7 +61,7 @@ import editions  # noqa: E402
 
 ROOT = editions.ROOT
 STORE = Path(__file__).resolve().parent / "lesson_times.json"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "lessons.md"  # the lesson table (docs/lessons.md; the README links it)
 INSTRUCTORS = ROOT / "INSTRUCTORS.md"
 QUESTIONS = ROOT / "accumlib" / "lessons" / "quiz" / "questions.json"
 
@@ -422,7 +422,7 @@ def write(names: list[str] | None = None) -> list[str]:
     editions._write_if_changed(README, refreshed_readme(README.read_text(encoding="utf-8"), times).encode("utf-8"))
     editions._write_if_changed(INSTRUCTORS, refreshed_instructors(INSTRUCTORS.read_text(encoding="utf-8"),
                                                                   times).encode("utf-8"))
-    done.append(f"{STORE.relative_to(ROOT)}, README.md, INSTRUCTORS.md: {len(times)} lessons")
+    done.append(f"{STORE.relative_to(ROOT)}, docs/lessons.md, INSTRUCTORS.md: {len(times)} lessons")
     return done
 
 

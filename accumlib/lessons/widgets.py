@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import ipywidgets as w
 import torch
+import traitlets
 from IPython.display import display
 
 from .. import batchnorm, devices, memory
 from . import data, models, pitfalls, plots
 from ._view import view_bundle
-from .._validate import boolean, non_negative_int, positive_int, positive_number
+from .._validate import as_integer, boolean, non_negative_int, positive_int, positive_number
 from ..i18n import N_, _, ngettext
 from ..loop import StopTraining, train
 
@@ -63,6 +64,22 @@ def slider_layout() -> w.Layout:
 def row_layout() -> w.Layout:
     """A row of controls that wraps onto the next line instead of squeezing or cutting them off."""
     return w.Layout(display="flex", flex_flow="row wrap", align_items="center", width="100%")
+
+
+class _SizeSlider(w.SelectionSlider):
+    """ipywidgets' SelectionSlider, refusing None as it refuses any other value not among its options: its own
+    takes value=None (a trait that allows None skips its validation), then fails setting the index and keeps None:
+    every later change then failed."""
+
+    value = traitlets.Any(None, help="Selected value")
+    value.allow_none = False  # None validated too, below (Any's allow_none=False argument leaves it allowed)
+
+    @traitlets.validate("value")
+    def _validate_value(self, proposal):
+        if proposal.value is None:
+            raise traitlets.TraitError(_("micro-batch size must be one of {sizes}, got None; it stays {value}").format(
+                sizes=", ".join(map(str, self.options)), value=self.value))
+        return super()._validate_value(proposal)
 
 
 @dataclass
@@ -126,10 +143,12 @@ def _one_thread():
 
 
 def _integer_from_to(name: str, value, low: int, high: int, note: str = "") -> int:
-    """`value` if it is an integer from `low` to `high`; a ValueError naming `name` and the valid range otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    """`value` as an int if it is an integer (as Python converts one: a NumPy integer too) from `low` to `high`; a
+    ValueError naming `name` and the valid range otherwise."""
+    number = as_integer(value)
+    if number is None or not low <= number <= high:
         raise ValueError(f"{name} must be an integer from {low} to {high}{note}, got {value!r}")
-    return value
+    return number
 
 
 # In a Voila app (which sets VOILA_SERVER_URL in its kernels' environment) no code and no cell output show: the
@@ -171,15 +190,16 @@ class Dashboard:
                 raise ValueError(f"tasks must be distinct task numbers from 1 to {len(every)} (or None for all), "
                                  f"got {tasks!r}")
             self.tasks = tuple(every[n - 1] for n in tasks)
-        if micro_batch_size not in MICRO_BATCH_SIZES or isinstance(micro_batch_size, bool):
+        if as_integer(micro_batch_size) not in MICRO_BATCH_SIZES:  # a NumPy integer too; never True or 8.0
             raise ValueError(f"micro_batch_size must be one of {MICRO_BATCH_SIZES}, got {micro_batch_size!r}")
-        _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
+        micro_batch_size = as_integer(micro_batch_size)
+        accum_steps = _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
         self.seed = non_negative_int("seed", seed)
         # where every model, batch and measurement of the dashboard goes: the lesson's device (accumlib.devices.pick)
         self.device = devices.pick() if device is None else torch.device(device)
         self.accum_steps = w.IntSlider(value=accum_steps, min=1, max=MAX_ACCUM_STEPS, description="accum_steps",
                                        continuous_update=False, style=STYLE, layout=slider_layout())
-        self.micro_batch_size = w.SelectionSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
+        self.micro_batch_size = _SizeSlider(options=MICRO_BATCH_SIZES, value=micro_batch_size,
                                                   description=_("micro-batch size"), continuous_update=False,
                                                   style=STYLE, layout=slider_layout())
         self.effective = w.HTML(layout=w.Layout(flex="1 1 100%", min_width="0"))  # a line of its own, below the sliders
@@ -306,8 +326,10 @@ class Dashboard:
 
     def wait(self, timeout: float = 120) -> None:
         """Block until every run started so far has finished; raise the error of any run that failed since the
-        last wait(), and TimeoutError when runs are still going after `timeout` seconds."""
-        thread = self._thread
+        last wait(), and TimeoutError when runs are still going after `timeout` seconds. Safe from any thread: the
+        latest run's thread is read under the lock that a change holds until it has started it."""
+        with self._lock:
+            thread = self._thread
         if thread is not None:
             thread.join(timeout)
             if thread.is_alive():
@@ -349,8 +371,14 @@ class Dashboard:
         return bundle
 
 
-@functools.lru_cache(maxsize=None)
 def _digits(n: int | None = None, flat: bool = False, device: torch.device = torch.device("cpu")):
+    """The first n digits on `device`, copied from the cache for each caller: a dashboard (or a learner) that
+    changes its tensors in place leaves every other dashboard's digits as they are."""
+    return tuple(t.clone() for t in _cached_digits(n, flat, device))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_digits(n: int | None, flat: bool, device: torch.device):
     return tuple(t.to(device) for t in data.digits(n, flat=flat))
 
 
@@ -379,8 +407,8 @@ class LossDashboard(Dashboard):
     def __init__(self, *, samples: int = 384, epochs: int = 2, lr: float = 0.5, redraw_seconds: float = 0.3,
                  forget_division: bool = False, zero_every_micro_batch: bool = False,
                  step_every_micro_batch: bool = False, batchnorm: bool = False, **kwargs):
-        _integer_from_to("samples", samples, max(MICRO_BATCH_SIZES), data.DIGITS,
-                         " (from the largest micro-batch to all the digits)")
+        samples = _integer_from_to("samples", samples, max(MICRO_BATCH_SIZES), data.DIGITS,
+                                   " (from the largest micro-batch to all the digits)")
         self.samples, self.epochs = samples, positive_int("epochs", epochs)
         self.lr, self.redraw_seconds = positive_number("lr", lr), positive_number("redraw_seconds", redraw_seconds)
         switched = dict(forget_division=forget_division, zero_every_micro_batch=zero_every_micro_batch,
@@ -464,6 +492,10 @@ class LossDashboard(Dashboard):
 
         accumulated = self._curve(m, k, settings["batchnorm"], bugs, job, on_point)
         title, finding = self._finding(m, k, full, reference, accumulated)
+        if full < m * k:  # the sliders ask for more samples per step than the data holds: said, not silently clamped
+            clamped = _("(the effective batch of {effective} is more than the {samples} samples: every step takes "
+                        "all {samples})").format(effective=m * k, samples=full)
+            title, finding = f"{title} {clamped}", f"{finding} {clamped}"
         alt = ngettext("Line chart of the training loss against samples seen: one batch of {batch} (thick line) and "
                        "{accum_steps} micro-batch of {micro_batch_size} (dashed, with markers). {finding}",
                        "Line chart of the training loss against samples seen: one batch of {batch} (thick line) and "
@@ -656,8 +688,8 @@ class BatchNormDashboard(Dashboard):
     BATCHES = 4  # effective batches (at most) the first chart averages over
 
     def __init__(self, *, samples: int = 512, **kwargs):
-        _integer_from_to("samples", samples, max(MICRO_BATCH_SIZES), data.DIGITS - self.HELD_OUT,
-                         f" (the digits that leave {self.HELD_OUT} held out)")
+        samples = _integer_from_to("samples", samples, max(MICRO_BATCH_SIZES), data.DIGITS - self.HELD_OUT,
+                                   f" (the digits that leave {self.HELD_OUT} held out)")
         self.samples = samples
         super().__init__(**kwargs)
         self.model = _trained_batchnorm_cnn(samples, self.seed, self.device)
