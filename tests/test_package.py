@@ -174,7 +174,8 @@ LESSON_0 = ROOT / "notebooks" / "en" / "00_in_ten_minutes.ipynb"
 DASHBOARD_AND_QUIZ = [
     "import accumlib, ipywidgets, matplotlib\nprint(ipywidgets.__version__, matplotlib.__version__)",
     "from accumlib.lessons import quiz, widgets\ndashboard = widgets.LossDashboard(device='cpu')\ndashboard.show()",
-    "dashboard.accum_steps.value = 16  # as the slider does\ndashboard.wait()\nprint(dashboard.summary.splitlines()[0])",
+    "dashboard.accum_steps.value = 16  # as the slider does\ndashboard.wait()\n"
+    "print(dashboard.summary.splitlines()[0])",
     "check = quiz.check(lesson=2)\ncheck",
     "check.choices.value = check.quiz.question('grad-adds-up')['answer']\nprint(check.submit().correct)",
     "accumlib.set_language('hi')\nfrom accumlib.lessons import plots\n"
@@ -230,10 +231,11 @@ def run_in(colab, notebook, wheel) -> list[dict]:
 
 
 def text_of(outputs) -> str:
-    return "".join(o.get("text", "") if o["output_type"] == "stream" else "".join(o.get("data", {}).get("text/plain", ""))
-                   for o in outputs)
+    return "".join(o.get("text", "") if o["output_type"] == "stream"
+                   else "".join(o.get("data", {}).get("text/plain", "")) for o in outputs)
 
 
+@pytest.mark.slow
 def test_on_a_colab_stand_in_the_install_cell_keeps_its_packages_and_lesson_0_a_dashboard_and_the_quiz_run(
         colab, wheel):
     """With Colab's matplotlib 3.10 and ipywidgets 7.7, the notebooks' first cell installs accumlib alone (before:

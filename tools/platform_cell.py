@@ -44,7 +44,7 @@ if any(os.path.isdir(d) for d in ("/content", "/kaggle")) and importlib.util.fin
     loaded = [name for name in missing if name in sys.modules]  # imported already: the old version stays loaded
     if loaded:
         print("Restart the runtime now (Colab: Runtime > Restart session; Kaggle: Run > Restart & clear cell "
-              "outputs), then run the notebook again from the top:", ", ".join(loaded), "changed after being imported")'''
+              "outputs), then run the notebook again from the top:", ", ".join(loaded), "changed once imported")'''
 
 
 def setup_cell():

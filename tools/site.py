@@ -301,7 +301,8 @@ def web_dashboard(widgets: "StaticWidgets", ref: str, plain: str, dashboards: di
             f'<div class="sw-hbox wd-controls">{"".join(controls)}</div>'
             + (f'<div class="sw-hbox wd-switches">{switches}</div>' if switches else "")
             + f'<div class="wd-readout">{default["readout"]}</div><div class="wd-figures">{figures}</div>'
-            f'<pre class="sw-stream wd-summary">{html.escape(board["shown"] + chr(10) + default["summary"])}</pre></div>')
+            f'<pre class="sw-stream wd-summary">{html.escape(board["shown"] + chr(10) + default["summary"])}</pre>'
+            "</div>")
 
 
 def figure_html_file(src: str, alt: str) -> str:

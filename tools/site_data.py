@@ -126,7 +126,8 @@ def dashboards_data(out: Path) -> None:
             dashboard = cls(device="cpu")
             for attribute in ("_curves", "_reports"):  # training runs and memory reports: language-free caches
                 if hasattr(dashboard, attribute):
-                    setattr(dashboard, attribute, shared.setdefault(f"{name}{attribute}", getattr(dashboard, attribute)))
+                    cache = shared.setdefault(f"{name}{attribute}", getattr(dashboard, attribute))
+                    setattr(dashboard, attribute, cache)
             for control in dashboard.controls:  # set the controls without starting the dashboard's own runs
                 control.unobserve(dashboard._changed, names="value")
             written: dict[str, str] = {}  # a figure's bytes (hashed) -> its file: identical figures stored once
