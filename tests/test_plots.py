@@ -198,3 +198,28 @@ def test_a_log_axis_label_and_its_tick_labels_do_not_overlap(language):
     assert len(ticks) >= 2, "the axis needs at least two labelled ticks to be read"
     assert not [t for t in ticks if overlaps(ylabel, t)], f"the y label {label!r} overlaps a tick label"
     assert not [(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1:] if overlaps(a, b)]
+
+
+@pytest.mark.parametrize("version, language, warns", [("3.10.0", "hi", True), ("3.10.0", "en", False),
+                                                      ("3.11.2", "hi", False)])
+def test_hindi_figures_on_a_matplotlib_that_cannot_shape_say_how_to_fix_it(monkeypatch, version, language, warns):
+    """Colab's matplotlib 3.10 draws Devanagari unjoined (its matras and conjuncts apart: looked at, 3.10.0 against
+    3.11.2); the lessons otherwise work with it, so a Hindi course warns once, in Hindi, with the command and the
+    restart; English figures, and a matplotlib that shapes, say nothing."""
+    monkeypatch.setattr(matplotlib, "__version__", version)
+    plots.warn_unshaped.cache_clear()
+    previous = i18n.language()
+    i18n.set_language(language)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plots.loss_curves({"a": {"samples_seen": [1, 2], "loss": [2.0, 1.0]}}, "t", "alt").png()
+            plots.loss_curves({"a": {"samples_seen": [1, 2], "loss": [2.0, 1.0]}}, "t", "alt").png()
+    finally:
+        i18n.set_language(previous)
+        plots.warn_unshaped.cache_clear()
+    said = [str(w.message) for w in caught if 'pip install -q "matplotlib' in str(w.message)]
+    assert len(said) == (1 if warns else 0), said  # once per process, however many figures
+    if warns:
+        assert "matplotlib 3.10.0" in said[0] and 'pip install -q "matplotlib>=3.11"' in said[0]
+        assert "अक्षर" in said[0]  # in the course's language

@@ -28,7 +28,7 @@ from matplotlib import font_manager, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..i18n import N_, _
+from ..i18n import N_, _, language
 
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 STACK_COLOURS = [*OKABE_ITO, "#999999"]  # nine memory categories: Okabe-Ito and a neutral grey
@@ -64,12 +64,39 @@ def devanagari_font() -> str:
     return font_manager.FontProperties(fname=SHIPPED_FONT).get_name()
 
 
+SHAPING = (3, 11)  # the first matplotlib that shapes Devanagari (joins matras and conjuncts): its bundled libraqm
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:2])
+
+
+@functools.lru_cache(maxsize=1)
+def warn_unshaped() -> bool:
+    """Once per process, where the course speaks Hindi on a matplotlib that cannot shape Devanagari (Colab's 3.10,
+    which the lessons otherwise work with): warn that the figures' Hindi letters come out unjoined, and how to fix
+    it. Returns whether it warned."""
+    if _version(matplotlib.__version__) >= SHAPING:
+        return False
+    import warnings
+
+    needed = ".".join(map(str, SHAPING))
+    warnings.warn(_("Hindi text in figures needs matplotlib {needed} or later to join its letters; this is matplotlib "
+                    "{version}. Run {command}, then restart the runtime (Colab: {menu}) and run the notebook again "
+                    "from the top.").format(needed=needed, version=matplotlib.__version__,
+                                            command=f'%pip install -q "matplotlib>={needed}"',
+                                            menu="Runtime → Restart session"), stacklevel=3)
+    return True
+
+
 @contextlib.contextmanager
 def drawing():
     """Build or render a figure with the course's fonts: the usual family, then a Devanagari fallback.
 
     Holds a lock, because rcParams are global and dashboards draw in background threads.
     """
+    if language() == "hi":
+        warn_unshaped()
     with _DRAWING, matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"], devanagari_font()]}):
         yield
 

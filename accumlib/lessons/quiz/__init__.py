@@ -39,6 +39,7 @@ from pathlib import Path
 import ipywidgets as w
 
 from ...i18n import LANGUAGES, N_, _, catalogue, language as course_language
+from .._view import view_bundle
 from .experiments import RUNS
 from .scores import PROCESS_SEED, ScoreFile, rows as _score_rows, to_csv
 
@@ -429,7 +430,7 @@ class QuizWidget:
         return text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle = view_bundle(self.widget, include, exclude)
         ids = ", ".join(q["id"] for q in self.quiz.questions)
         summary = self.quiz.ui("whole_summary" if self.whole else "summary", language=LANGUAGES[self.quiz.language],
                                count=len(self.quiz.questions), ids=ids)
