@@ -125,6 +125,7 @@ def test_memory_per_process_a_column_per_process_and_the_findings_from_the_bytes
     assert [line.split()[-4:] for line in lines[1:6]] == [["300", "300", "150", "150"], ["600", "600", "400", "400"],
                                                          ["0", "0", "0", "0"], ["100", "100", "250*", "250*"],
                                                          ["1,000", "1,000", "800*", "800*"]]
+    assert len({len(line) for line in lines[:6]}) == 1  # every column right-aligned, the marked ones too
     assert lines[6] == ("Under DDP every process holds all the weights (300 bytes); under FSDP2 each holds its shard, "
                         "1/2 of them (150 bytes).")
     assert lines[7] == "The busiest process's peak is lower under FSDP2: 800* bytes against 1,000 under DDP."
