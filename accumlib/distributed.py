@@ -1,4 +1,4 @@
-"""Accumulation across processes, for real: DistributedDataParallel on the CPU with the gloo backend.
+"""Accumulation across processes, for real: DistributedDataParallel or FSDP2 on the CPU with the gloo backend.
 
 `launch` starts one fresh Python process (not forked from the caller, so a Jupyter kernel stays out of it) that
 imports torch, reads the job and forks `world_size` ranks from it, so they share its pages instead of each
