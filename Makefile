@@ -77,7 +77,7 @@ translations: $(VENV)/.installed  ## accumlib's catalogues (extract, merge, comp
 	$(PY) tools/catalogs.py
 	$(PY) tools/editions.py update build
 
-site: $(SITE_VENV)/.installed  ## the website, both editions, from the stored notebooks (offline): build/site/index.html
+site: $(VENV)/.installed $(SITE_VENV)/.installed  ## the website, both editions, from the stored notebooks (offline; the quiz and dashboards computed with .venv): build/site/index.html
 	$(SITE_VENV)/bin/python tools/site.py --out build/site
 
 bench: $(VENV)/.installed  ## benchmark table (benchmarks/results.json)

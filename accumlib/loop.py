@@ -484,8 +484,9 @@ def _own_loss(output, target):
     loss = output.get("loss") if mapping else getattr(output, "loss", None)
     if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
-    if loss is not None:
+    if loss is not None:  # a tensor subclass (FakeTensor in a trace, DTensor) passes as a plain tensor does
         _refuse_model_loss(loss, "output['loss']" if mapping else "output.loss")
+        return loss
     raise TypeError(_("the model returned {type} without a loss (no .loss attribute or 'loss' key) and no loss_fn "
                       "was given: put the labels in the batch so that the model computes its loss, or give "
                       "loss_fn(output, target)").format(type=type(output).__name__))

@@ -24,6 +24,7 @@ html_theme = "sphinx_book_theme"
 html_title = SITE["labels"]["home"]
 html_static_path = ["_static", "../accumlib/lessons/fonts"]  # the course's CSS, and Lohit Devanagari for Hindi
 html_css_files = ["accumlib.css"]
+html_js_files = ["quiz.js", "dashboards.js"]  # the quiz answered and the dashboards' controls in the page
 html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None
@@ -46,8 +47,8 @@ def launch_bar(app, pagename, templatename, context, doctree):
         parts.append(f'<a class="language-switch" lang="{code}" hreflang="{code}" '
                      f'href="../{code}/{target}.html">{other["label"]}</a>')
     if page["launch"]:
-        buttons = "".join(f'<a class="launch-button" href="{url}" target="_blank" rel="noopener">{label}</a>'
-                          for label, url in page["launch"])
+        buttons = "".join(f'<a class="launch-button{" desktop-only" if desktop else ""}" href="{url}" '
+                          f'target="_blank" rel="noopener">{label}</a>' for label, url, desktop in page["launch"])
         parts.append(f'<span class="launch-label">{SITE["labels"]["open live"]}</span>{buttons}')
     context["body"] = f'<nav class="lesson-bar">{"".join(parts)}</nav>' + context["body"]
 

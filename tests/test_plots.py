@@ -165,3 +165,61 @@ def test_a_diverging_curve_on_a_log_axis_keeps_its_gaps_and_plain_tick_labels():
     assert np.isnan(ax.get_lines()[1].get_ydata()[2:]).all()
     figure.png()
     assert all("$" not in t.get_text() for t in ax.get_yticklabels())
+
+
+def overlaps(a, b) -> bool:
+    """Whether two display-space bounding boxes share any area (touching edges do not count)."""
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def drawn_text_boxes(figure):
+    """The y axis label's box and the boxes of the y tick labels drawn with text, after rendering the figure."""
+    figure.png()
+    ax = figure.figure.axes[0]
+    renderer = figure.figure.canvas.get_renderer()
+    ticks = [t.get_window_extent(renderer) for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
+             if t.get_visible() and t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    return ax.yaxis.label.get_window_extent(renderer), ticks
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_a_log_axis_label_and_its_tick_labels_do_not_overlap(language):
+    """Lesson 0's BatchNorm figure as it is drawn (plots.lines, log y, its own label, deviations 0.01-0.08 in both
+    editions): the y label clears every tick label, and no two tick labels overlap (Hindi review N0-4: the label sat on
+    the mathtext minor labels 4×10⁻², 3×10⁻², 2×10⁻², which overlapped each other)."""
+    i18n.set_language(language)
+    try:
+        label = i18n._("deviation from the whole batch (relative)")
+        figure = plots.lines({"a": ([4, 64], [0.077, 0.024]), "b": ([4, 64], [0.030, 0.010])},
+                             i18n._("micro-batch size (samples)"), label, "title", "alt", logy=True)
+    finally:
+        i18n.set_language("en")
+    ylabel, ticks = drawn_text_boxes(figure)
+    assert len(ticks) >= 2, "the axis needs at least two labelled ticks to be read"
+    assert not [t for t in ticks if overlaps(ylabel, t)], f"the y label {label!r} overlaps a tick label"
+    assert not [(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1:] if overlaps(a, b)]
+
+
+@pytest.mark.parametrize("version, language, warns", [("3.10.0", "hi", True), ("3.10.0", "en", False),
+                                                      ("3.11.2", "hi", False)])
+def test_hindi_figures_on_a_matplotlib_that_cannot_shape_say_how_to_fix_it(monkeypatch, version, language, warns):
+    """Colab's matplotlib 3.10 draws Devanagari unjoined (its matras and conjuncts apart: looked at, 3.10.0 against
+    3.11.2); the lessons otherwise work with it, so a Hindi course warns once, in Hindi, with the command and the
+    restart; English figures, and a matplotlib that shapes, say nothing."""
+    monkeypatch.setattr(matplotlib, "__version__", version)
+    plots.warn_unshaped.cache_clear()
+    previous = i18n.language()
+    i18n.set_language(language)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plots.loss_curves({"a": {"samples_seen": [1, 2], "loss": [2.0, 1.0]}}, "t", "alt").png()
+            plots.loss_curves({"a": {"samples_seen": [1, 2], "loss": [2.0, 1.0]}}, "t", "alt").png()
+    finally:
+        i18n.set_language(previous)
+        plots.warn_unshaped.cache_clear()
+    said = [str(w.message) for w in caught if 'pip install -q "matplotlib' in str(w.message)]
+    assert len(said) == (1 if warns else 0), said  # once per process, however many figures
+    if warns:
+        assert "matplotlib 3.10.0" in said[0] and 'pip install -q "matplotlib>=3.11"' in said[0]
+        assert "अक्षर" in said[0]  # in the course's language

@@ -25,20 +25,25 @@ def test_unknown_topic_names_the_topics():
         show.not_a_topic  # noqa: B018
 
 
-def test_a_table_with_devanagari_is_also_shown_as_html_a_latin_one_stays_printed_text(capsys, monkeypatch):
-    """Hindi review X-7: Devanagari glyphs from a proportional fallback font shift a monospaced table's columns, so
-    such a table is displayed as HTML too (its text stays the plain-text form); an English table is printed as before."""
+def test_every_table_is_shown_as_html_with_its_text_as_before(capsys, monkeypatch):
+    """A measured table is displayed as an HTML table (it wraps to a phone's screen, and Devanagari from a
+    proportional fallback font no longer shifts its columns: Hindi review X-7) whose text/plain is the text table,
+    exactly as it was printed before (nbval compares it); English and Hindi alike."""
     shown = []
     monkeypatch.setattr(_format, "display", shown.append)
-    text = _format.print_table(["split", "peak (bytes)"], [["8 × 4", "310,944"], ["32 × 1", "986,204"]])
-    assert capsys.readouterr().out == text + "\n" and not shown
-    text = _format.print_table(["बँटवारा", "peak (bytes)"], [["8 × 4", "310,944"], ["एक batch", "986,204"]])
-    assert capsys.readouterr().out == "" and len(shown) == 1
-    view = shown[0]
-    assert str(view) == repr(view) == text == _format.table(["बँटवारा", "peak (bytes)"],
-                                                            [["8 × 4", "310,944"], ["एक batch", "986,204"]])
-    page = view._repr_html_()
-    assert page.startswith("<table><tr><th") and page.count("<tr>") == 3
-    assert '<td style="text-align:right">986,204</td>' in page  # numbers right-aligned, as in the text
-    assert '<td style="text-align:left">एक batch</td>' in page and '<th style="text-align:left">बँटवारा</th>' in page
+    for header, rows in ((["split", "peak (bytes)"], [["8 × 4", "310,944"], ["32 × 1", "986,204"]]),
+                         (["बँटवारा", "peak (bytes)"], [["8 × 4", "310,944"], ["एक batch", "986,204"]])):
+        text = _format.print_table(header, rows)
+        assert capsys.readouterr().out == "" and len(shown) == 1
+        view = shown.pop()
+        assert str(view) == repr(view) == text == _format.table(header, rows)
+        page = view._repr_html_()
+        assert page.startswith("<table><tr><th") and page.count("<tr>") == 3
+        assert '<td style="text-align:right">986,204</td>' in page  # numbers right-aligned, as in the text
+        assert f'<th style="text-align:left">{header[0]}</th>' in page
+        assert f'<td style="text-align:left">{rows[1][0]}</td>' in page
+    from IPython.core.formatters import DisplayFormatter
+
+    data, _metadata = DisplayFormatter().format(_format.TableView("a  b", [["a", "b"], ["1", "2"]], [True, True]))
+    assert data["text/plain"] == "a  b" and data["text/html"].startswith("<table")  # what Jupyter stores
     assert "&lt;" in _format.TableView("x", [["a"], ["< 1.0e-12"]], [True])._repr_html_()  # cells are escaped

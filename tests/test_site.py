@@ -12,10 +12,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+
+from accumlib.lessons.plots import DPI
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
@@ -23,6 +26,7 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/
 SCREENSHOTS = ROOT / "build" / "screenshots"
 PHONE, DESKTOP = 390, 1280  # px: an iPhone 12-15's CSS width; a laptop's
 EDITIONS = ("en", "hi")
+SMALLEST_TEXT_PX = 8 * DPI / 72  # a figure's smallest text: tick labels and legends of 8 pt, at the figures' dpi
 
 
 def notebooks(lang):
@@ -52,8 +56,10 @@ def site(tmp_path_factory):
     if not SITE_PYTHON.exists():
         pytest.fail("the site's builder is not installed: run `make .venv-site/.installed` (make test does)")
     out = tmp_path_factory.mktemp("site") / "site"
-    subprocess.run([str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)], check=True, timeout=600,
-                   env=dict(os.environ, PYTHONPATH=""))
+    # the quiz and the dashboards' figures are computed by the lessons' Python: this one, which runs the tests
+    lessons_python = os.environ.get("ACCUMLIB_LESSONS_PYTHON", sys.executable)
+    subprocess.run([str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)], check=True, timeout=1800,
+                   env=dict(os.environ, PYTHONPATH="", ACCUMLIB_LESSONS_PYTHON=lessons_python))
     return out
 
 
@@ -80,8 +86,11 @@ def test_nothing_is_loaded_from_elsewhere(site):
 @pytest.fixture(scope="module")
 def served(site):
     """The site on a local HTTP server (127.0.0.1, an ephemeral port), as GitHub Pages would serve it."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # no line per request in the test's output
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -116,8 +125,16 @@ MEASURE = """() => {
     figures: figures.length, broken: figures.filter(i => !(i.complete && i.naturalWidth > 0)).length,
     noAlt: figures.filter(i => !i.alt.trim()).length,
     launch: [...document.querySelectorAll('.lesson-bar a.launch-button')].map(a => [a.textContent, a.href]),
+    shown: [...document.querySelectorAll('.lesson-bar a.launch-button')].filter(a => a.offsetWidth > 0)
+      .map(a => a.href),
     switch: [...document.querySelectorAll('.lesson-bar a.language-switch')].map(a => a.getAttribute('href')),
     lang: doc.lang,
+    // every cell output inside the page; a figure or table wider than it scrolls inside its own box
+    outputsWider: [...document.querySelectorAll('article div.cell_output')].filter(e =>
+      e.getBoundingClientRect().right > doc.clientWidth + 1 || e.getBoundingClientRect().left < -1).length,
+    // each figure's drawn size against its pixels: its smallest text (8 pt at 90 dpi: 10 px) is drawn at 10 px x this
+    figureScale: Math.min(1, ...figures.filter(i => i.naturalWidth > 0).map(i => i.getBoundingClientRect().width / i.naturalWidth)),
+    tables: document.querySelectorAll('article div.cell_output table').length,
     needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
     dashboards: document.querySelectorAll('.static-dashboard').length,
   };
@@ -141,12 +158,18 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
             where = f"{lang}/{stem}"
             assert m["lang"] == lang, where
             assert m["scrollWidth"] <= m["clientWidth"], (where, m["scrollWidth"], m["wide"])
+            assert m["outputsWider"] == 0, where
+            assert m["figureScale"] * SMALLEST_TEXT_PX >= 9, (where, m["figureScale"])  # figure text: 9 px at least
             assert m["switch"] == [f"../{other}/{stem}.html"], where
             urllib.request.urlopen(f"{served}/{other}/{stem}.html").close()  # the other edition's page exists
             if stem == "index":
                 continue
             expected = widget_figures(ROOT / "notebooks" / lang / f"{stem}.ipynb")
             assert m["figures"] == expected and m["broken"] == 0 and m["noAlt"] == 0, (where, m)
+            # Binder's single-document view first; JupyterLab beside it only where the screen is wide enough
+            binder = [href for _, href in m["launch"] if "mybinder.org" in href]
+            assert "urlpath=doc%2Ftree%2Fnotebooks" in binder[0] and "urlpath=lab%2Ftree" in binder[1], where
+            assert binder[0] in m["shown"] and binder[1] not in m["shown"], where
             hosts = [href.split("/")[2] for _, href in m["launch"]]
             assert {"mybinder.org", "colab.research.google.com", "kaggle.com"} <= set(hosts), where
             assert any(f"notebooks%2F{lang}%2F{stem}.ipynb" in href or f"notebooks/{lang}/{stem}.ipynb" in href
@@ -197,3 +220,160 @@ def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
                 dashboard.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-dashboard.png"))
         page.close()
     assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 6
+
+
+def bank_question(qid: str) -> dict:
+    """A question as the quiz's own loader reads it (the bank the notebooks' quiz asks)."""
+    return next(q for q in json.loads((ROOT / "accumlib" / "lessons" / "quiz" / "questions.json").read_text())
+                ["questions"] if q["id"] == qid)
+
+
+def test_the_quiz_is_answered_in_the_page_and_the_first_try_score_survives_a_reload(served, browser):
+    """Lesson 2's quick check on the site, without a kernel: a wrong option gives that option's feedback and the
+    hint, the right one the explanation, a number question grades typed numbers (a known wrong one gets its own
+    feedback); the score counts first tries, and after a reload it is the same (localStorage); a predict question
+    shows its stored run once answered. Both editions."""
+    context = browser.new_context(viewport={"width": PHONE, "height": 844})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    for lang, right, wrong in (("en", "Correct!", "That is not it. Try again."),
+                               ("hi", "सही!", None)):
+        page.goto(f"{served}/{lang}/02_grad_accumulates.html", wait_until="load")
+        check = page.locator(".web-quiz").filter(has=page.locator(".wq-question[data-qid=grad-adds-up]"))
+        assert check.count() == 1, lang
+        assert check.locator(".wq-question").count() == 5, lang  # grad-adds-up ... logging-loss: the stored quiz's
+        question = check.locator(".wq-question[data-qid=grad-adds-up]")
+        options = question.locator(".wq-option")
+        texts = options.all_inner_texts()
+        bank = bank_question("grad-adds-up")
+        if lang == "en":  # the options are the bank's, shown in the quiz's order for the website's seed
+            assert sorted(texts) == sorted(o["text"] for o in bank["options"])
+        right_text = next(o["text"] for o in bank["options"] if o["id"] == bank["answer"])
+        wrong_index = next(i for i, t in enumerate(texts) if lang != "en" or t != right_text)
+        if lang == "en":
+            wrong_option = next(o for o in bank["options"] if o["text"] == texts[wrong_index])
+        options.nth(wrong_index).locator("input").check()
+        question.locator(".wq-check").click()
+        feedback = question.locator(".wq-feedback").inner_text()
+        if lang == "en":
+            assert feedback.startswith(wrong) and wrong_option["feedback"] in feedback, feedback
+            assert bank["hint"] in question.locator(".wq-hint").inner_text()
+        number = check.locator(".wq-question[data-qid=samples-per-step]")
+        number.locator("input").fill("16")
+        number.locator(".wq-check").click()
+        known = next(c["feedback"] for c in bank_question("samples-per-step")["known_wrong"] if c["answer"] == 16)
+        if lang == "en":
+            assert known in number.locator(".wq-feedback").inner_text()
+        number.locator("input").fill("64")
+        number.locator(".wq-check").click()
+        assert number.locator(".wq-feedback").inner_text().startswith(right if lang == "en" else "सही"), lang
+        score = check.locator(".wq-score").inner_text()
+        page.reload(wait_until="load")
+        again = page.locator(".web-quiz").filter(has=page.locator(".wq-question[data-qid=grad-adds-up]"))
+        assert again.locator(".wq-score").inner_text() == score, (lang, score)
+        assert again.locator(".wq-before").count() == 2  # the two questions answered before the reload
+        if lang == "en":  # two answered, neither right at the first try; one right in the end
+            assert score == "Score: 0 of 5 right at the first try, 1 of 5 in the end", score
+        predict = page.locator(".wq-question[data-qid=predict-no-division-adam]")
+        assert predict.locator(".wq-result").is_hidden()
+        predict.locator(".wq-option input").first.check()
+        predict.locator(".wq-check").click()
+        assert "Adam" in predict.locator(".wq-result pre").inner_text(), lang  # the run's text, stored at the build
+    assert errors == [], errors
+    context.close()
+
+
+def platform_fonts(page, selector: str) -> list[str]:
+    """The fonts Chromium drew `selector`'s first element's text with (DevTools' CSS.getPlatformFontsForNode)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+    cdp.detach()
+    return [f["familyName"] for f in fonts]
+
+
+def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text_uses_the_shipped_font(served, browser):
+    """The Colab/Kaggle install cell (tag remove-cell) is on no page; the lesson time shows the theme's stopwatch
+    icon, not the ⏱ emoji (a font the page does not carry); the Hindi title, text and code comments are drawn in
+    Lohit Devanagari, the font the site ships (before: headings and code fell back to whatever the system had)."""
+    page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
+    for lang in EDITIONS:
+        for stem in notebooks(lang):
+            page.goto(f"{served}/{lang}/{stem}.html", wait_until="load")
+            text = page.inner_text("article")
+            assert "ACCUMLIB_INSTALL" not in text and "Colab and Kaggle only" not in text, (lang, stem)
+            assert "⏱" not in text, (lang, stem)
+        page.goto(f"{served}/{lang}/03_the_loop.html", wait_until="load")
+        assert page.locator("article .fa-stopwatch").count() == 1, lang
+    page.goto(f"{served}/hi/03_the_loop.html", wait_until="load")
+    page.evaluate("document.fonts.ready")
+    comment = "article .highlight .c1"
+    assert page.locator(comment).count() > 0
+    hindi_comment = next(i for i, t in enumerate(page.locator(comment).all_inner_texts())
+                         if any("\u0900" <= c <= "\u097f" for c in t))
+    page.evaluate(f"(i) => document.querySelectorAll({comment!r})[i].id = 'hindi-comment'", hindi_comment)
+    for selector in ("article h1", "article p", "#hindi-comment"):
+        assert "Lohit Devanagari" in platform_fonts(page, selector), selector
+        # named by the page's CSS itself: a machine whose fallback is another font still gets the shipped one
+        family = page.evaluate(f"() => getComputedStyle(document.querySelector({selector!r})).fontFamily")
+        assert "Lohit Devanagari" in family, (selector, family)
+
+
+# bytes. The dashboards' figures for every offered setting, both editions (measured: about 10 MiB); the whole
+# site with them (measured before them: 17 MB, mostly the theme's assets and the notebooks' inline figures, twice)
+DASHBOARDS_BUDGET, SITE_BUDGET = 12 * 2 ** 20, 32 * 2 ** 20
+
+
+def test_the_site_fits_its_size_budget(site):
+    total = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
+    figures = sum(f.stat().st_size for f in site.glob("*/_dashboards/*.png"))
+    assert 0 < figures <= DASHBOARDS_BUDGET and total <= SITE_BUDGET, (total, figures)
+
+
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, width):
+    """On the dashboards page, without a kernel: moving accum_steps (the loss dashboard) or the card (memory) shows
+    the figure, alt text and findings computed for that setting; a switch the site offers changes them too; the
+    controls carry the dashboard's own labels. Both editions, at a phone's and a desktop's width; screenshots before
+    and after to look at (build/screenshots/site-slider-*.png)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": width, "height": 844})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    for lang in EDITIONS:
+        page.goto(f"{served}/{lang}/dashboards.html", wait_until="load")
+        loss = page.locator(".web-dashboard[data-dashboard=loss]")
+        assert loss.count() == 1 and page.locator(".web-dashboard").count() == 3, lang
+        figure = loss.locator("img.lesson-figure").first
+        before = (figure.get_attribute("src"), figure.get_attribute("alt"), loss.locator(".wd-summary").inner_text())
+        assert "accum_steps=4" in before[2] and "micro_batch_size=8" in before[2], before[2]
+        loss.scroll_into_view_if_needed()
+        loss.screenshot(path=str(SCREENSHOTS / f"site-slider-{lang}-{width}-before.png"))
+        slider = loss.locator("input[type=range][data-part=accum_steps]")
+        box = loss.locator(".sw-slider", has=page.locator("input[data-part=accum_steps]"))
+        assert "accum_steps" in box.inner_text()
+        slider.fill("15")  # index 15: accum_steps 16
+        page.wait_for_function("(src) => document.querySelector('.web-dashboard[data-dashboard=loss] "
+                               "img.lesson-figure').getAttribute('src') !== src", arg=before[0])
+        after = (figure.get_attribute("src"), figure.get_attribute("alt"), loss.locator(".wd-summary").inner_text())
+        assert "accum_steps=16" in after[2] and after[1] != before[1], after
+        assert box.locator("output").inner_text() == "16"
+        assert page.evaluate("(img) => img.complete && img.naturalWidth > 0", figure.element_handle())
+        loss.screenshot(path=str(SCREENSHOTS / f"site-slider-{lang}-{width}-after.png"))
+        switch = loss.locator("input[type=checkbox][data-switch=forget_division]")
+        assert switch.is_enabled() and loss.locator("input[type=checkbox]:disabled").count() == 3
+        switch.check()
+        assert "forget_division=True" in loss.locator(".wd-summary").inner_text()
+        memory = page.locator(".web-dashboard[data-dashboard=memory]")
+        card = memory.locator("input[type=range][data-part=extra]")
+        summary = memory.locator(".wd-summary").inner_text()
+        card.fill("4")  # 4 MiB
+        assert memory.locator(".wd-summary").inner_text() != summary
+        assert f"budget_bytes={4 * 2 ** 20}" in memory.locator(".wd-summary").inner_text()
+        width_now = page.evaluate("document.documentElement.scrollWidth")
+        assert width_now <= width, (lang, width_now)
+    assert errors == [], errors

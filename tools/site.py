@@ -13,7 +13,11 @@ with its own language, so its search index, its theme's labels and its `lang` at
 
 What the page shows of a notebook is what is stored in it. Widgets have no kernel on a static page, so each stored
 widget is drawn here as plain HTML from the notebook's widget state: its text, its controls as they were set
-(disabled) and its figures; a dashboard and a quiz say that they need a kernel and how to open one. No script of
+(disabled) and its figures; a dashboard says that it needs a kernel and how to open one. Each stored quiz is
+answered in the page (site/_static/quiz.js, no kernel): its questions as accumlib's quiz loads and grades them,
+computed with the lessons' Python by tools/site_data.py (a small script of our own rather than jupyterquiz: the
+bank's grading, its per-option and known-wrong-number feedback, the hint rule and the translations already live in
+accumlib.lessons.quiz, and the site takes them from there, so the two quizzes cannot drift). No script of
 the widgets' manager is loaded (it would come from a CDN). Every figure is an <img> with the alt text its notebook
 stores.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import html
 import json
 import os
@@ -72,6 +77,35 @@ def catalogue(lang: str):
 OUT_OF_NOTEBOOKS = re.compile(r"\]\(\.\./\.\./")  # a markdown link from notebooks/<lang>/ to the repository's root
 
 
+LESSONS_PYTHON = os.environ.get("ACCUMLIB_LESSONS_PYTHON", str(ROOT / ".venv" / "bin" / "python"))
+DATA_INPUTS = ("accumlib", "tools/site_data.py")  # what tools/site_data.py's results depend on
+
+
+def site_data(folder: Path) -> dict:
+    """What tools/site_data.py computes with the lessons' stack (the quiz, the dashboards' figures), written into
+    `folder` by the lessons' Python ($ACCUMLIB_LESSONS_PYTHON, else .venv's); recomputed only when accumlib's
+    sources or that script changed since (a hash of them is kept beside the results)."""
+    digest = hashlib.sha256()
+    for top in DATA_INPUTS:
+        for path in sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+                if (ROOT / top).is_dir() else [ROOT / top]:
+            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    stamp = folder / "inputs.sha256"
+    if not (stamp.exists() and stamp.read_text() == digest.hexdigest()):
+        if not Path(LESSONS_PYTHON).exists():
+            raise SystemExit(f"the lessons' Python {LESSONS_PYTHON} is missing: run `make .venv/.installed`, or "
+                             f"set ACCUMLIB_LESSONS_PYTHON to a Python with the lessons' stack")
+        shutil.rmtree(folder, ignore_errors=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        subprocess.run([LESSONS_PYTHON, str(ROOT / "tools" / "site_data.py"), "--out", str(folder)], check=True,
+                       env=env)
+        stamp.write_text(digest.hexdigest())
+    dashboards = {lang: json.loads((folder / "dashboards" / lang / "dashboards.json").read_text(encoding="utf-8"))
+                  for lang in LANGUAGES}
+    return {"quiz": json.loads((folder / "quiz.json").read_text(encoding="utf-8")), "dashboards": dashboards,
+            "folder": folder}
+
+
 def lessons(lang: str) -> list[Path]:
     """The edition's notebooks, in the order of the table of contents: lessons by file name, then the dashboards."""
     found = sorted(NOTEBOOKS.glob(f"{lang}/*.ipynb"), key=lambda p: (p.stem == "dashboards", p.name))
@@ -80,13 +114,19 @@ def lessons(lang: str) -> list[Path]:
     return found
 
 
+DESKTOP_ONLY = {"Binder (JupyterLab)"}  # launch buttons a phone does not show (its screen is too narrow for them)
+
+
 def launch_links(lang: str, stem: str, has_dashboard: bool) -> list[tuple[str, str]]:
     """(label msgid, URL) of each button that opens this notebook live."""
     owner, name = repository()
     path = f"notebooks/{lang}/{stem}.ipynb"
     binder = f"https://mybinder.org/v2/gh/{owner}/{name}/HEAD?urlpath="
     github = f"https://github.com/{owner}/{name}/blob/main/{path}"
-    links = [("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe=""))]
+    # the single-document view first: at a phone's 390 px it leaves the notebook about 304 px (JupyterLab's side bars
+    # left its cells 40 px); JupyterLab beside it, for a desktop (site/_static/accumlib.css hides it on a phone)
+    links = [("Binder", binder + quote(f"doc/tree/{path}", safe="")),
+             ("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe=""))]
     if has_dashboard:  # Voila shows the dashboards notebook as an app: its controls and figures, no code
         links.append(("Binder (Voila app)", binder + quote(f"voila/render/notebooks/{lang}/dashboards.ipynb", safe="")))
     links.append(("Colab", f"https://colab.research.google.com/github/{owner}/{name}/blob/main/{path}"))
@@ -111,6 +151,14 @@ class StaticWidgets:
             return False
         return entry["model_name"] in names or any(self.contains(child, names)
                                                    for child in entry["state"].get("children", []))
+
+    def html_text(self, ref: str) -> str:
+        """The values of every HTML widget in `ref`'s tree, in order."""
+        entry = self.model(ref)
+        if entry is None:
+            return ""
+        own = entry["state"].get("value", "") if entry["model_name"] in ("HTMLModel", "HTMLMathModel") else ""
+        return str(own) + "".join(self.html_text(child) for child in entry["state"].get("children", []))
 
     def draw(self, ref: str) -> str:
         entry = self.model(ref)
@@ -181,8 +229,89 @@ def output_html(output: dict) -> str:
     return ""
 
 
-def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
-    """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard."""
+TIMER = '<span class="fa-solid fa-stopwatch" aria-hidden="true"></span>'  # FontAwesome: in the theme's wheel
+QUIZ_IDS = re.compile(r": ([a-z0-9-]+(?:, [a-z0-9-]+)*)$")  # the ids a stored quiz's text/plain names, line 1
+
+
+def web_quiz(widgets: "StaticWidgets", ref: str, plain: str, quiz: dict, lang: str) -> str:
+    """The stored quiz widget `ref` as a quiz answered in the page (site/_static/quiz.js): its questions, as
+    accumlib's quiz grades them (tools/site_data.py), in a JSON script; the stored drawing until the script runs."""
+    _ = catalogue(lang)
+    found = QUIZ_IDS.search(plain.splitlines()[0]) if plain else None
+    if found is None:
+        raise SystemExit(f"a stored quiz without its question ids in its text: {plain[:80]!r}")
+    ids = found.group(1).split(", ")
+    unknown = [qid for qid in ids if qid not in quiz["questions"]]
+    if unknown:
+        raise SystemExit(f"stored quiz names questions the bank lacks: {unknown}")
+    headings = re.findall(r"<h3>(.*?)</h3>", widgets.html_text(ref))  # the title the notebook's quiz showed
+    title = html.unescape(headings[0]) if headings else quiz["ui"]["title"]
+    data = {"language": lang, "title": title, "ui": quiz["ui"],
+            "questions": [{"id": qid, **quiz["questions"][qid]} for qid in ids],
+            "measured": _("What accumlib measured when this website was built (on a CPU):"),
+            "before": _("You answered this question before, on this device: your first answer counts in the score.")}
+    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div class="static-widget web-quiz"><script type="application/json" class="web-quiz-data">{payload}'
+            f'</script><div class="web-quiz-body">{widgets.draw(ref)}</div></div>')
+
+
+TASKS = re.compile(r"<b>[^<]*</b><ol>.*?</ol>", re.S)  # a stored dashboard's task list (its HTML widget)
+
+
+def web_dashboard(widgets: "StaticWidgets", ref: str, plain: str, dashboards: dict, lang: str) -> str | None:
+    """The stored dashboard `ref` with working controls (site/_static/dashboards.js): the figures and findings of
+    every offered setting, computed by tools/site_data.py; None when the dashboard is not one of those."""
+    _ = catalogue(lang)
+    name = next((n for n, d in dashboards.items() if plain.startswith(d["title"] + " (")), None)
+    if name is None:
+        return None
+    board = dashboards[name]
+    tasks = TASKS.search(widgets.html_text(ref))
+    sliders = [("micro_batch_size", board["micro_batch_size"]), ("accum_steps", board["accum_steps"])]
+    if board["budget"]:
+        sliders.append(("extra", board["budget"]))
+    controls = []
+    for part, control in sliders:
+        keys = [str(v) for v in control["values"]]
+        labels = [f"{v:.2f}" if isinstance(v, float) else str(v) for v in control["values"]]
+        index = control["values"].index(control["default"])
+        controls.append(
+            f'<label class="sw-slider"><span class="sw-label">{html.escape(control["label"])}</span>'
+            f'<input type="range" min="0" max="{len(keys) - 1}" step="1" value="{index}" data-part="{part}" '
+            f"data-keys='{html.escape(json.dumps(keys))}' data-labels='{html.escape(json.dumps(labels))}'>"
+            f"<output>{html.escape(labels[index])}</output></label>")
+    switches = "".join(
+        f'<label class="sw-check"><input type="checkbox" data-part="switch" data-switch="{s["name"]}" '
+        f'data-offered="{"yes" if s["offered"] else "no"}">{html.escape(s["label"])}</label>'
+        for s in board["switches"])
+    default = board["frames"][f'{board["micro_batch_size"]["default"]}|{board["accum_steps"]["default"]}|'
+                              f'{board["budget"]["default"] if board["budget"] else ""}']
+    base = "_dashboards/"
+    figures = "".join(f'<div class="lesson-figure-box">{figure_html_file(base + file, alt)}</div>'
+                      for file, alt in default["images"])
+    offered = _("This page shows the figures and findings computed with accumlib for each setting below when this "
+                "website was built (on a CPU): move a slider to see them. The switches that are greyed out, and "
+                "every other setting, need the notebook live: open it with a button at the top of the page.")
+    payload = json.dumps({"frames": board["frames"], "base": base, "shown": board["shown"]},
+                         ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div class="static-widget static-dashboard web-dashboard" data-dashboard="{name}">'
+            f'<script type="application/json" class="web-dashboard-data">{payload}</script>'
+            f'<h3>{html.escape(board["title"])}</h3>{tasks.group(0) if tasks else ""}'
+            f'<p class="needs-kernel">{html.escape(offered)}</p>'
+            f'<div class="sw-hbox wd-controls">{"".join(controls)}</div>'
+            + (f'<div class="sw-hbox wd-switches">{switches}</div>' if switches else "")
+            + f'<div class="wd-readout">{default["readout"]}</div><div class="wd-figures">{figures}</div>'
+            f'<pre class="sw-stream wd-summary">{html.escape(board["shown"] + chr(10) + default["summary"])}</pre>'
+            "</div>")
+
+
+def figure_html_file(src: str, alt: str) -> str:
+    return f'<img class="lesson-figure" src="{html.escape(src)}" alt="{html.escape(alt.strip())}">'
+
+
+def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None = None) -> tuple[dict, bool]:
+    """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard.
+    `computed`: what tools/site_data.py computed (site_data); its quiz makes each stored quiz answerable in the page."""
     _ = catalogue(lang)
     owner, name = repository()
     notebook = copy.deepcopy(notebook)
@@ -198,12 +327,23 @@ def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
                 if widgets.model(ref) is None:  # no state stored: what the notebook shows without a kernel
                     outputs.append(output | {"data": {"text/plain": data.get("text/plain", "")}})
                     continue
+                plain = "".join(data_plain) if (data_plain := data.get("text/plain")) else ""
+                live = (web_dashboard(widgets, ref, plain, computed["dashboards"][lang], lang)
+                        if computed is not None and widgets.contains(ref, SLIDERS) else None)
+                if live is not None:
+                    has_dashboard = True
+                    outputs.append({"output_type": "display_data", "metadata": {}, "data": {"text/html": live}})
+                    continue
                 if widgets.contains(ref, SLIDERS):
                     has_dashboard = True
                     notice = _("This dashboard needs a running Python kernel. This page shows the figure stored "
                                "for the settings below; to move the controls, open the notebook live with a button "
                                "at the top of the page.")
                     kind = "dashboard"
+                elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}) and computed is not None:
+                    outputs.append({"output_type": "display_data", "metadata": {}, "data": {
+                        "text/html": web_quiz(widgets, ref, plain, computed["quiz"][lang], lang)}})
+                    continue
                 elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}):
                     notice = _("This quiz needs a running Python kernel to check your answers. This page shows it "
                                "as stored, at its first question; open the notebook live with a button at the top of "
@@ -224,13 +364,15 @@ def static_notebook(notebook: dict, lang: str, stem: str) -> tuple[dict, bool]:
         elif cell["cell_type"] == "markdown":  # a link out of notebooks/ (../../INSTRUCTORS.md): to the repository
             repository_root = f"](https://github.com/{owner}/{name}/blob/main/"
             cell["source"] = OUT_OF_NOTEBOOKS.sub(lambda _: repository_root, "".join(cell["source"]))
+            # the lesson time's ⏱ needs an emoji font many readers lack: the theme's own stopwatch icon instead
+            cell["source"] = cell["source"].replace("⏱", TIMER)
     notebook.setdefault("metadata", {})["accumlib_site"] = {"stem": stem}
     return notebook, has_dashboard
 
 
 # ---- the build ----
 
-def prepare(lang: str, source: Path) -> dict:
+def prepare(lang: str, source: Path, data: dict | None = None) -> dict:
     """Write the edition's Sphinx source folder; returns what site/conf.py needs to know of each page."""
     _ = catalogue(lang)
     if source.exists():
@@ -239,9 +381,10 @@ def prepare(lang: str, source: Path) -> dict:
     pages = {}
     entries = []
     for path in lessons(lang):
-        notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem)
+        notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem, data)
         (source / path.name).write_text(json.dumps(notebook, ensure_ascii=False))
-        pages[path.stem] = {"launch": [[_(label), url] for label, url in launch_links(lang, path.stem, has_dashboard)],
+        pages[path.stem] = {"launch": [[_(label), url, label in DESKTOP_ONLY]
+                                       for label, url in launch_links(lang, path.stem, has_dashboard)],
                             "dashboard": has_dashboard}
         entries.append(path.stem)
     home = (SITE / "home" / f"{lang}.md").read_text()
@@ -251,14 +394,15 @@ def prepare(lang: str, source: Path) -> dict:
     return pages
 
 
-def build(out: Path, sphinx: list[str]) -> None:
+def build(out: Path, sphinx: list[str], data_folder: Path = ROOT / "build" / "site-data") -> None:
+    data = site_data(data_folder)
     work = out.parent / (out.name + "-src")
     shutil.rmtree(work, ignore_errors=True)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     for lang in LANGUAGES:
-        pages = prepare(lang, work / lang)
+        pages = prepare(lang, work / lang, data)
         other = {code: {"name": catalogue(code)("English", "language name"),
                         "label": catalogue(code)("Read this page in {language}").format(
                             language=catalogue(code)("English", "language name")),
@@ -275,6 +419,10 @@ def build(out: Path, sphinx: list[str]) -> None:
                         "-d", str(work / f"{lang}-doctrees"), str(work / lang), str(html_dir)], check=True, env=env)
         shutil.rmtree(html_dir / "_sources", ignore_errors=True)  # html_copy_source is off: nothing to serve there
         shutil.move(html_dir, out / lang)
+        frames = out / lang / "_dashboards"  # the dashboards' figures for every offered setting
+        frames.mkdir()
+        for png in (data["folder"] / "dashboards" / lang).glob("*.png"):
+            shutil.copy(png, frames / png.name)
     choices = "".join(f'<li><a lang="{code}" href="{code}/index.html">{html.escape(catalogue(code)("Gradient accumulation, seen and measured"))}'
                       f' ({html.escape(name)})</a></li>' for code, name in LANGUAGES.items())
     (out / "index.html").write_text(

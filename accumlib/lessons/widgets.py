@@ -33,6 +33,7 @@ from IPython.display import display
 
 from .. import batchnorm, devices, memory
 from . import data, models, pitfalls, plots
+from ._view import view_bundle
 from .._validate import as_integer, boolean, non_negative_int, positive_int, positive_number
 from ..i18n import N_, _, ngettext
 from ..loop import StopTraining, train
@@ -365,7 +366,7 @@ class Dashboard:
         return "\n".join(lines)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle = view_bundle(self.widget, include, exclude)
         bundle["text/plain"] = repr(self)
         return bundle
 

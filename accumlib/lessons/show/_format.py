@@ -1,4 +1,4 @@
-"""Plain-text tables and figure display shared by the `show` modules. Widths are display widths: non-spacing marks
+"""Tables (HTML, with their plain text) and figure display shared by the `show` modules. Widths are display widths: non-spacing marks
 (the Devanagari nukta, virama and upper or lower vowel signs) take no column of their own, so Hindi tables line up
 as English ones do."""
 from __future__ import annotations
@@ -74,9 +74,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: s
 
 
 class TableView:
-    """A text table that Jupyter also shows as an HTML table. Devanagari glyphs often come from a proportional
-    fallback font, which shifts the columns of a monospaced layout however the cells are padded; an HTML table keeps
-    them aligned. A text-only view (GitHub, nbviewer, a printout, a terminal) shows the text."""
+    """A measured table, shown by Jupyter (and the website, which renders the stored outputs) as an HTML table that
+    wraps to the screen it is on, and as its text to a text-only view (GitHub, nbviewer, a printout, a terminal,
+    nbval's comparison). The text is `table(...)`, exactly as printed before."""
 
     def __init__(self, text: str, cells: list[list[str]], right: list[bool]):
         self.text, self.cells, self.right = text, cells, right
@@ -93,6 +93,7 @@ class TableView:
                 for cell, right in zip(cells, self.right)) + "</tr>"
 
         head, *body = self.cells
+        # the markup the stored Hindi tables have (nbval compares text/html): no class, no thead
         return f"<table>{row(head, 'th')}{''.join(row(cells, 'td') for cells in body)}</table>"
 
 
@@ -101,13 +102,10 @@ def has_devanagari(text: str) -> bool:
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: str = "right") -> str:
-    """Print `table(header, rows)` and return its text. A table with Devanagari in it is displayed instead, as that
-    text and as HTML (TableView), so that its columns stay aligned whatever font shows the Devanagari (Hindi review
-    X-7); an all-Latin table stays plain printed text."""
+    """Display `table(header, rows)` as a TableView (HTML, and the text as text/plain) and return its text. An
+    HTML table keeps its columns aligned whatever font draws the Devanagari (Hindi review X-7) and fits a phone's
+    screen, where printed text wrapped mid-row."""
     text = table(header, rows, numbers=numbers)
-    if not has_devanagari(text):
-        print(text)
-        return text
     cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
     right = [numbers == "right" and all(_numeric(row[i]) for row in cells[1:] if row[i]) for i in range(len(cells[0]))]
     display(TableView(text, cells, right))

@@ -10,6 +10,7 @@ from IPython.display import display
 
 from ...i18n import _, ngettext
 from ...loop import parameter_gap
+from .._view import view_bundle
 from ._format import FLOAT64_ROUNDING, print_table
 from .memory import category_name
 
@@ -57,7 +58,7 @@ class ProgressBar:
             display(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle = view_bundle(self.widget, include, exclude)
         bundle["text/plain"] = _("Progress of the DDP job: {state}").format(state=self.label.value)
         return bundle
 
