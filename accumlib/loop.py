@@ -356,10 +356,9 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                     shape = cycle.sizes, cycle.samples  # when they change (the last cycle, a loader's batches)
                     weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
                                             run.world)
-                if each_cycle and cycle.layout not in fitted:
+                if each_cycle and (run.ddp or cycle.layout not in fitted):  # DDP: every cycle, the verdicts agreed
                     _check_fits(model, optimizer, cycle, weights, options, run.memory_budget, step,
-                                isinstance(source, _Loader))
-                    fitted.add(cycle.layout)  # each layout once: the same shapes peak at the same bytes
+                                isinstance(source, _Loader), fitted, run.ddp, device)
                 # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
                 # creates it): one traced cycle per such layout
                 layout = (cycle.layout, bool(optimizer.state)) if run.measure_memory else None
@@ -428,17 +427,56 @@ def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: 
 
 
 def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions, budget: int,
-                step: int, loader: bool) -> None:
+                step: int, loader: bool, fitted: set, ddp: bool, device: torch.device) -> None:
     """memory_budget: memory.OutOfMemory unless this cycle, its micro-batches as they are, fits `budget` bytes,
-    traced as memory.check_fits traces a step; before the cycle changes anything."""
-    n = len(cycle.sizes) - cycle.sizes.count(0)
-    what = ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
-                    "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(
-                        step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
-    advice = (_("give the loader a smaller batch_size and train with more accum_steps") if loader else
-              _("use a smaller micro_batch_size and more accum_steps"))
-    memory.check_cycle_fits(model, optimizer, *_real(cycle, weights), options=options, budget_bytes=budget,
-                            what=what, advice=advice)
+    traced as memory.check_fits traces a step (each layout once: the same shapes peak at the same bytes, `fitted`
+    holds those that fit); before the cycle changes anything. Under DDP every process comes here every cycle and
+    the verdicts are agreed in one small all-reduce: a process whose own cycle does not fit (its layout is its own)
+    stops every process, each saying which rank and why, none left waiting in the cycle's collectives."""
+    refused = None
+    if cycle.layout not in fitted:
+        n = len(cycle.sizes) - cycle.sizes.count(0)
+        what = ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
+                        "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(
+                            step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
+        advice = (_("give the loader a smaller batch_size and train with more accum_steps") if loader else
+                  _("use a smaller micro_batch_size and more accum_steps"))
+        try:
+            memory.check_cycle_fits(model, optimizer, *_real(cycle, weights), options=options, budget_bytes=budget,
+                                    what=what, advice=advice)
+            fitted.add(cycle.layout)
+        except Exception as error:  # under DDP the others learn of it below
+            if not ddp:
+                raise
+            refused = error
+    if not ddp:
+        return
+    world, rank = dist.get_world_size(), dist.get_rank()
+    flags = torch.zeros(world, dtype=torch.float64, device=device)
+    flags[rank] = float(refused is not None)
+    dist.all_reduce(flags)
+    failures = [r for r, flag in enumerate(flags.tolist()) if flag]
+    if not failures:
+        return
+    reasons = _reasons(refused, world)
+    if refused is not None:
+        raise refused
+    raise ValueError(ngettext(
+        "the cycle of the process of rank {ranks} does not fit memory_budget={budget} for step {step} (epoch "
+        "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes anything",
+        "the cycles of the processes of ranks {ranks} do not fit memory_budget={budget} for step {step} (epoch "
+        "{epoch}): {reasons}. This process (rank {rank}) stops with them, before this step changes anything",
+        len(failures)).format(ranks=", ".join(map(str, failures)), budget=budget, step=step + 1, epoch=cycle.epoch,
+                              rank=rank, reasons="; ".join(_("{reason} (rank {rank})").format(
+                                  reason=reasons[r], rank=r) for r in failures)))
+
+
+def _reasons(error: Exception | None, world: int) -> list:
+    """Every process's error in words ("TypeError: ..."; None for one that did not fail): one all_gather_object,
+    run only once an all-reduce has said that a process failed, so every process takes part."""
+    reasons = [None] * world
+    dist.all_gather_object(reasons, None if error is None else f"{type(error).__name__}: {error}")
+    return reasons
 
 
 def _skipped_message(skips: int, scaler) -> str:
@@ -477,14 +515,15 @@ def _own_loss(output, target):
     loss = output.get("loss") if mapping else getattr(output, "loss", None)
     if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
-    if loss is not None:
-        _refuse_model_loss(loss, "output['loss']" if mapping else "output.loss")
+    if loss is not None:  # a tensor subclass (a FakeTensor in a trace), or a broken loss: refused by name
+        _check_model_loss(loss, "output['loss']" if mapping else "output.loss")
+        return loss
     raise TypeError(_("the model returned {type} without a loss (no .loss attribute or 'loss' key) and no loss_fn "
                       "was given: put the labels in the batch so that the model computes its loss, or give "
                       "loss_fn(output, target)").format(type=type(output).__name__))
 
 
-def _refuse_model_loss(loss, where: str) -> None:
+def _check_model_loss(loss, where: str) -> None:
     """The model's own loss (`where`: its output's .loss or 'loss' key; no loss_fn was given), refused naming it
     unless it is a floating-point 0-d tensor with a gradient (no value read from the device)."""
     if not isinstance(loss, torch.Tensor):
@@ -824,13 +863,6 @@ class _Loader:
         return (int(max(per_process[:world])), int(total), [rank for rank, f in enumerate(failures) if f],
                 [rank for rank, e in enumerate(empties) if e])
 
-    def _reasons(self, error: Exception | None) -> list:
-        """Every process's error in words ("TypeError: ..."; None for one that did not fail): one all_gather_object,
-        run only once the counts have said that a process failed, so every process takes part."""
-        reasons = [None] * self.world
-        dist.all_gather_object(reasons, None if error is None else f"{type(error).__name__}: {error}")
-        return reasons
-
     def cycles(self, epochs: int | None):
         pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
         made = 0  # cycles given so far, all epochs
@@ -851,7 +883,7 @@ class _Loader:
                 except Exception as error:  # under DDP the other processes learn of it in the counts' all-reduce
                     if self.world > 1:  # and stop too, with its words, instead of waiting for this one
                         self._busiest(0, 0, failed=True)
-                        self._reasons(error)
+                        _reasons(error, self.world)
                     raise
                 pad = held[-1] if held else pad
                 if self.world == 1:
@@ -859,7 +891,7 @@ class _Loader:
                 else:
                     busiest, samples, failures, empties = self._busiest(len(held), sum(sizes), empty=pad is None)
                 if failures:
-                    reasons = self._reasons(None)
+                    reasons = _reasons(None, self.world)
                     raise ValueError(ngettext(
                         "the process of rank {ranks} failed fetching or checking its batches for step {step} (epoch "
                         "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes "
