@@ -193,7 +193,8 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
     of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle). The
     micro-batches it traces are fetched under their own random state, so a Dataset that augments randomly trains as
     without the budget, bit for bit. Under DDP each process traces what it needs itself, without collectives: the
-    module, plus DDP's gradient buckets.
+    module, plus DDP's gradient buckets; with a loader or a Dataset of dicts the processes agree on each cycle's
+    verdict in one small all-reduce per cycle, so a process whose own batches do not fit stops them all.
     on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
     Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
     as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
