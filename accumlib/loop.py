@@ -823,6 +823,12 @@ class _Loader:
             self.length = len(data)
         except TypeError:  # no len(): a stream, or a DataLoader over an IterableDataset
             self.length = None
+        if world > 1:  # the run's steps are the busiest process's (the others pad): alike on every process, so
+            # none refuses alone what depends on them (resume_from_step, a OneCycleLR); one all-reduce, before the run
+            lengths = torch.tensor([self.length or 0, self.length is None], dtype=torch.float64, device=device)
+            dist.all_reduce(lengths, op=dist.ReduceOp.MAX)
+            longest, unknown = lengths.tolist()
+            self.length = None if unknown else int(longest)
         if self.length == 0 and world == 1:  # under DDP the first cycle's all-reduce says it, to every process
             raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=0))
         # a list's batches, each checked before the run (one in a step that resume_from_step passes over too); under
