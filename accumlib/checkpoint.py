@@ -11,8 +11,9 @@ without running it; it is refused too, naming it and what differs, when it is da
 run, before anything changes.
 
 Under DistributedDataParallel every process sends its random states to process 0, which writes the file; every
-process reads it. The model-and-optimizer part of the file is `WholeState`'s: a sharded model (FSDP2), whose state
-lives in pieces on every process, replaces it with a form that saves those pieces (see `WholeState`).
+process reads it. The model-and-optimizer part of the file is `WholeState`'s; a sharded model (FSDP2), whose state
+lives in pieces on every process, has `ShardedState`'s: every process saves its pieces with
+`torch.distributed.checkpoint` into a folder beside the file, which names it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import itertools
 import os
 import pickle
 import random
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from . import sharded
 from ._validate import positive_int
 from .i18n import _
 
@@ -90,7 +93,7 @@ def _bare(model: torch.nn.Module) -> torch.nn.Module:
 class WholeState:
     """The model-and-optimizer part of a checkpoint as whole state dicts inside the file: one process, or DDP, where
     every process holds the same weights. `Checkpoint` uses only these four methods and `collective`, so a sharded
-    model (FSDP2) plugs in a form of its own (`Checkpoint(parts=...)`): its `state` saves each process's shards with
+    model (FSDP2) plugs in a form of its own (`_parts` chooses it, or `Checkpoint(parts=...)`): its `state` saves each process's shards with
     `torch.distributed.checkpoint` into a folder of that step beside the file and returns the folder's name for the
     file, `problem` checks that name, `load` reads the shards back; `collective = True` makes every process call
     `state` (here only process 0 does)."""
@@ -129,10 +132,60 @@ class WholeState:
         optimizer.load_state_dict(saved["optimizer"])
 
 
+class ShardedState(WholeState):
+    """The model-and-optimizer part of an FSDP2 (fully_shard) run's checkpoint: every process's shards of the
+    weights and of the optimizer's state, saved with `torch.distributed.checkpoint` (its state-dict helpers,
+    get_state_dict / set_state_dict) into a folder beside the file, `.<file name>.shards-<token>`, a new one per
+    write; the file names it. The file is written after its folder, so the file always names a whole folder; the
+    folder the file named before stays until the next write, then goes. A run goes on from it on the same number of
+    processes (the file's `processes` must match: another number is refused by name, before anything changes)."""
+
+    collective = True
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.folders: list[str] = []  # the folders this run wrote, oldest first
+
+    def state(self, model, optimizer) -> dict:
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        token = [os.urandom(6).hex()]
+        dist.broadcast_object_list(token, src=0)  # every process writes its shards into the same folder
+        folder = f".{self.path.name}.shards-{token[0]}"
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=self.path.parent / folder)
+        self.folders.append(folder)
+        if dist.get_rank() == 0:
+            for old in self.folders[:-2]:  # the file still names the one before this
+                shutil.rmtree(self.path.parent / old, ignore_errors=True)
+        del self.folders[:-2]
+        return {"shards": folder}
+
+    def problem(self, saved: dict) -> str | None:
+        folder = saved.get("shards")
+        if not isinstance(folder, str) or os.sep in folder or not (self.path.parent / folder / ".metadata").is_file():
+            return "'shards' (the folder of every process's shards, beside the file)"
+        return None
+
+    def load(self, model, optimizer, saved: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)  # the shapes to read each shard into
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=self.path.parent / saved["shards"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.folders = [saved["shards"]]
+
+
 def _captured() -> tuple:
-    """Every random state a run draws from, as the libraries give them (quick to take: `_plain` converts them)."""
+    """Every random state a run draws from, as the libraries give them (quick to take: `_plain` converts them):
+    torch's on the CPU and on each CUDA device in use, NumPy's global one where NumPy is in use, Python's."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    numpy = _numpy()
+    numpy = sys.modules.get("numpy")
     return torch.get_rng_state(), cuda, None if numpy is None else numpy.random.get_state(), random.getstate()
 
 
@@ -157,6 +210,11 @@ def _plain(captured: tuple) -> dict:
     return states
 
 
+def _parts(model, path: Path) -> WholeState:
+    """The model-and-optimizer form for `model`: whole state dicts, or an FSDP2 model's shards (`ShardedState`)."""
+    return ShardedState(path) if sharded.is_fsdp(model) else WholeState()
+
+
 def _random_states() -> dict:
     """Every random state a run draws from (torch's on the CPU and each CUDA device, NumPy's, Python's), plain."""
     return _plain(_captured())
@@ -165,20 +223,13 @@ def _random_states() -> dict:
 @contextlib.contextmanager
 def random_states_kept():
     """Every random state a run draws from (torch's on the CPU and CUDA, NumPy's, Python's) put back on leaving the
-    block: what happens inside draws nothing the run would have drawn."""
+    block: what happens inside (a Dataset's fetch for train's checks or memory_budget's trace) draws nothing the run
+    would have drawn."""
     states = _random_states()
     try:
         yield
     finally:
         _set_random_states(states)
-
-
-def _numpy():
-    try:
-        import numpy
-    except ImportError:  # NumPy is optional: without it there is no NumPy random state to keep
-        return None
-    return numpy
 
 
 def _set_random_states(states: dict) -> None:
@@ -188,8 +239,9 @@ def _set_random_states(states: dict) -> None:
     if "cuda" in states and torch.cuda.is_available():  # the GPUs this machine has (a file may hold more)
         for index, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(state, index)
-    numpy = _numpy()
-    if numpy is not None and "numpy" in states:
+    if "numpy" in states:
+        import numpy  # noqa: PLC0415 (NumPy held a state when the file was written: it is installed)
+
         saved = states["numpy"]
         numpy.random.set_state(
             (
@@ -231,7 +283,7 @@ class Checkpoint:
             scaler,
             record,
         )
-        self.parts = parts or WholeState()
+        self.parts = parts or _parts(model, self.path)
         self.run = run  # what fixes the cycles and their sample order: accum_steps, micro_batch_size, seed, ...
         self.layout = {
             **self.parts.layout(model, optimizer),
@@ -396,9 +448,14 @@ class Checkpoint:
             self._write(history)
 
     def ended(self, history) -> None:
-        """The run has ended (done, max_steps, StopTraining, Ctrl-C): the file written unless it holds this step."""
+        """The run has ended (done, max_steps, StopTraining, Ctrl-C): the file written unless it holds this step. A
+        failed write's error carries the records, as train's errors do."""
         if len(history) != self.written:
-            self._write(history)
+            try:
+                self._write(history)
+            except Exception as error:
+                error.history = history
+                raise
 
     def _write(self, history) -> None:
         """Process 0 writes the file, with every process's random states; every process learns whether it did."""

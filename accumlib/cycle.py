@@ -221,11 +221,11 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
     The norm and clipping cover exactly the optimizer's parameters.
     What it leaves: after a step, the weights and the optimizer stepped and the gradients zeroed by the optimizer's
-    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result). After a skipped
-    cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C), the weights, the
-    optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the optimizer's
-    parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not hold is not
-    the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone).
+    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result).
+    After a skipped cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C),
+    the weights, the optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the
+    optimizer's parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not
+    hold is not the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone).
     Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
     scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
     reads the device once: the loss and the norm together. Every argument is checked first (types, one finite
@@ -268,7 +268,9 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
     synced = len(nothing) - 1 if every else last  # the micro-batch whose backward synchronises the gradients
     if watch:
         watch("start", model)
-    with _Kept(model, optimizer, params) as kept:  # the optimizer's .grad set aside (None from here), buffers copied
+    # kept: the optimizer's .grad set aside (None from here), buffers copied; told: under DDP, a failure on this
+    # process before its all-reducing backward is told to the others, which stop too
+    with _Kept(model, optimizer, params) as kept, _Told(params[0].device) if ddp else _NOTHING as told:
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
             if nothing[i] and i != last and not every:
@@ -305,7 +307,13 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
                     root = scaler.scale(root)
             if watch:
                 watch("backward")
+            if ddp and (every or i == last):
+                told.agree()  # every process has come this far (none failed): the all-reduce in backward() can run
             root.backward(None if seed == 1 else torch.full_like(total, seed))  # adds seed * root's gradient into .grad
+            if ddp:
+                told.pending = True  # until the next agree()
+        if ddp:
+            told.pending = False  # past the micro-batches: an error from here on is every process's own
         loss = root = value = None  # the last micro-batch's loss and graph: not kept through the step (total is)
         if watch:
             watch("read")
@@ -360,6 +368,51 @@ def watched(watch: Callable):
         yield
     finally:
         stack.remove(watch)
+
+
+def _told(error: BaseException | None, failed: list[int]) -> str:
+    """Under DDP, once every process knows that the processes `failed` have (an all-reduced flag): what each of them
+    raised ("process 1: ValueError: ..."), gathered on every process (one all_gather_object)."""
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
+    return "; ".join(_("process {rank}: {error}").format(rank=rank, error=messages[rank]) for rank in failed)
+
+
+def _agree(error: BaseException | None, device: torch.device) -> None:
+    """Under DDP, before a backward that all-reduces (which a failed process would never reach): one all-reduce of
+    a failure flag per process. A process that failed (`error`) tells the others and returns (its caller raises
+    its own error); the others raise, saying which process failed and why."""
+    flags = torch.zeros(dist.get_world_size(), device=device)
+    flags[dist.get_rank()] = error is not None
+    dist.all_reduce(flags)
+    failed = [rank for rank, flag in enumerate(flags.tolist()) if flag]
+    if failed:
+        why = _told(error, failed)
+        if error is None:
+            raise RuntimeError(_("{why}: it failed in this cycle, in a micro-batch's forward pass or loss_fn; this "
+                                 "process stops with it, before the step: its weights, optimizer and .grad are as "
+                                 "they were").format(why=why))
+
+
+class _Told:
+    """`_cycle`'s block under DDP: an error raised in it before `agree()` (a micro-batch, the forward pass, loss_fn)
+    is told to every process (`_agree`) before it propagates; agree() is that all-reduce when nothing failed."""
+
+    __slots__ = ("device", "pending")
+
+    def __init__(self, device: torch.device):
+        self.device, self.pending = device, True
+
+    def __enter__(self) -> _Told:
+        return self
+
+    def agree(self) -> None:
+        self.pending = False  # an error from here on (another process's, raised by _agree) is not told again
+        _agree(None, self.device)
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self.pending and isinstance(error, Exception):
+            _agree(error, self.device)  # the others raise, saying why; this process raises its own error
 
 
 class _Unit:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
 import math
 import time
+import warnings
 from collections.abc import Iterator as _Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, NamedTuple
@@ -28,7 +30,7 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from . import checkpoint as checkpoints, devices, memory, sharded
 from .cycle import (STEP, CycleOptions, Inputs, NonFiniteError, _BuffersKept, _check_model, _check_optimizer,
-                    _cycle, _scalar_loss)
+                    _cycle, _scalar_loss, _told)
 from ._validate import Shown, as_real, boolean, function, integer, non_negative_int, one_of, positive_int
 from .i18n import _, ngettext
 
@@ -122,22 +124,26 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
       set_epoch(epoch) every epoch), and each cycle costs one small all-reduce of the processes' batch counts;
       through it a process whose batch is refused, whose loader fails or that has no batch stops every process at
       that cycle, each saying why, none left waiting.
-    A batch is (x, y) -> model(x), loss_fn(output, y); (inputs, y) with a tuple of inputs -> model(*inputs), with a
-    dict -> model(**inputs); or a dict -> model(**batch), loss_fn(output, batch). Tensors inside, nested, are moved
-    to `device`. Without loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a
-    Hugging Face model given labels returns) is the micro-batch's loss, else cross_entropy(output, y).
+    A batch is (x, y) -> model(x); (inputs, y) with a tuple of inputs -> model(*inputs), with a dict ->
+    model(**inputs); or a dict -> model(**batch). The callbacks follow one rule, for every batch shape: they get the
+    micro-batch's target, loss_fn(output, target) and count(target), where the target is y of an (x, y) or
+    (inputs, y) batch (however its inputs nest) and the batch itself when it is a dict (its labels are inside);
+    loss_fn's is on `device`, count's as the data gave it. Tensors inside, nested, are moved to `device`. Without
+    loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a Hugging Face model given
+    labels returns) is the micro-batch's loss, else cross_entropy(output, y).
     accum_steps: micro-batches per optimizer step. Effective batch = samples per micro-batch * accum_steps *
     processes. One that is larger than the data (X, y or a Dataset), or than an epoch of a loader, gives one short
     step per epoch: accepted, and said in `history.notes`. Each cycle is one `accumulate_and_step`.
     epochs: passes over the data (default 1, or as many as max_steps needs); max_steps: stop after this many
     optimizer steps in all (a resumed run's included); an iterator (a generator, say) can be read only once.
     normalize: "samples" weights each micro-batch by its samples over the cycle's (exact, also for the last
-    incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(x, y)` (or
-    `count(batch)` for a dict batch) per micro-batch over the cycle's total. loss_reduction says what the loss is
-    over its micro-batch, never guessed from values: "mean" (weight: its samples or terms over the cycle's) or "sum"
-    (weight: 1 over the cycle's samples or terms). With normalize="count" and your own loss_fn it is required (a
-    wrong guess trains other weights, silently); otherwise the default is "mean" (the model's own loss is a mean: a
-    Hugging Face model's is, over its non-ignored tokens). Counts are computed a cycle at a time, as the cycle
+    incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(target)` per
+    micro-batch over the cycle's total (the old count(x, y) of an (x, y) batch still works, with a
+    DeprecationWarning). loss_reduction says what the loss is over its micro-batch, never guessed from values:
+    "mean" (weight: its samples or terms over the cycle's) or "sum" (weight: 1 over the cycle's samples or terms).
+    With normalize="count" and your own loss_fn it is required (a wrong guess trains other weights, silently);
+    otherwise the default is "mean" (the model's own loss is a mean: a Hugging Face model's is, over its non-ignored
+    tokens). Counts are computed a cycle at a time, as the cycle
     comes: a run starts at once, and each cycle costs one host read of its counts (and one all-reduce under DDP)
     before its first forward; a count that is negative or not finite is refused before that cycle changes anything.
     A micro-batch without loss terms (count 0: labels all -100) or without rows (a filtering collate_fn's) adds
@@ -265,12 +271,13 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         raise ValueError(_("count= (a function giving a micro-batch's number of loss terms) goes with "
                            "normalize='count', and only with it; got normalize={normalize!r}, count={count!r}").format(
                                normalize=normalize, count=count))
+    count = None if count is None else _of_batch(count)
     if loss_reduction is not None:
         one_of("loss_reduction", loss_reduction, ("mean", "sum"))
         if normalize == "steps":
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
-    elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights
+    elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights too
         raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
                            "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
                            "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
@@ -459,7 +466,7 @@ def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: 
     failures = [r for r, flag in enumerate(flags.tolist()) if flag]
     if not failures:
         return
-    reasons = _reasons(refused, world)
+    why = _told(refused, failures)
     if refused is not None:
         raise refused
     raise ValueError(ngettext(
@@ -468,16 +475,7 @@ def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: 
         "the cycles of the processes of ranks {ranks} do not fit memory_budget={budget} for step {step} (epoch "
         "{epoch}): {reasons}. This process (rank {rank}) stops with them, before this step changes anything",
         len(failures)).format(ranks=", ".join(map(str, failures)), budget=budget, step=step + 1, epoch=cycle.epoch,
-                              rank=rank, reasons="; ".join(_("{reason} (rank {rank})").format(
-                                  reason=reasons[r], rank=r) for r in failures)))
-
-
-def _reasons(error: Exception | None, world: int) -> list:
-    """Every process's error in words ("TypeError: ..."; None for one that did not fail): one all_gather_object,
-    run only once an all-reduce has said that a process failed, so every process takes part."""
-    reasons = [None] * world
-    dist.all_gather_object(reasons, None if error is None else f"{type(error).__name__}: {error}")
-    return reasons
+                              rank=rank, reasons=why))
 
 
 def _skipped_message(skips: int, scaler) -> str:
@@ -516,15 +514,15 @@ def _own_loss(output, target):
     loss = output.get("loss") if mapping else getattr(output, "loss", None)
     if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
-    if loss is not None:  # a tensor subclass (a FakeTensor in a trace), or a broken loss: refused by name
-        _check_model_loss(loss, "output['loss']" if mapping else "output.loss")
+    if loss is not None:  # a tensor subclass (FakeTensor in a trace, DTensor) passes as a plain tensor does
+        _refuse_model_loss(loss, "output['loss']" if mapping else "output.loss")
         return loss
     raise TypeError(_("the model returned {type} without a loss (no .loss attribute or 'loss' key) and no loss_fn "
                       "was given: put the labels in the batch so that the model computes its loss, or give "
                       "loss_fn(output, target)").format(type=type(output).__name__))
 
 
-def _check_model_loss(loss, where: str) -> None:
+def _refuse_model_loss(loss, where: str) -> None:
     """The model's own loss (`where`: its output's .loss or 'loss' key; no loss_fn was given), refused naming it
     unless it is a floating-point 0-d tensor with a gradient (no value read from the device)."""
     if not isinstance(loss, torch.Tensor):
@@ -759,7 +757,8 @@ class _Plan:
     Each cycle takes the next micro_batch_size * accum_steps * world samples of the epoch's order (fewer at the
     end); each process takes a contiguous shard (as torch.tensor_split shares them out) and splits it into
     micro-batches. A process with fewer micro-batches than another gets padding micro-batches (one real sample,
-    size 0, so loss weight 0): DDP needs every process to run the same number of backward passes. epochs=None:
+    size 0, so loss weight 0): run only where DDP needs a backward (without no_sync(), every micro-batch's; with it,
+    the last one of a process that has no other). epochs=None:
     without end.
     """
 
@@ -871,7 +870,7 @@ class _Loader:
                 [rank for rank, e in enumerate(empties) if e])
 
     def cycles(self, epochs: int | None):
-        pad = None  # one of this process's batches, for a padding micro-batch (DDP: every process as many backward)
+        pad = None  # one of this process's batches, for a padding micro-batch (weight 0: see _Plan)
         made = 0  # cycles given so far, all epochs
         for epoch in range(epochs) if epochs is not None else itertools.count():
             if self.once and epoch:
@@ -890,7 +889,7 @@ class _Loader:
                 except Exception as error:  # under DDP the other processes learn of it in the counts' all-reduce
                     if self.world > 1:  # and stop too, with its words, instead of waiting for this one
                         self._busiest(0, 0, failed=True)
-                        _reasons(error, self.world)
+                        _told(error, [self.rank])
                     raise
                 pad = held[-1] if held else pad
                 if self.world == 1:
@@ -898,7 +897,7 @@ class _Loader:
                 else:
                     busiest, samples, failures, empties = self._busiest(len(held), sum(sizes), empty=pad is None)
                 if failures:
-                    reasons = _reasons(None, self.world)
+                    why = _told(None, failures)
                     raise ValueError(ngettext(
                         "the process of rank {ranks} failed fetching or checking its batches for step {step} (epoch "
                         "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes "
@@ -907,8 +906,7 @@ class _Loader:
                         "(epoch {epoch}): {reasons}. This process (rank {rank}) stops with them, before this step "
                         "changes anything", len(failures)).format(
                             ranks=", ".join(map(str, failures)), step=made + 1, epoch=epoch, rank=self.rank,
-                            reasons="; ".join(_("{reason} (rank {rank})").format(reason=reasons[r], rank=r)
-                                              for r in failures)))
+                            reasons=why))
                 if busiest == 0:  # the epoch has ended on every process
                     if cycle == 0:
                         raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=epoch))
@@ -952,16 +950,33 @@ class _Moved:
 def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool, step: int):
     """(each micro-batch's loss terms, 0 for padding; the cycle's total over all processes), with one host read
     (and under DDP one all-reduce). Refuses a count that is not a non-negative number, naming its step and epoch,
-    before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`)."""
-    counts = [_count_value(count(*batch) if isinstance(batch, (tuple, list)) else count(batch))
-              for batch in cycle.raw()]
+    before the cycle changes anything; a cycle without loss terms (total 0) is not stepped (`_train`). Under DDP a
+    count that raises on one process (or a micro-batch that cannot be fetched) stops every process here: the
+    all-reduce carries a failure flag per process, and each raises (the failed one its own error)."""
+    try:
+        counts = [_count_value(count(batch)) for batch in cycle.raw()]  # count(target): see `_of_batch`
+        error = None
+    except Exception as caught:  # under DDP the others learn of it in the all-reduce and stop too
+        if not ddp:
+            raise
+        counts, error = [], caught
     where = counts[0].device if counts else device
     local = torch.stack([c.to(where) for c in counts]) if counts else torch.zeros(0, dtype=torch.float64)
     summary = torch.stack([local.sum(), (~(local >= 0) | local.isinf()).sum().double()])  # terms, bad counts
     if ddp:
-        summary = summary.to(device)
-        dist.all_reduce(summary)  # the cycle's terms (and bad counts) over all processes: one all-reduce
-    *values, total, bad = torch.cat([local.to(summary.device), summary]).tolist()  # the one host read
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.float64)  # which processes failed
+        flags[dist.get_rank()] = error is not None
+        summary = torch.cat([summary.to(device), flags.to(device)])
+        dist.all_reduce(summary)  # the cycle's terms (and bad counts, failures) over all processes: one all-reduce
+    values = torch.cat([local.to(summary.device), summary]).tolist()  # the one host read
+    values, (total, bad, *failed) = values[:len(local)], values[len(local):]
+    if any(failed):
+        why = _told(error, [rank for rank, flag in enumerate(failed) if flag])
+        if error is not None:
+            raise error
+        raise RuntimeError(_("{why}: count failed there for step {step} (epoch {epoch}); this process stops with "
+                             "it, before this step changes anything").format(why=why, step=step + 1,
+                                                                             epoch=cycle.epoch))
     for value in values:
         if not 0 <= value < math.inf:
             raise ValueError(_("count must give a finite, non-negative number of loss terms; it gave {value} for a "
@@ -972,6 +987,38 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
                            "{step} (epoch {epoch})").format(step=step + 1, epoch=cycle.epoch))
     # raw() is the real micro-batches (0-row batches of a loader included), in order, before any padding
     return values + [0.0] * (len(cycle.sizes) - len(values)), total
+
+
+def _target(batch):
+    """A micro-batch's target, what loss_fn and count get: y of an (x, y) or (inputs, y) batch, a dict batch itself."""
+    return batch if isinstance(batch, Mapping) else batch[1]
+
+
+def _count_target(count: Callable, batch):
+    return count(_target(batch))
+
+
+def _count_pair(count: Callable, batch):
+    return count(batch) if isinstance(batch, Mapping) else count(*batch)
+
+
+def _of_batch(count: Callable) -> Callable:
+    """count as the cycle calls it, on a micro-batch as the data gives it: count(target), the one rule it shares with
+    loss_fn(output, target). The old form, count(x, y) for an (x, y) batch, is recognised by its two parameters
+    and still called so, with a DeprecationWarning."""
+    try:
+        signature = inspect.signature(count)
+        signature.bind(None, None)
+    except (TypeError, ValueError):  # takes no two arguments, or cannot be inspected (a builtin): the one rule
+        return functools.partial(_count_target, count)
+    try:
+        signature.bind(None)
+    except TypeError:  # two parameters, both needed: count(x, y)
+        warnings.warn(_("count(x, y) is deprecated: count gets the micro-batch's target, as loss_fn does: count(y) "
+                        "for an (x, y) or (inputs, y) batch, count(batch) for a dict batch"), DeprecationWarning,
+                      stacklevel=4)
+        return functools.partial(_count_pair, count)
+    return functools.partial(_count_target, count)
 
 
 def _count_value(value) -> torch.Tensor:

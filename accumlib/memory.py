@@ -32,6 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import gc
 import inspect
 import os
 import traceback
@@ -152,7 +153,7 @@ class LiveTensorBytes(TorchDispatchMode):
         """Name what these live storages hold, unless they were adopted with `track` under a name of their own
         (final=True: this name stays, as if adopted with it)."""
         for t in tensors:
-            record = self._live.get(id(t.untyped_storage()))
+            record = self._live.get(id(sharded.local(t).untyped_storage()))
             if record is not None and not record.final:
                 record.category, record.final = category, final
 
@@ -164,7 +165,7 @@ class LiveTensorBytes(TorchDispatchMode):
         return totals
 
     def _track(self, t: torch.Tensor, category: str, final: bool) -> None:
-        storage = t.untyped_storage()
+        storage = sharded.local(t).untyped_storage()  # an FSDP2 DTensor: the shard this process holds
         key = id(storage)
         if key in self._live:
             return
@@ -180,6 +181,27 @@ class LiveTensorBytes(TorchDispatchMode):
         if record is not None:
             self.current -= record.nbytes
 
+    def resized(self, t: torch.Tensor) -> None:
+        """`t`'s storage was given other bytes in place (FSDP2's unsharded parameters, `sharded.storage_resizes`):
+        counted from now on with its new size (0 bytes: freed), as parameters."""
+        storage = t.untyped_storage()
+        record = self._live.get(id(storage))
+        if record is None:
+            self._track(t, "parameters", final=True)
+            return
+        nbytes = allocation_bytes(storage.nbytes(), t.device) if storage.nbytes() else 0
+        self.current += nbytes - record.nbytes
+        # a new record: one alive at the peak keeps the bytes it had then
+        self._live[id(storage)] = _Storage(nbytes, record.category, record.final)
+        if self.current > self.peak:
+            self.peak, self.peak_phase = self.current, self.phase
+            self._at_peak = list(self._live.values())
+
+    def __enter__(self):
+        self._resizes = sharded.storage_resizes(self.resized)
+        self._resizes.__enter__()
+        return super().__enter__()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         category = _CREATED_IN.get(self.phase, "other")
@@ -191,6 +213,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def __exit__(self, *exc):
         for f in self._finalizers:
             f.detach()
+        self._resizes.__exit__(*exc)
         return super().__exit__(*exc)
 
 
@@ -339,7 +362,7 @@ def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorByt
                  options: cycle.CycleOptions) -> None:
     """One cycle of `batches` with `loss_weights` (train's cycle: `cycle._cycle`, with `options`) under `tracker`,
     naming what each new storage holds as the step goes."""
-    hooks = []
+    hooks, model_ = [], model
     for p in model.parameters():
         if p.requires_grad:
             hooks.append(p.register_hook(lambda g: tracker.tag([g], "incoming gradients")))
@@ -348,6 +371,8 @@ def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorByt
     def watch(phase: str, model=None) -> None:
         if phase == "start":
             tracker.track(_model_tensors(model), "parameters")
+        elif phase in ("forward", "read"):  # FSDP2's gradients (no hook sees them): its shards, its unsharded ones
+            tracker.tag(sharded.held_gradients(model_), "gradients")
         tracker.phase = phase
         if phase == "end":
             tracker.tag(optimizer_state_tensors(optimizer), "optimizer state")
@@ -472,6 +497,8 @@ def _measure_copy(model, optimizer, batches, loss_weights, options: cycle.CycleO
                   fake: bool, device: torch.device, explain: Callable) -> MemoryReport:
     """`_measure_cycle` of a model that is no DistributedDataParallel."""
     home = next(model.parameters()).device
+    if sharded.is_fsdp(model):  # a copy is refused by FSDP, and a trace cannot run its collectives
+        return _measured_sharded(model, optimizer, batches, loss_weights, options, micro_batch_size, fake, explain)
     with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the caller's random state
         if fake:
             try:
@@ -496,6 +523,55 @@ def _measure_copy(model, optimizer, batches, loss_weights, options: cycle.CycleO
         return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights,
                         ALLOCATOR if cuda else TRACKER, torch.cuda.get_device_name(device) if cuda else "cpu",
                         options, micro_batch_size, explain, cuda=cuda)
+
+
+def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.CycleOptions, micro_batch_size: int,
+                      fake: bool, explain: Callable) -> MemoryReport:
+    """The memory one process holds in a step of an FSDP2 (fully_shard) model: its shards of the parameters,
+    gradients and optimizer state, the parameters and gradients each unit gathers, the micro-batches' activations.
+
+    FSDP2 refuses to be copied, and its all-gathers and reduce-scatters cannot run under FakeTensorMode: so the step
+    is a real one, on the model itself, under the CPU tracker (every process must measure at once: the step's
+    collectives run), with a new optimizer of the same type and settings; afterwards this process's shards, the
+    buffers and the .grad are put back as they were, and the random state (fake=True: said in a warning).
+    The peak is the busiest process's, the same on every process (so that a budget refuses on all or none): the
+    processes' peaks differ by a collective's buffers, which the backend's thread frees at a moment of its own;
+    what this process needed less is counted in `other`."""
+    if fake:
+        warnings.warn(_("model is sharded with fully_shard (FSDP2): its step cannot be traced without values (a "
+                        "trace runs no all-gather or reduce-scatter), so it was measured with a real step on every "
+                        "process, then undone"), RuntimeWarning, stacklevel=4)
+    params, buffers = list(model.parameters()), list(model.buffers())
+    shards = [sharded.local(p).detach().clone() for p in params]
+    kept = [b.detach().clone() for b in buffers]
+    grads = [p.grad for p in params]
+    device = sharded.local(params[0]).device
+    batches = _on(batches, lambda t: t.to(device, copy=True))
+    cuda = device if device.type == "cuda" else None
+    collecting = gc.isenabled()
+    gc.collect()  # no storage of before freed by a collection during the step: the same bytes on every process
+    gc.disable()
+    try:
+        with torch.random.fork_rng(devices=[device] if cuda else []):
+            for p in params:
+                p.grad = None
+            report = _measure(model, _clone_optimizer(optimizer, model, model), batches, loss_weights,
+                              ALLOCATOR if cuda else TRACKER, torch.cuda.get_device_name(device) if cuda else "cpu",
+                              options, micro_batch_size, explain, cuda=cuda)
+        busiest = torch.tensor([report.peak], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(busiest, torch.distributed.ReduceOp.MAX)  # the same answer on every process
+        more = int(busiest.item()) - report.peak
+        return dataclasses.replace(report, peak=report.peak + more, other=report.other + more)
+    finally:
+        if collecting:
+            gc.enable()
+        with torch.no_grad():
+            for p, shard in zip(params, shards, strict=True):
+                sharded.local(p).copy_(shard)
+            for b, value in zip(buffers, kept, strict=True):
+                b.copy_(value)
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad
 
 
 def _on(batches, copy_of: Callable) -> list:

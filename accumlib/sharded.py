@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .i18n import _
 
-__all__ = ["start", "is_ddp", "is_fsdp", "world_and_rank"]  # the rest is the cycle's
+__all__ = ["start", "is_ddp", "is_fsdp", "world_and_rank", "local"]  # the rest is the cycle's
 
 
 def start() -> torch.device:
@@ -50,6 +50,52 @@ def start() -> torch.device:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)
     return device
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """What this process holds of `t`: a DTensor's local shard, any other tensor itself."""
+    return t._local_tensor if isinstance(t, dist.tensor.DTensor) else t
+
+
+def held_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The gradients an FSDP2 model holds on this process: its shards (`.grad`) and, while gradient sync is off,
+    the whole, unsharded gradients FSDP accumulates between micro-batches; [] for any other model."""
+    inner = _unwrapped(model)
+    if not isinstance(inner, FSDPModule):
+        return []
+    held = []
+    for group in _groups(inner):
+        for param in group.fsdp_params:
+            unsharded = getattr(param, "_unsharded_param", None)
+            held += [t for t in (param.sharded_param.grad, param.unsharded_accumulated_grad,
+                                 None if unsharded is None else unsharded.grad) if t is not None]
+    return [local(t) for t in held]
+
+
+@contextlib.contextmanager
+def storage_resizes(resized):
+    """Context manager: resized(tensor) after FSDP2 gives a storage its bytes back or frees them (the unsharded
+    parameters are one storage per parameter group, allocated before its all-gather and set to 0 bytes on
+    resharding, `untyped_storage().resize_()`: no tensor operation a TorchDispatchMode sees)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def allocated(tensor):
+        alloc(tensor)
+        resized(tensor)
+
+    def freed(tensor):
+        free(tensor)
+        resized(tensor)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = allocated
+    _fsdp_param.free_storage = freed
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+        _fsdp_param.free_storage = free
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

@@ -120,7 +120,8 @@ def first_use_problems(texts: list[str]) -> list[str]:
 def avoided(text: str) -> list[str]:
     """Variants the glossary avoids, found in a Hindi text (whole words; str.format placeholders are code; the
     English of an anchored term in its brackets is allowed)."""
-    text = _without_anchors(re.sub(r"\{[^{}]*\}", " ", text))
+    # whitespace as one space: a phrase the glossary avoids may be wrapped across lines of a PO entry
+    text = " ".join(_without_anchors(re.sub(r"\{[^{}]*\}", " ", text)).split())
     found = []
     for row in glossary():
         for variant in filter(None, (v.strip() for v in row["avoid"].split(","))):

@@ -254,6 +254,22 @@ def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path, monkeypat
     assert torch.load(path, weights_only=True)["step"] == 2
 
 
+def test_a_failed_last_write_raises_with_the_records_and_leaves_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "run.pt"
+    write = checkpoints._write_atomically
+
+    def disk_full(path_, payload):
+        if payload["step"] == STEPS:
+            raise OSError(28, "No space left on device")
+        write(path_, payload)
+
+    monkeypatch.setattr(checkpoints, "_write_atomically", disk_full)
+    with pytest.raises(OSError, match="No space left") as failure:
+        run("Dataset", checkpoint=path, checkpoint_every=5)
+    assert len(failure.value.history) == STEPS
+    assert torch.load(path, weights_only=True)["step"] == 10 and os.listdir(tmp_path) == ["run.pt"]
+
+
 def flip_a_byte(path):
     """One bit pattern changed in the middle of the file's largest tensor (torch.load alone would load it)."""
     import zipfile
@@ -457,39 +473,55 @@ dist.init_process_group("gloo")
 rank, path = dist.get_rank(), os.path.join(sys.argv[2], "ddp.pt")
 
 
-def run(seed, **extra):
+def data(kind):
+    if kind == "Dataset":
+        return t.Augmented()
+    sampler = torch.utils.data.DistributedSampler(t.Augmented(), shuffle=True, seed=2)  # this process's share
+    return torch.utils.data.DataLoader(t.Augmented(), batch_size=4, sampler=sampler)
+
+
+def run(kind, seed, **extra):
     model, optimizer, scheduler = t.build(seed)
     t.seed_everything(10 + rank)  # each process draws its own Dropout masks and noise: each one's states are kept
-    history = accumlib.train(DistributedDataParallel(model), t.Augmented(), optimizer, scheduler=scheduler,
-                             **t.options("Dataset"), **extra)
+    history = accumlib.train(DistributedDataParallel(model), data(kind), optimizer, scheduler=scheduler,
+                             **t.options(kind), **extra)
     return model, optimizer, history
 
 
 try:
-    model, optimizer, history = run(1)
-    stopped = run(1, checkpoint=path, max_steps=3)[2]
-    resumed, resumed_optimizer, again = run(7, checkpoint=path)  # its own seeding is overridden by the file's
-    torch.save(dict(stopped=len(stopped), steps=len(history), records=again.deterministic() == history.deterministic(),
-                    weights=t.equal_states(resumed.state_dict(), model.state_dict()),
-                    optimizer=t.equal_states(resumed_optimizer.state_dict(), optimizer.state_dict())),
-               os.path.join(sys.argv[2], f"result{rank}.pt"))
+    results = {}
+    for kind in ("Dataset", "DataLoader"):
+        path = os.path.join(sys.argv[2], f"{kind}.pt")
+        model, optimizer, history = run(kind, 1)
+        stopped = run(kind, 1, checkpoint=path, max_steps=3)[2]
+        resumed, resumed_optimizer, again = run(kind, 7, checkpoint=path)  # its own seeding is overridden
+        results[kind] = dict(stopped=len(stopped), steps=len(history),
+                             records=again.deterministic() == history.deterministic(),
+                             weights=t.equal_states(resumed.state_dict(), model.state_dict()),
+                             optimizer=t.equal_states(resumed_optimizer.state_dict(), optimizer.state_dict()))
+    torch.save(results, os.path.join(sys.argv[2], f"result{rank}.pt"))
 finally:
     gc.collect()  # DDP's reducer sits in reference cycles: freed before the process group (no abort at exit)
     dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # two processes
 def test_two_ddp_processes_go_on_bit_for_bit_and_another_number_of_processes_is_refused(tmp_path):
-    """Two gloo processes, each drawing its own random numbers: process 0 writes the file with both processes'
-    random states, both read it, and both end with the uninterrupted run's weights and records. One process
-    refuses the file, naming the number of processes."""
+    """Two gloo processes, each drawing its own random numbers, training on (X, y) split by train and on loaders
+    of their own (a DistributedSampler each, augmenting in the main process): process 0 writes the file with both
+    processes' random states, both read it, and both end with the uninterrupted run's weights and records. One
+    process refuses the file, naming the number of processes."""
     from test_pipeline import run_on_two_processes
 
     run_on_two_processes(WORKER, tmp_path, str(tmp_path), timeout=240)
     for rank in range(2):
-        result = torch.load(tmp_path / f"result{rank}.pt", weights_only=True)
-        assert result == dict(stopped=3, steps=6, records=True, weights=True, optimizer=True), rank
-    path = tmp_path / "ddp.pt"
+        results = torch.load(tmp_path / f"result{rank}.pt", weights_only=True)
+        assert results["Dataset"] == dict(stopped=3, steps=6, records=True, weights=True, optimizer=True), rank
+        # 20 samples per process in batches of 4: 5 batches, 2 steps an epoch (3 + 2 batches); stopped in epoch 1,
+        # whose first step's batches the resumed run fetches (augmenting them) and drops
+        assert results["DataLoader"] == dict(stopped=3, steps=6, records=True, weights=True, optimizer=True), rank
+    path = tmp_path / "Dataset.pt"
     assert torch.load(path, weights_only=True)["step"] == 6
     model, optimizer, scheduler = build(1)
     with pytest.raises(ValueError, match="processes is 2 in the file, 1 here"):

@@ -4,6 +4,7 @@ modules check each other."""
 import contextlib
 import functools
 import io
+import linecache
 import re
 import textwrap
 
@@ -25,8 +26,11 @@ def run_cell(code: str) -> tuple[str, dict]:
     """Run a cell as a lesson would (torch, nn and exercises imported); return what it printed and its names."""
     names = dict(NAMESPACE)
     output = io.StringIO()
+    code = textwrap.dedent(code)
+    filename = f"<cell {hash(code)}>"  # the cell's source kept where inspect finds it, as Jupyter keeps it
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     with contextlib.redirect_stdout(output):
-        exec(textwrap.dedent(code), names)
+        exec(compile(code, filename, "exec"), names)
     return output.getvalue(), names
 
 
@@ -41,7 +45,7 @@ STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-divis
                  "last_cycle": ["tail-divided-by-steps"], "memory_plan": ["does-not-fit"],
                  "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"], "amp_loop": ["scaler-unused"],
                  "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"],
-                 "first_loop": ["step-every-micro-batch"]}
+                 "first_loop": ["your-turn"]}
 
 
 def test_every_lesson_but_the_recap_has_an_exercise():
@@ -206,6 +210,15 @@ def test_last_cycle_names_each_bug(loop, names):
     assert result.names == names, result.text
 
 
+def test_a_last_cycle_weighted_as_if_its_micro_batches_were_full_is_told_so():
+    # the review: told that the micro-batches "count equally", where they count 0.5 and 0.167
+    full = LAST.replace("samples = sum(len(y) for x, y in cycle)", "samples = len(cycle) * len(cycle[0][1])")
+    result = exercises.last_cycle.verdict(defined(full, "accumulate"))
+    assert result.names == ["tail-full-size"], result.text
+    assert "as if each of its 2 micro-batches held 3 samples (6 in all), but they hold 3, 1 (4 in all)" in result.text
+    assert "count 0.667 of a step" in result.text
+
+
 def test_last_cycle_measures_what_the_tail_counts():
     text = exercises.last_cycle.verdict(classic(last_cycle="divide-by-steps")).text
     assert "only 2 micro-batches, yet each is still divided by accum_steps = 3: together they count 0.67" in text
@@ -302,7 +315,79 @@ def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():
     function = defined(exercises.clip_after_unscale.stub.replace("exercises.clip_after_unscale.check", "print"),
                        "optimizer_step")
     text = exercises.clip_after_unscale.verdict(function).text
-    assert f"unscaled it to norm {0.5 / 2**16:.2e}, 65536 times too small" in text
+    assert f"unscaled it to norm {0.7 / 2**16:.2e}, 65536 times too small" in text
+
+
+ALWAYS_RESCALED = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n",
+                               "    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])\n"
+                               "    for p in model.parameters():\n        p.grad.mul_(max_norm / norm)  # always\n")
+
+
+def test_a_clip_that_scales_every_gradient_to_max_norm_is_told_so_on_the_first_problem():
+    # the review: caught only on the second problem, and told "not numbers copied from the first problem"
+    result = exercises.clip_after_unscale.verdict(defined(ALWAYS_RESCALED, "optimizer_step"))
+    assert result.names == ["clipped-up"], result.text
+    assert "step 3" in result.text and "already below max_norm = 0.7" in result.text
+
+
+@pytest.mark.parametrize("max_norm, cause", [("1.0", "65536 times too far"), ("5.0", "65536 times too far"),
+                                             ("0.3", "to a norm the task did not ask for")])
+def test_amp_loop_tells_a_clip_before_unscale_from_one_after_it(max_norm, cause):
+    # the review: a clip to 1.0 before unscale_ was told "after scaler.unscale_(), to a norm the task did not ask for"
+    where = ("" if cause.startswith("65536") else "            scaler.unscale_(optimizer)\n")
+    loop = AMP.replace("            scaler.step(optimizer)  #", where + "            torch.nn.utils.clip_grad_norm_("
+                       f"model.parameters(), {max_norm})\n            scaler.step(optimizer)  #")
+    result = exercises.amp_loop.verdict(defined(loop, "accumulate"))
+    assert result.names == ["gradient-rescaled"] and cause in result.text, result.text
+
+
+def test_a_loss_cut_off_from_the_model_is_not_told_that_no_backward_ran():
+    detached = LOOP.replace("loss_fn(model(x), y) / accum_steps", "loss_fn(model(x), y).detach().requires_grad_() / "
+                            "accum_steps")
+    result = exercises.the_loop.verdict(defined(detached, "accumulate"))
+    assert result.names == ["empty-step"] and "backward() ran, but on a loss cut off from the model" in result.text
+    no_backward = exercises.the_loop.verdict(defined(LOOP.replace("loss.backward()", "pass"), "accumulate"))
+    assert no_backward.names == ["empty-step"] and "no backward() ran before it" in no_backward.text
+
+
+def test_an_input_in_another_dtype_is_explained_from_the_dtypes():
+    # torch 2.13 says "mat1 and mat2 must have the same dtype"; the check reads the dtypes, not the message
+    result = exercises.the_loop.verdict(defined(LOOP.replace("model(x)", "model(x.float())"), "accumulate"))
+    assert result.names == ["dtype-mismatch"], result.text
+    assert "Model call 1 got x in float32, but the check's model is in float64" in result.text
+    assert exercises.the_loop.verdict(defined(LOOP.replace("model(x)", "model(x.double())"), "accumulate")).correct
+
+
+def test_amp_loop_names_a_grad_scaler_of_its_own():
+    # the review: told "The GradScaler is never used"
+    own = AMP.replace("    for step, (x, y)", "    scaler = torch.amp.GradScaler('cpu')  # its own\n    for step, (x, y)")
+    result = exercises.amp_loop.verdict(defined(own, "accumulate"))
+    assert result.names == ["own-scaler"], result.text
+
+
+CUDA_AUTOCAST = AMP.replace("with torch.autocast(x.device.type, dtype=torch.float16):", "with cuda_autocast():")
+
+
+@contextlib.contextmanager
+def cuda_autocast():
+    """What torch.autocast("cuda", dtype=torch.float16) sets where torch has CUDA (in this CPU build it would
+    disable itself): CUDA's autocast flag and dtype, which leave operations on the CPU alone."""
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", torch.float16)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+
+
+@pytest.mark.parametrize("device, names", [("cuda", []), ("cpu", ["no-autocast"])])
+def test_amp_loop_accepts_cuda_autocast_where_the_lesson_runs_on_cuda(monkeypatch, device, names):
+    from accumlib import devices as library_devices
+    monkeypatch.setattr(library_devices, "pick", lambda environ=None: torch.device(device))
+    loop = defined(CUDA_AUTOCAST, "accumulate")
+    loop.__globals__["cuda_autocast"] = cuda_autocast
+    result = exercises.amp_loop.verdict(loop)
+    assert result.names == names, result.text
 
 
 NO_SYNC = solution_without_check(exercises.no_sync)
@@ -487,6 +572,34 @@ LAST = solution_without_check(exercises.last_cycle)
 FIRST = solution_without_check(exercises.first_loop)
 AMP_BF16 = AMP.replace("torch.float16", "torch.bfloat16")
 
+# The step condition, in every form a verdict or hint could state it (lesson 0 asks for it as its quick check)
+STEP_CONDITION = re.compile(r"%\s*accum_steps|\(step \+ 1\)|accum_steps - 1\b")
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_lesson_zero_never_states_the_step_condition_before_the_learner_writes_one(language):
+    """Lesson 0's quick check is the condition itself, and learners see the stub's stored verdict: the stub gets a
+    prompt, a loop that steps after every micro-batch is told so without the condition, and the hint (on request)
+    leads to it without stating it. After a wrong condition of the learner's own (the off-by-one), it may be said."""
+    accumlib.set_language(language)
+    try:
+        _, names = run_cell(exercises.first_loop.stub.replace("exercises.first_loop.check", "print"))
+        stub = exercises.first_loop.verdict(names["accumulate"])
+        always = exercises.first_loop.verdict(cell(FIRST.replace("(step + 1) % accum_steps == 0", "True"), "accumulate"))
+        hint = io.StringIO()
+        with contextlib.redirect_stdout(hint):
+            exercises.first_loop.hint()
+    finally:
+        accumlib.set_language("en")
+    assert stub.names == ["your-turn"] and always.names == ["step-every-micro-batch"]
+    assert "exercises.first_loop.hint()" in stub.text and "16" in always.text and "4" in always.text
+    for text in (stub.text, always.text, hint.getvalue()):
+        assert not STEP_CONDITION.search(text), text
+    # lesson 3's own check of the same loop still names the condition: only lesson 0 keeps it back
+    assert STEP_CONDITION.search(exercises.the_loop.verdict(cell(LOOP.replace("(step + 1) % accum_steps == 0", "True"),
+                                                                 "accumulate")).text)
+
+
 # exercise -> case -> (the answer: a tuple of the values check() gets, the finding names it must get; [] is right)
 CASES = {
     "largest_batch": {
@@ -542,7 +655,7 @@ CASES = {
     "amp_loop": {
         "hard-coded": ((cell(AMP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3"), "accumulate"),),
                        ["not-general"]),
-        "no autocast": ((cell(AMP.replace('with torch.autocast("cpu", dtype=torch.float16):  # "cuda" on a GPU',
+        "no autocast": ((cell(AMP.replace("with torch.autocast(x.device.type, dtype=torch.float16):  # on the device x is on",
                                           "if True:"), "accumulate"),), ["no-autocast"]),
         "crashing": ((cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
                      ["error"]),
@@ -551,7 +664,7 @@ CASES = {
         "unusual valid": ((cell(AMP_BF16, "accumulate"),), []),
     },
     "clip_after_unscale": {
-        "hard-coded": ((cell(CLIP.replace("parameters(), max_norm)", "parameters(), 0.5)"), "optimizer_step"),),
+        "hard-coded": ((cell(CLIP.replace("parameters(), max_norm)", "parameters(), 0.7)"), "optimizer_step"),),
                        ["not-general"]),
         "crashing": ((cell(CLIP.replace("    scaler.unscale_(optimizer)", "    optimizer.zero_grad()\n"
                                         "    scaler.unscale_(optimizer)"), "optimizer_step"),),
@@ -677,3 +790,40 @@ def test_a_plan_that_fits_passes_and_names_the_fastest_one():
         result = exercises.memory_plan.verdict(*plan)
         assert result.correct, result.text
     assert "8 x 32" in exercises.memory_plan.verdict(4, 64).text
+
+
+def _tokens_without_comments(code: str) -> list[tuple[int, str]]:
+    import io
+    import tokenize
+    return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(code).readline)
+            if t.type != tokenize.COMMENT]
+
+
+def test_every_solution_prints_its_comments_in_the_course_language_and_its_code_unchanged(capsys):
+    """Hindi review S-1: `solution()` printed about 30 English comments in Hindi mode. Now each comment is looked up
+    in the catalogue (msgctxt: the exercise's class), the code around it is the same token for token, and English
+    mode prints solution_code as written."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import hindi
+
+    import accumlib
+
+    for group in exercises.BY_LESSON.values():
+        for exercise in group:
+            exercise.solution()
+            english = capsys.readouterr().out
+            assert english.split("\n", 1)[1].rstrip() == exercise.solution_code.rstrip(), exercise.name
+            try:
+                accumlib.set_language("hi")
+                exercise.solution()
+                shown = capsys.readouterr().out.split("\n", 1)[1]
+            finally:
+                accumlib.set_language("en")
+            assert _tokens_without_comments(shown) == _tokens_without_comments(exercise.solution_code.rstrip() + "\n")
+            comments = [line.split("#", 1)[1] for line in shown.splitlines() if "  # " in line or line.lstrip().startswith("#")]
+            assert comments, exercise.name
+            for comment in comments:
+                assert hindi.devanagari_share(comment) > 0 and not hindi.untranslated(comment), (exercise.name, comment)

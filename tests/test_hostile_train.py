@@ -90,9 +90,9 @@ CASES = [
     ("count-without-normalize", dict(count=data.count_tokens), ValueError, ["count", "normalize='count'"]),
     ("normalize-without-count", dict(normalize="count"), ValueError, ["count", "normalize='count'"]),
     ("count-not-callable", dict(normalize="count", count=5), TypeError, ["count", "5"]),
-    ("count-returns-text", dict(normalize="count", count=lambda x, y: "many"), TypeError, ["count", "'many'"]),
-    ("count-returns-vector", dict(normalize="count", count=lambda x, y: y), TypeError, ["count", "0-d tensor"]),
-    ("count-negative", dict(normalize="count", count=lambda x, y: -1), ValueError, ["count", "-1", "step 1"]),
+    ("count-returns-text", dict(normalize="count", count=lambda y: "many"), TypeError, ["count", "'many'"]),
+    ("count-returns-vector", dict(normalize="count", count=lambda y: y), TypeError, ["count", "0-d tensor"]),
+    ("count-negative", dict(normalize="count", count=lambda y: -1), ValueError, ["count", "-1", "step 1"]),
     # clipping
     *[(f"clip-{value!r}", dict(clip_grad_norm=value), error, ["clip_grad_norm", repr(value)])
       for value, error in [(0, ValueError), (-1.0, ValueError), ("1", TypeError), (True, TypeError),

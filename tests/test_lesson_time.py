@@ -118,6 +118,12 @@ def test_lesson_zero_takes_ten_minutes_or_less(times):
           f"{zero.printed_words} printed words at {lesson_time.PRINTED_WPM}, {zero.code_lines} lines of code at "
           f"{lesson_time.CODE_LPM}); parts: {zero.parts}")
     assert zero.minutes <= 10, f"{zero.lesson} takes {zero.total_minutes:.2f} minutes: more than the seed's ten"
+    for language in editions.LANGUAGES:  # the method on each edition's own words (its language cell not counted)
+        edition = lesson_time.measure(zero.lesson, editions.read_notebook(editions.edition_path(zero.lesson, language)))
+        print(f"{language}: {edition.total_minutes:.2f} minutes ({edition.prose_words} words of prose, "
+              f"{edition.printed_words} printed, {edition.code_lines} lines of code)")
+        assert edition.code_lines == zero.code_lines and edition.exercise_lines == zero.exercise_lines
+        assert edition.minutes <= 10, f"{zero.lesson} ({language}) takes {edition.total_minutes:.2f} minutes"
 
 
 def test_the_readme_and_instructors_tables_are_current(times):

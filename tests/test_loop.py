@@ -552,9 +552,9 @@ def ignoring(n=48, every=3):
     return X64[:n], y
 
 
-def counted(batch) -> torch.Tensor:
-    """The loss terms of an (x, y) micro-batch: its labels that are not ignored."""
-    return (batch[-1] != -100).sum()
+def counted(y) -> torch.Tensor:
+    """The loss terms of a micro-batch, from its target: its labels that are not ignored."""
+    return (y != -100).sum()
 
 
 def test_a_mean_loss_fn_with_counts_said_to_be_a_mean_equals_the_full_batch_and_a_sum_does_not():
@@ -567,7 +567,7 @@ def test_a_mean_loss_fn_with_counts_said_to_be_a_mean_equals_the_full_batch_and_
         model = models.mlp(dtype=torch.float64)
         accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
                        accum_steps=k, shuffle=False, loss_fn=torch.nn.functional.cross_entropy, normalize="count",
-                       count=lambda *batch: counted(batch), **options)
+                       count=counted, **options)
         return model
 
     full = fit(12, 1, loss_reduction="mean")
@@ -585,7 +585,7 @@ def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_cha
     before = copy.deepcopy((model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict()))
     with pytest.raises(ValueError, match="loss_reduction is missing") as refused:
         accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, normalize="count",
-                       loss_fn=torch.nn.functional.cross_entropy, count=lambda *batch: counted(batch))
+                       loss_fn=torch.nn.functional.cross_entropy, count=counted)
     assert "loss_reduction='mean'" in str(refused.value) and "loss_reduction='sum'" in str(refused.value)
     after = (model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
@@ -593,7 +593,7 @@ def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_cha
     assert identical(before[2], after[2])  # the step counts and moments, bit for bit
     # the model's own loss needs none: it is a mean
     accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
-                   normalize="count", count=lambda *batch: counted(batch), max_steps=1)
+                   normalize="count", count=counted, max_steps=1)
 
 
 def test_a_disabled_grad_scaler_is_no_scaler_in_train():

@@ -397,5 +397,5 @@ def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_pat
     assert theirs["uneven"].startswith("OutOfMemory: out of memory: the cycle of step 1 (epoch 0, 3 batches, 600 "
                                        "samples) needs ")
     assert ours["uneven"] == (f"ValueError: the cycle of the process of rank 1 does not fit memory_budget={budget} "
-                              f"for step 1 (epoch 0): {theirs['uneven']} (rank 1). This process (rank 0) stops with "
-                              f"it, before this step changes anything")
+                              f"for step 1 (epoch 0): process 1: {theirs['uneven']}. This process (rank 0) stops "
+                              f"with it, before this step changes anything")

@@ -181,7 +181,7 @@ def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
     model = TupleInputLM()
     history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
                              loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
-                             count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+                             count=lambda labels: (labels[:, 1:] != IGNORE).sum())
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
     assert len(history) == 6
     assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
@@ -210,7 +210,7 @@ def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
     tuple_model = TupleInputLM()
     accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
                    accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
-                   count=lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+                   count=lambda labels: (labels[:, 1:] != IGNORE).sum())
     dict_model = TinyCausalLM()
     accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
                    micro_batch_size=2, accum_steps=3, shuffle=False, normalize="count", count=tokens)
@@ -376,7 +376,7 @@ try:
         loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=collate)
         model = DistributedDataParallel(t.TupleInputLM() if name == "tuple inputs" else t.TinyCausalLM())
         options = (dict(loss_fn=t.token_sum_of_logits, loss_reduction="sum",
-                        count=lambda inputs, labels: (labels[:, 1:] != -100).sum())
+                        count=lambda labels: (labels[:, 1:] != -100).sum())
                    if name == "tuple inputs" else dict(count=lambda batch: (batch["labels"][:, 1:] != -100).sum()))
         history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
                                  normalize="count", epochs=2, device="cpu", **options)
@@ -449,7 +449,7 @@ def two_processes(tmp_path_factory):
 @pytest.mark.parametrize("name", ["DataLoader", "IterableDataset", "tuple inputs"])
 def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     """Step 1: sequences 0-11 on process 0 and 16-27 on process 1; step 2 (the short one): 12-15 (batches of 3 and 1)
-    and 28 (one batch, and a padding micro-batch of weight 0, so that both run two backward passes)."""
+    and 28 (one batch, and a padding micro-batch of weight 0, not run: process 1 all-reduces in its one backward)."""
     result = two_processes[name]
     cycles = [ITEMS[:12] + ITEMS[16:28], ITEMS[12:16] + ITEMS[28:]] * 2
     reference = full_batch_reference(TinyCausalLM(), cycles)
@@ -458,9 +458,10 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
     # Python-level all-reduces: once before the run, the loaders' lengths (2 values: the longest, and whether one
     # has none); per step the cycle's batch counts (7 values: samples, and each process's batches, whether it
-    # failed fetching and whether it never had a batch), its loss terms (2: terms and bad counts) once, and the
-    # loss (1); a short cycle (fewer than accum_steps batches on every process) ends the epoch without another
-    assert result["sizes"] == [2] + [7, 2, 1] * 4
+    # failed fetching and whether it never had a batch), its loss terms (4: terms, bad counts and each process's
+    # failure flag) once, the failure flags before the backward that all-reduces (2), and the loss (1); a short
+    # cycle (fewer than accum_steps batches on every process) ends the epoch without another
+    assert result["sizes"] == [2] + [7, 4, 2, 1] * 4
 
 
 def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
@@ -597,8 +598,9 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
     bad_item = ("TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
                 "inputs, or a dict of model inputs, got None of type NoneType")
-    failed = "ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
-    stops = " (rank 1). This process (rank 0) stops with it, before this step changes anything"
+    failed = ("ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
+              "process 1: ")
+    stops = ". This process (rank 0) stops with it, before this step changes anything"
     no_batch = ("ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
                 "ValueError: data gave this process (rank 1) no batch while another process has some")
     scalar = "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be counted"
@@ -716,6 +718,141 @@ def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_r
         optimizer.step()
     assert accumlib.parameter_gap(result["state"], model.state_dict()) < TOLERANCE
     assert result["steps"] == ([2.0] if name == "Adam" else [])
+
+
+class LogitsLM(TinyCausalLM):
+    """forward(input_ids, attention_mask=None) -> logits, for batches whose labels are their target."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return super().forward(input_ids, attention_mask).logits
+
+
+SHAPES = {  # one batch of ITEMS[:3] in each shape train takes, and the model it goes with
+    "(x, y)": (LogitsLM, lambda b: (b["input_ids"], b["labels"])),
+    "((inputs), y)": (TupleInputLM, as_tuple),
+    "(((inputs)), y) nested": (TupleInputLM, lambda b: ([b["input_ids"], b["attention_mask"]], b["labels"])),
+    "({inputs}, y)": (LogitsLM, lambda b: ({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
+                                           b["labels"])),
+    "dict": (TinyCausalLM, lambda b: b),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_count_and_loss_fn_get_the_micro_batch_s_target_for_every_batch_shape(shape):
+    """One rule: count(target) and loss_fn(output, target), the target being y of a pair (however its inputs nest)
+    and the batch itself for a dict; the weights are then those of the full batch (to float64's rounding)."""
+    make, shaped = SHAPES[shape]
+    batches = [shaped(pad(ITEMS[i:i + 3])) for i in range(0, 12, 3)]
+    counted, losses = [], []
+
+    def count(target):
+        counted.append(target)
+        labels = target["labels"] if isinstance(target, dict) else target
+        return (labels[:, 1:] != IGNORE).sum()
+
+    def loss_fn(output, target):
+        losses.append(target)
+        labels = target["labels"] if isinstance(target, dict) else target
+        logits = output.logits if isinstance(output, CausalLMOutput) else output
+        return token_sum_of_logits(logits, labels)
+
+    model = make()
+    accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, normalize="count",
+                   count=count, loss_fn=loss_fn, loss_reduction="sum")
+    targets = [b if isinstance(b, dict) else b[1] for b in batches]
+    for seen in (counted, losses):
+        assert len(seen) == 4
+        for got, target in zip(seen, targets):
+            assert type(got) is type(target)
+            assert all(torch.equal(a, b) for a, b in zip(*(t.values() if isinstance(t, dict) else [t]
+                                                           for t in (got, target))))
+    reference = full_batch_reference(TinyCausalLM(), [ITEMS[:12]])
+    assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
+
+
+def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
+    batches = [as_tuple(pad(ITEMS[i:i + 3])) for i in range(0, 12, 3)]
+
+    def run(count):
+        model = TupleInputLM()
+        accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
+                       normalize="count", count=count, loss_fn=token_sum_of_logits, loss_reduction="sum")
+        return model
+
+    with pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated.*count\(y\)"):
+        old = run(lambda inputs, labels: (labels[:, 1:] != IGNORE).sum())
+    assert accumlib.parameter_gap(old, run(lambda labels: (labels[:, 1:] != IGNORE).sum())) == 0
+
+
+FAILING_WORKER = '''
+import gc, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+sys.path.insert(0, sys.argv[1])
+import accumlib
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, case = dist.get_rank(), sys.argv[3]
+torch.manual_seed(0)
+batches = [(torch.randn(2, 6, dtype=torch.float64), torch.zeros(2, dtype=torch.long)) for _ in range(6)]
+calls = {}
+
+
+def fails_on_rank_1(name, where):  # name's call at micro-batch `where` of step 2 (accum_steps 3: its calls 4-6)
+    calls[name] = calls.get(name, 0) + 1
+    if rank == 1 and case.startswith(name) and calls[name] == 4 + where:
+        raise ValueError(f"planted failure on rank 1 ({case})")
+
+
+def count(y):
+    fails_on_rank_1("count", 0)
+    return len(y)
+
+
+def loss_fn(output, y):
+    fails_on_rank_1("loss_fn", 0 if case == "loss_fn, first micro-batch" else 2)
+    return torch.nn.functional.cross_entropy(output, y)
+
+
+class Model(torch.nn.Linear):
+    def forward(self, x):
+        fails_on_rank_1("forward", 1)
+        return super().forward(x)
+
+
+model = DistributedDataParallel(Model(6, 3, dtype=torch.float64) if case == "forward" else
+                                torch.nn.Linear(6, 3, dtype=torch.float64))
+options = {"count": dict(normalize="count", count=count, loss_fn=loss_fn, loss_reduction="mean"),
+           "forward": {}}.get(case, dict(loss_fn=loss_fn))
+after_step_1 = []
+try:
+    accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=3, device="cpu",
+                   on_step=lambda r: after_step_1.append(model.module.weight.detach().clone()), **options)
+    outcome = "trained"
+except Exception as error:
+    unchanged = torch.equal(model.module.weight, after_step_1[0]) and model.module.weight.grad is None
+    outcome = f"{type(error).__name__}: {error} | steps {[r.step for r in error.history]} | unchanged {unchanged}"
+with open(sys.argv[2] + f".{rank}", "w") as out:
+    out.write(outcome)
+gc.collect()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("case", ["count", "loss_fn, first micro-batch", "loss_fn, last micro-batch", "forward"])
+def test_a_callback_or_forward_that_raises_on_one_process_stops_every_process(tmp_path, case):
+    """count, loss_fn (early in the cycle, or in its last micro-batch, whose backward all-reduces) or the model's
+    forward raising on process 1 at step 2: both processes stop at step 2 (neither waits, neither gets gloo's
+    'Connection closed by peer'), process 1 with its own error, process 0 saying which process failed and why;
+    both keep step 1's record and leave the weights and .grad as step 1 left them."""
+    run_on_two_processes(FAILING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)
+    ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
+    planted = f"ValueError: planted failure on rank 1 ({case})"
+    assert theirs.startswith(planted) and theirs.endswith("| steps [1] | unchanged True"), theirs
+    assert ours.startswith(f"RuntimeError: process 1: {planted}"), ours
+    assert ("count failed there for step 2" if case == "count" else "forward pass or loss_fn") in ours
+    assert ours.endswith("| steps [1] | unchanged True"), ours
 
 
 LIST_X = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))

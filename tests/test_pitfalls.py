@@ -267,3 +267,26 @@ def test_logging_the_scaled_loss_shrinks_it_by_accum_steps():
                                                           accum_steps=k)])
     assert histories[0] == pytest.approx(histories[1], abs=1e-12)  # accumlib logs the true loss, whatever k
 
+
+
+def test_zeroing_at_the_start_of_each_cycle_is_not_a_bug():
+    """The seed's place for zero_grad() (before the backward() of a cycle's first micro-batch) trains exactly as
+    zeroing after each step does, with a short last cycle too (leak: nothing zeroes it before the next epoch's first
+    cycle, which now zeroes it); a flag that is not a bool is refused."""
+    X, y = data.digits(44, flat=True, dtype=torch.float64)  # 11 micro-batches of 4: cycles of 3 leave 2
+    runs = []
+    for at_start in (False, True):
+        model = models.mlp(dtype=torch.float64)
+        steps = []
+        pitfalls.classic_train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
+                               accum_steps=3, epochs=2, last_cycle="weighted", zero_at_cycle_start=at_start,
+                               on_step=steps.append)
+        runs.append((model, steps))
+    (after, steps_after), (start, steps_start) = runs
+    assert accumlib.parameter_gap(after, start) == 0 and steps_after == steps_start and len(steps_after) == 8
+    with pytest.raises(ValueError, match="nothing can leak into it"):
+        pitfalls.classic_train(models.mlp(dtype=torch.float64), (X, y), torch.optim.SGD(models.mlp().parameters()),
+                               micro_batch_size=4, accum_steps=3, zero_at_cycle_start=True, last_cycle="leak")
+    with pytest.raises(TypeError, match="zero_at_cycle_start must be True or False"):
+        pitfalls.classic_train(models.mlp(dtype=torch.float64), (X, y), torch.optim.SGD(models.mlp().parameters()),
+                               micro_batch_size=4, accum_steps=3, zero_at_cycle_start=1)

@@ -165,3 +165,36 @@ def test_a_diverging_curve_on_a_log_axis_keeps_its_gaps_and_plain_tick_labels():
     assert np.isnan(ax.get_lines()[1].get_ydata()[2:]).all()
     figure.png()
     assert all("$" not in t.get_text() for t in ax.get_yticklabels())
+
+
+def overlaps(a, b) -> bool:
+    """Whether two display-space bounding boxes share any area (touching edges do not count)."""
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def drawn_text_boxes(figure):
+    """The y axis label's box and the boxes of the y tick labels drawn with text, after rendering the figure."""
+    figure.png()
+    ax = figure.figure.axes[0]
+    renderer = figure.figure.canvas.get_renderer()
+    ticks = [t.get_window_extent(renderer) for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
+             if t.get_visible() and t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    return ax.yaxis.label.get_window_extent(renderer), ticks
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_a_log_axis_label_and_its_tick_labels_do_not_overlap(language):
+    """Lesson 0's BatchNorm figure as it is drawn (plots.lines, log y, its own label, deviations 0.01-0.08 in both
+    editions): the y label clears every tick label, and no two tick labels overlap (Hindi review N0-4: the label sat on
+    the mathtext minor labels 4×10⁻², 3×10⁻², 2×10⁻², which overlapped each other)."""
+    i18n.set_language(language)
+    try:
+        label = i18n._("deviation from the whole batch (relative)")
+        figure = plots.lines({"a": ([4, 64], [0.077, 0.024]), "b": ([4, 64], [0.030, 0.010])},
+                             i18n._("micro-batch size (samples)"), label, "title", "alt", logy=True)
+    finally:
+        i18n.set_language("en")
+    ylabel, ticks = drawn_text_boxes(figure)
+    assert len(ticks) >= 2, "the axis needs at least two labelled ticks to be read"
+    assert not [t for t in ticks if overlaps(ylabel, t)], f"the y label {label!r} overlaps a tick label"
+    assert not [(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1:] if overlaps(a, b)]

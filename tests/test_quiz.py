@@ -476,3 +476,186 @@ def test_the_end_of_course_check_asks_no_question_a_lesson_asked():
     asked = {q["prompt"] for q in QUESTIONS if q["lesson"] < 10}
     assert final.quiz.questions and all(q["prompt"] not in asked for q in final.quiz.questions)
     assert "End-of-course check" in final.heading.value
+
+
+# ------------------------------------------------------------------------------------------------ no cue in the options
+
+
+@pytest.fixture(autouse=True)
+def score_file(tmp_path, monkeypatch):
+    """Every test's quiz keeps its answers in a file of its own (never the working directory's)."""
+    path = tmp_path / "accumlib-scores.json"
+    monkeypatch.setenv("ACCUMLIB_SCORES", str(path))
+    monkeypatch.delenv("ACCUMLIB_LEARNER", raising=False)
+    return path
+
+
+def length_rank_scores(language: str) -> list[float]:
+    """The expected share right of the learner who always picks the k-th longest option (k = 1..4, ties broken at
+    random), over every choice and predict question, with the option texts as shown in `language`."""
+    texts = accumlib.i18n.catalogue(language).gettext
+    choices = [q for q in QUESTIONS if q["kind"] != "number"]
+    share = [0.0] * 4
+    for q in choices:
+        lengths = [len(texts(o["text"])) for o in q["options"]]
+        mine = len(texts(right_option(q)["text"]))
+        longer, equal = sum(n > mine for n in lengths), lengths.count(mine)
+        for k in range(longer, longer + equal):
+            share[k] += 1 / equal
+    return [s / len(choices) for s in share]
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_no_option_length_gives_the_answer_away(language):
+    """Always picking the longest option (or the shortest, or the second or third longest) is right for at most 30%
+    of the questions in either language: chance is 25%. Measured before the distractors were rewritten: the longest
+    option was right for 13.0 of 30 in English (43%) and the second longest for 17 of 30 after a first rewrite."""
+    shares = length_rank_scores(language)
+    print(f"\n{language}: right when always picking the longest, 2nd, 3rd, shortest option:",
+          ", ".join(f"{100 * s:.0f}%" for s in shares))
+    assert all(s <= 0.30 for s in shares), shares
+
+
+def simple_learner(seed, language, pick) -> int:
+    """Questions right at the first try for a learner who answers every choice question with pick(shown options)."""
+    graded = quiz.Quiz(language=language, seed=seed)
+    texts = accumlib.i18n.catalogue(language).gettext
+    for q in graded.questions:
+        if q["kind"] != "number":
+            graded.answer(q["id"], pick([(o["id"], len(texts(o["text"]))) for o in graded.options(q["id"])]))
+    return graded.first_try()
+
+
+STRATEGIES = {
+    "longest": lambda shown: max(shown, key=lambda o: o[1])[0],  # the first shown of the longest ones
+    "shortest": lambda shown: min(shown, key=lambda o: o[1])[0],
+    "first": lambda shown: shown[0][0],
+    "last": lambda shown: shown[-1][0],
+}
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_simple_strategies_score_near_chance_for_every_learner(language):
+    """A learner who always answers the longest, the shortest, the first or the last option as shown: at most 30%
+    of the 30 choice questions at the first try, for every one of 20 learners (chance: 7.5 of 30)."""
+    choices = sum(q["kind"] != "number" for q in QUESTIONS)
+    seeds = [*range(16), "alice", "bob", "learner-7", 12345]
+    for name, pick in STRATEGIES.items():
+        scores = [simple_learner(seed, language, pick) for seed in seeds]
+        print(f"\n{language}, always the {name} option: first-try scores of 20 learners out of {choices}: {scores}")
+        assert max(scores) <= 0.30 * choices, (name, scores)
+
+
+# ------------------------------------------------------------------------------------------------ the bank is not shared
+
+
+def test_the_bank_and_the_questions_are_copies_a_learner_cannot_corrupt():
+    mine = quiz.bank()
+    mine["questions"][0]["answer"] = "zzz"
+    mine["questions"].clear()
+    assert quiz.bank()["questions"][0]["answer"] == BY_ID[QUESTIONS[0]["id"]]["answer"] != "zzz"
+    one = quiz.Quiz(["when-to-step"], "en", seed=0)
+    one.question("when-to-step")["answer"] = "a"
+    other = quiz.Quiz(["when-to-step"], "en", seed=0)
+    assert other.answer("when-to-step", BY_ID["when-to-step"]["answer"]).correct
+    assert not other.answer("when-to-step", "a").correct
+
+
+# ------------------------------------------------------------------------------------------------ scores kept and exported
+
+
+RESTART = """
+import sys
+from accumlib.lessons import quiz
+widget = quiz.check("when-to-step", "effective-batch", language="en")
+for value in sys.argv[1:]:
+    qid, answer = value.split("=")
+    widget.quiz.answer(qid, float(answer) if qid == "effective-batch" else answer)
+print([o["id"] for o in widget.quiz.options("when-to-step")], widget.quiz.score())
+"""
+
+
+def run_kernel(*answers, env_extra=None, tmp_path=None):
+    """A fresh Python process (a kernel restart) that opens lesson 3's quick check and gives these answers."""
+    import os
+    env = {**os.environ, **(env_extra or {})}
+    done = subprocess.run([sys.executable, "-c", RESTART, *answers], capture_output=True, text=True, env=env, check=False,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_first_try_survives_a_kernel_restart_for_each_learner(score_file, tmp_path):
+    wrong = wrong_options(BY_ID["when-to-step"])[0]["id"]
+    right = BY_ID["when-to-step"]["answer"]
+    asha = {"ACCUMLIB_LEARNER": "asha"}
+    assert run_kernel(f"when-to-step={wrong}", env_extra=asha, tmp_path=tmp_path).endswith(
+        "Score: 0 of 2 right at the first try, 0 of 2 in the end")
+    # restarted: the wrong first try still counts, a right retry counts only in the end
+    assert run_kernel(f"when-to-step={right}", "effective-batch=32", env_extra=asha, tmp_path=tmp_path).endswith(
+        "Score: 0 of 2 right at the first try, 1 of 2 in the end")
+    assert run_kernel(f"when-to-step={right}", env_extra={"ACCUMLIB_LEARNER": "ravi"}, tmp_path=tmp_path).endswith(
+        "Score: 1 of 2 right at the first try, 1 of 2 in the end")
+    kept = json.loads(score_file.read_text(encoding="utf-8"))["learners"]
+    assert kept == {"asha": {"when-to-step": [wrong, right], "effective-batch": [32.0]}, "ravi": {"when-to-step": [right]}}
+    assert not list(tmp_path.glob("*.partial"))  # written whole, then moved into place
+
+
+def test_without_accumlib_learner_the_file_keeps_the_seed_so_a_restart_shows_the_same_order(score_file, tmp_path):
+    right = BY_ID["when-to-step"]["answer"]
+    first = run_kernel(f"when-to-step={right}", tmp_path=tmp_path)
+    second = run_kernel(tmp_path=tmp_path)
+    assert first.split("]")[0] == second.split("]")[0]
+    assert second.endswith("Score: 1 of 2 right at the first try, 1 of 2 in the end")
+    anonymous = json.loads(score_file.read_text(encoding="utf-8"))["anonymous"]
+    assert list(json.loads(score_file.read_text(encoding="utf-8"))["learners"]) == [anonymous]
+
+
+def test_showing_a_quiz_writes_nothing_and_a_broken_file_is_never_overwritten(score_file):
+    quiz.check(lesson=3)
+    assert not score_file.exists()
+    score_file.write_text("my notes, not a score file", encoding="utf-8")
+    with pytest.warns(UserWarning, match="cannot read this score file"):
+        widget = quiz.check("when-to-step", language="en")
+    widget.quiz.answer("when-to-step", BY_ID["when-to-step"]["answer"])
+    assert score_file.read_text(encoding="utf-8") == "my notes, not a score file"
+    assert widget.quiz.first_try() == 1  # kept in memory
+
+
+def test_the_instructor_exports_one_csv_line_per_learner(score_file, tmp_path, monkeypatch):
+    right = {q["id"]: q["answer"] for q in QUESTIONS}
+    monkeypatch.setenv("ACCUMLIB_LEARNER", "asha")
+    asha = quiz.check(lesson=3, language="en").quiz
+    for q in asha.questions:  # a run-through: every first try right but the first question's
+        if q is asha.questions[0] and q["kind"] != "number":
+            asha.answer(q["id"], wrong_options(q)[0]["id"])
+        asha.answer(q["id"], right[q["id"]])
+    predict = quiz.predict("predict-no-division-adam", language="en").quiz  # another widget, the same file
+    predict.answer("predict-no-division-adam", right["predict-no-division-adam"])
+    other = tmp_path / "ravi" / "accumlib-scores.json"
+    other.parent.mkdir()
+    ravi = quiz.Quiz(["when-to-step"], "en", seed="ravi", store=quiz.ScoreFile(other))
+    ravi.answer("when-to-step", wrong_options(BY_ID["when-to-step"])[0]["id"])
+    n, total = len(asha.questions) + 1, len(QUESTIONS)
+    expected = ["learner,answered,first_try,in_the_end,questions,first_try_percent",
+                f"asha,{n},{n - 1},{n},{total},{round(100 * (n - 1) / total)}",
+                f"ravi,1,0,0,{total},0"]
+    print("\nexported scores of a run-through:\n" + quiz.scores(score_file, other, save=tmp_path / "class.csv"))
+    assert quiz.scores().splitlines() == expected[:2]  # default: this notebook's file
+    assert (tmp_path / "class.csv").read_text(encoding="utf-8").splitlines() == expected
+    with pytest.raises(FileNotFoundError, match="paths: no score file at .*nowhere"):
+        quiz.scores(tmp_path / "nowhere.json")
+    with pytest.raises(TypeError, match="save must be a file path"):
+        quiz.scores(save=3)
+
+
+def test_the_quiz_refuses_in_the_course_language(course_language):
+    """Hindi review: quiz.check(lesson=0), which a lesson-0 learner may type, answered in English in Hindi mode."""
+    course_language("hi")
+    with pytest.raises(ValueError, match="पाठ की संख्या 1 से 10 तक होनी चाहिए; पर 0 मिली"):
+        quiz.check(lesson=0)
+    with pytest.raises(ValueError, match="`ids`: अनजान id"):
+        quiz.check("no-such-question")
+    course_language("en")
+    with pytest.raises(ValueError, match="lesson must be a lesson number from 1 to 10; got 0"):
+        quiz.check(lesson=0)

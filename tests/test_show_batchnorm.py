@@ -84,3 +84,43 @@ def test_skipped_cycle_says_whether_the_statistics_were_put_back(capsys):
     assert not show.skipped_cycle(True, stats, {"1": (torch.ones(2), torch.ones(2))})
     assert "but the running statistics changed" in capsys.readouterr().out
     assert not show.skipped_cycle(False, stats, stats)
+
+
+def test_a_brief_deviation_keeps_the_finding_and_the_figure_without_the_table(capsys):
+    drift = {2: [LayerDeviation("1", 0.04, 0.08)], 64: [LayerDeviation("1", 0.01, 0.02)]}
+    assert show.deviation(drift, batch=64, brief=True) == {2: pytest.approx(0.12), 64: pytest.approx(0.03)}
+    brief = capsys.readouterr().out
+    show.deviation(drift, batch=64)
+    full = capsys.readouterr().out
+    assert brief.startswith("Micro-batches of 2 stray 4.0 times as far") and "layer 1: mean" not in brief
+    assert "layer 1: mean" in full.splitlines()[0] and brief.splitlines()[0] in full
+
+
+def _with_values(splits, errors, losses):
+    """`splits` with its BatchNorm rows' statistics error (one layer, mean only) and re-estimated loss replaced."""
+    rows = [dataclasses.replace(o, settled=dataclasses.replace(
+                o.settled, statistics_error=[batchnorm.LayerDeviation("1", e, 0.0)]),
+                reestimated=dataclasses.replace(o.reestimated, loss=loss))
+            for o, e, loss in zip(splits.batchnorm, errors, losses)]
+    return dataclasses.replace(splits, batchnorm=rows)
+
+
+def test_over_seeds_calls_a_difference_a_finding_only_when_every_seed_agrees(splits, capsys):
+    """Lesson 7 (N2, N3): the seeds' mean ± standard deviation, and a difference is a finding only where its sign
+    holds in every seed; one seed the other way round makes it "no finding"."""
+    agree = {1: _with_values(splits, [0.13, 0.06], [0.35, 0.30]), 2: _with_values(splits, [0.11, 0.05], [0.33, 0.31])}
+    found = show.over_seeds(agree)
+    out = capsys.readouterr().out
+    assert "0.120 ± 0.014" in out and "0.340 ± 0.014" in out  # seed 1 and 2's mean ± standard deviation at 2 × 16
+    error, loss = found
+    assert (error.quantity, error.smaller, error.larger, error.same_sign) == ("statistics error", 2, 32, True)
+    assert error.mean == pytest.approx(0.065) and error.spread == pytest.approx(0.005 * 2 ** 0.5)
+    assert (loss.quantity, loss.same_sign) == ("re-estimated loss", True) and loss.mean == pytest.approx(0.035)
+    assert "statistics error, 2 × 16 minus 32 × 1: +0.065 ± 0.007, the same sign in all 2 seeds: 2 × 16 is higher." in out
+    split_seeds = {**agree, 3: _with_values(splits, [0.05, 0.06], [0.29, 0.30])}
+    found = show.over_seeds(split_seeds)
+    out = capsys.readouterr().out
+    assert [f.same_sign for f in found] == [False, False]
+    assert "the sign changes between seeds: no finding, the difference is within the seeds' spread." in out
+    with pytest.raises(TypeError, match="two or more seeds"):
+        show.over_seeds({1: splits})

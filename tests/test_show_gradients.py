@@ -96,3 +96,25 @@ def test_logged_losses_the_true_step_loss_is_what_accumlib_records_for_any_split
     assert all(h[0].loss == pytest.approx(mean, rel=1e-6) for h in histories.values())
     assert log.scaled_losses[0] == pytest.approx(log.true_losses[0] / 3)
     assert f"mean of its micro-batches' losses: {mean:.4f}" in capsys.readouterr().out
+
+
+def test_one_cycle_says_what_grad_holds_for_the_seeds_loop_and_its_two_mistakes(capsys):
+    """Lesson 0: the cycle as written, zeroed before every backward(), and without the division, each on a float64 copy
+    of a float32 CNN that stays untouched (its weights and its .grad)."""
+    model = models.cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    digits = data.digits(32)
+    exact = gradients.one_cycle(model, *digits, accum_steps=4)
+    assert exact.equal and "4 backward() calls added up in .grad: the full-batch gradient" in capsys.readouterr().out
+    wiped = gradients.one_cycle(model, *digits, accum_steps=4, zero_every_micro_batch=True)
+    out = capsys.readouterr().out
+    assert not wiped.proportional and "the last micro-batch's gradient alone" in out and "the other 3 were wiped" in out
+    four = gradients.one_cycle(model, *digits, accum_steps=4, divide=False)
+    assert four.proportional and four.ratio == pytest.approx(4) and ".grad is 4.000 times" in capsys.readouterr().out
+    # both mistakes at once: neither the full-batch gradient nor the last micro-batch's share of it
+    both = gradients.one_cycle(model, *digits, accum_steps=4, divide=False, zero_every_micro_batch=True)
+    assert not both.proportional and "the last micro-batch's gradient alone" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters()) and next(model.parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match="a multiple of accum_steps=3"):
+        gradients.one_cycle(model, *digits, accum_steps=3)

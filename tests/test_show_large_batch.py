@@ -106,3 +106,21 @@ def test_accumulated_reports_what_each_step_held_and_its_peak(capsys):
                                 micro_batch_size=8, accum_steps=4, measure_memory=False)
     with pytest.raises(ValueError, match="measure_memory=True"):
         large_batch.accumulated(unmeasured, peak)
+
+
+def test_brief_findings_leave_out_the_tables_and_keep_the_findings(reports, capsys):
+    """Lesson 0 reads the finding and the figure, not the table: brief=True prints the same finding, no table."""
+    budget = (reports[1].peak + reports[2].peak) // 2
+    full = large_batch.memory_by_batch(reports, budget)
+    long = capsys.readouterr().out
+    brief = large_batch.memory_by_batch(reports, budget, brief=True)
+    short = capsys.readouterr().out
+    assert short.splitlines()[0] == long.splitlines()[len(reports) + 1] and "peak of one step" not in short
+    assert brief.fitting == full.fitting and brief.plot.alt == full.plot.alt
+    digits = data.digits(64)
+    model = models.cnn()
+    history = accumlib.train(model, digits, torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=8,
+                             accum_steps=4, measure_memory=True)
+    assert large_batch.accumulated(history, 2**30, brief=True) == [(2, 32, 4)]
+    out = capsys.readouterr().out
+    assert "samples per step" not in out and out.startswith("2 optimizer steps for 64 samples.\nThe peak memory")

@@ -71,3 +71,13 @@ def test_step_schedule_counts_what_each_condition_steps(capsys):
     assert out.splitlines()[1].split() == ["right", "4,", "8,", "12", "4,", "4,", "4", "0"] and "right:" not in out
     with pytest.raises(ValueError, match="must list increasing step values from 0 to 11"):
         loop.step_schedule({"wrong": [3, 12]}, 12, 4)
+
+
+def test_zeroing_places_zeroing_at_the_cycles_start_trains_like_zeroing_after_the_step(capsys):
+    """Lesson 0: the seed's `if step % accum_steps == 0: zero_grad()` and zeroing after the step, one epoch each on a
+    copy of the model: the same weights, bit for bit (nothing touches .grad in between)."""
+    model = models.mlp(dtype=torch.float64)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert loop.zeroing_places(model, (X, Y), micro_batch_size=4, accum_steps=3) == 0
+    assert "the same weights after 4 steps, bit for bit" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -123,3 +123,21 @@ def test_pytorch_messages_stay_as_pytorch_words_them_with_their_meaning_in_hindi
         assert f"Error: {message}\n" in english  # the message alone, ending its line
         line = next(line for line in hindi.splitlines() if message in line)
         assert line.startswith(("RuntimeError: ", "AssertionError: ")) and "(यानी: " in line and line.endswith(")")
+
+
+def test_the_float32_zeros_are_the_entries_no_sample_reaches(capsys):
+    # lesson 8's 40.5% of exact zeros in float32: not underflow, the pixels and hidden units no sample reaches
+    from accumlib.lessons import data, models
+    X, y = data.digits(12, flat=True)
+    model = models.mlp()
+    torch.nn.functional.cross_entropy(model(X), y).mul(1e-6).backward()
+    float32 = torch.cat([p.grad.flatten() for p in model.parameters()]) == 0
+    fresh = models.mlp()  # the same initial weights
+    assert torch.equal(once_per_step.unreached(fresh, X), float32) and 0.3 < float32.double().mean() < 0.5
+    tiny = float32.clone()
+    tiny[~float32] = torch.arange(int((~float32).sum())) % 2 == 0  # every other reached entry rounded to 0
+    assert once_per_step.zeros_explained({"float32": float32, "tiny": tiny}, fresh, X) == {
+        "float32": 0, "tiny": int(tiny.sum() - float32.sum())}
+    printed = capsys.readouterr().out
+    assert f"No sample reaches {float32.double().mean().item():.1%} of the entries" in printed
+    assert "gradient is 0 in every type. Rounded to 0 beyond those: float32 0, tiny " in printed

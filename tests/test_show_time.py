@@ -95,3 +95,39 @@ def test_compare_refuses_decompositions_of_different_splits():
                       "b": dataclasses.replace(decomposition(1e-3, 1e-4), effective_batch=32)})
     with pytest.raises(ValueError, match="two or more models"):
         show.compare({"a": decomposition(1e-3, 1e-4)})
+
+
+def test_cost_tells_slightly_from_several_times_and_says_which_part_of_a_pass_dominates(capsys):
+    """Lesson 0's sweep, on exact lines: 1 ms + 0.1 ms per sample makes 16 × 4 1.41x and 4 × 16 3.03x the time of
+    64 × 1, a pass of 4 mostly fixed cost (71%), one of 16 mostly arithmetic (38%)."""
+    ratios = show.cost(decomposition(1e-3, 1e-4))
+    out = capsys.readouterr().out
+    assert ratios[1] == pytest.approx(10.4 / 7.4) and ratios[2] == pytest.approx(22.4 / 7.4)
+    assert ("Against 64 × 1 (7.40 ms), 16 × 4 takes only slightly longer (1.41x), 4 × 16 several times as long "
+            "(3.03x).") in out
+    assert "mostly fixed cost at 4 samples, mostly arithmetic at 16. Small micro-batches underuse" in out
+    show.cost(decomposition(2e-3, 1e-4))  # 16 × 4: 14.4 against 8.4 ms, between the two verdicts; both mostly fixed
+    out = capsys.readouterr().out
+    assert "16 × 4 takes 1.71x as long" in out and "mostly fixed cost at 4 and at 16 samples" in out
+    show.cost(decomposition(1e-4, 1e-3))  # arithmetic everywhere: splitting costs little
+    assert "mostly arithmetic at 4 and at 16 samples, so the fixed cost adds little" in capsys.readouterr().out
+
+
+def test_cost_prints_the_same_once_times_are_masked_and_refuses_a_sweep_it_cannot_read(capsys):
+    show.cost(decomposition(1e-3, 1e-4))
+    first = capsys.readouterr().out
+    show.cost(decomposition(1.37e-3, 1.37e-4))  # every time 1.37 times as long: other digits, the same findings
+    second = capsys.readouterr().out
+    assert first != second and masked(first) == masked(second)
+    assert not re.search(r"\d\.\d", masked(first)), "a measured number escapes the masks"
+    with pytest.raises(ValueError, match="two or more splits"):
+        show.cost(dataclasses.replace(decomposition(1e-3, 1e-4), steps=decomposition(1e-3, 1e-4).steps[:2]))
+
+
+def test_steps_name_the_clock_of_the_device_they_ran_on(capsys):
+    """Lesson 6 says the table names its clock: the thread's CPU time on one CPU thread, wall time on a GPU."""
+    show.steps(decomposition(1e-3, 1e-4))
+    assert "Measured on cpu, 1 thread(s); the clock: the CPU time of the one thread that computes" in capsys.readouterr().out
+    show.steps(dataclasses.replace(decomposition(1e-3, 1e-4), device="cuda:0", clock=timing.WALL))
+    assert "Measured on cuda:0, 1 thread(s); the clock: wall time (on a GPU: after waiting for the card" in \
+        capsys.readouterr().out

@@ -26,6 +26,8 @@ import accumlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchrun_worker as job
 
+pytestmark = pytest.mark.slow  # each test starts torchrun: several processes, seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "torchrun_worker.py"
 TOLERANCE = 1e-12  # see the module docstring
@@ -122,7 +124,7 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     step's micro-batches differ between the processes, one pads), Adam with the gradient clipped over all shards
     (every step), and each process's own loader of dict batches, token-count normalised (a DistributedSampler's
     shuffled shares; then one process with 5 batches, the other with 3)."""
-    results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded", "every") if how == "fsdp2" else ()))
+    results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded", "every", "sub-mesh") if how == "fsdp2" else ()))
     for name in SCENARIOS:
         assert_like_one_process(results[name], name)
     assert [r["samples"] for r in results["tensors"]["records"]] == [12, 12, 5] * job.EPOCHS
@@ -133,6 +135,8 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
         assert_like_one_process(results["unsharded"], "tensors")
         assert_like_one_process(results["every"], "tensors")  # ddp_no_sync=False: a reduce-scatter per micro-batch
         assert_fsdp2_collectives(results)
+        # sharded over this process alone: its data shares would not be the group's
+        assert "a mesh of 1 processes but the process group has 2" in results["sub-mesh"]["refused"]
 
 
 def assert_fsdp2_collectives(results: dict) -> None:
@@ -150,6 +154,48 @@ def assert_fsdp2_collectives(results: dict) -> None:
     assert {step["all-gathers"] for step in full} == {2 * units * micro_batches}
     # kept unsharded after a backward, a unit is not gathered again by the next micro-batch's forward
     assert {step["all-gathers"] for step in unsharded} == {2 * units * micro_batches - units * (micro_batches - 1)}
+
+
+def test_memory_per_process_under_fsdp2(tmp_path):
+    """measure_step of an FSDP2 model reports what one process holds, as a real step measures it: the peak train
+    records for a step with Adam's state (to a collective's buffers), this process's shards of the weights
+    and of Adam's state; below DDP's, whose every process holds everything; memory_budget refuses a budget
+    below that peak before any weight changes, and trains above it, saying that a real step measured it."""
+    found = standalone(tmp_path, "fsdp2", "memory")["memory"]
+    # a process's peak moves by a collective's buffers (measured: a reduce-scatter's input, freed by gloo's thread
+    # at its own moment): at most the largest unit's whole gradient, the first Linear's 64 x 512 + 512 floats
+    collective = job.UNIT_BYTES
+    for name in ("fsdp2", "fsdp2 every"):
+        report = found[name]["report"]
+        # the second step of train: Adam's state made, as measure_step's later step
+        assert abs(found[name]["train"][1] - report.peak) <= collective
+        assert report.parameters >= found[name]["shards"]  # the shards, and what is gathered at the peak
+        assert report.optimizer_state == found[name]["state"]  # Adam's state: this process's shards only
+        assert sum(report.categories().values()) == report.peak
+    whole = sum(p.numel() * 4 for p in job.wide().parameters())
+    assert found["fsdp2"]["shards"] == whole // 2  # each of the 2 processes holds half of the weights
+    assert found["fsdp2"]["report"].peak < found["ddp"]["train"][1]
+    assert found["refused"] is not None and "out of memory" in found["refused"]
+    assert found["unchanged"] and found["within budget"] == 1
+    assert any("measured with a real step" in message for message in found["warnings"])
+
+
+def test_an_fsdp2_checkpoint_resumes_bit_for_bit_and_refuses_another_number_of_processes(tmp_path, monkeypatch):
+    """train(checkpoint=...) with an FSDP2 model: every process's shards in a folder beside the file
+    (torch.distributed.checkpoint), the run stopped after step 3 and resumed into a model built from another seed
+    equals the uninterrupted run bit for bit (weights and records: Adam, shuffled samples); one process cannot go
+    on from the file of two, refused by name before anything changes."""
+    monkeypatch.setenv("CHECKPOINT", str(tmp_path))
+    found = standalone(tmp_path, "fsdp2", "checkpoint")["checkpoint"]
+    uninterrupted, resumed = found["uninterrupted"], found["resumed"]
+    assert len(found["stopped"]["records"]) == 3 and len(resumed["records"]) == len(uninterrupted["records"]) == 6
+    assert resumed["records"] == uninterrupted["records"]
+    assert all(torch.equal(resumed["state"][k], v) for k, v in uninterrupted["state"].items())
+    assert len(found["folders"]) == 2 and all(f.startswith(".run.pt.shards-") for f in found["folders"])
+    out = tmp_path / "one.pt"
+    torchrun(["--standalone", "--nproc_per_node=1", str(WORKER), str(out), "fsdp2", "checkpoint"])
+    refused = torch.load(out, weights_only=False)["checkpoint"]["refused"]
+    assert refused is not None and "processes is 2 in the file, 1 here" in refused
 
 
 def test_two_nodes_through_a_c10d_rendezvous(tmp_path):

@@ -129,11 +129,113 @@ def scenario(name: str, how: str) -> dict:
     return {"state": full_state(model), "records": history.deterministic(), "collectives": steps}
 
 
+UNIT_BYTES = (64 * 512 + 512) * 4  # the first Linear's weights: the largest FSDP unit's whole gradient
+
+
+def wide() -> nn.Module:
+    """A model whose weights outweigh its activations (float32): 64 -> 512 -> 64."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64))
+
+
+def memory() -> dict:
+    """What one process holds in a step of `wide()` (Adam; 3 micro-batches of 4 per process), measured by train
+    (measure_memory=True: each step's peak) and by memory.measure_step, under DDP and FSDP2 (gradient sync on the
+    last micro-batch, then on every one); and memory_budget under FSDP2 below and above the measured peak by
+    more than a collective's buffer (gloo's thread frees those at its own moment: see the test)."""
+    import warnings
+
+    generator = torch.Generator().manual_seed(5)
+    X, y = torch.randn(48, 64, generator=generator), torch.randint(0, 64, (48,), generator=generator)
+    found = {}
+    for name, how, no_sync in (("ddp", "ddp", True), ("fsdp2", "fsdp2", True), ("fsdp2 every", "fsdp2", False)):
+        model = wrap(wide(), how)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, max_steps=2,
+                                 device="cpu", measure_memory=True, ddp_no_sync=no_sync)
+        found[name] = {"train": [r.peak_memory_bytes for r in history]}
+        if how == "fsdp2":
+            report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3,
+                                           ddp_no_sync=no_sync)
+            found[name].update(report=report, shards=sum(p.to_local().nbytes for p in model.parameters()),
+                               state=sum(sharded_bytes(v) for state in optimizer.state.values()
+                                         for v in state.values()))
+    model = wrap(wide(), "fsdp2")
+    before = [p.to_local().clone() for p in model.parameters()]
+    peak, collective = found["fsdp2"]["report"].peak, UNIT_BYTES  # the peak moves by up to a collective's buffer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            accumlib.train(model, (X, y), torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=4,
+                           accum_steps=3, device="cpu", memory_budget=peak - collective - 1)
+            found["refused"] = None
+        except accumlib.OutOfMemory as error:
+            found["refused"] = str(error)
+        found["unchanged"] = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before,
+                                                                             strict=True))
+        history = accumlib.train(model, (X, y), torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=4,
+                                 accum_steps=3, device="cpu", memory_budget=peak + collective, max_steps=1)
+    found["within budget"] = len(history)
+    found["warnings"] = sorted({str(w.message) for w in caught})
+    return found
+
+
+def sharded_bytes(value) -> int:
+    return value.to_local().nbytes if isinstance(value, dist.tensor.DTensor) else value.nbytes
+
+
+def checkpointed() -> dict:
+    """FSDP2 with Adam on the tensors (6 steps, shuffled): the uninterrupted run; a run stopped after step 3 with
+    checkpoint=CHECKPOINT/run.pt (every step), then resumed from it into a model built from another seed. On
+    another number of processes only the resumption is tried (the file of the 2-process run)."""
+    import os
+
+    path = Path(os.environ["CHECKPOINT"]) / "run.pt"
+
+    def run(seed: int, **options):
+        torch.manual_seed(seed)
+        model = wrap(nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double(), "fsdp2")
+        history = accumlib.train(model, tensors(), torch.optim.Adam(model.parameters(), lr=0.05), micro_batch_size=2,
+                                 accum_steps=3, epochs=EPOCHS, seed=SEED, device="cpu", **options)
+        return {"state": full_state(model), "records": history.deterministic()}
+
+    if dist.get_world_size() != 2:
+        try:
+            run(0, checkpoint=path)
+        except ValueError as error:
+            return {"refused": str(error)}
+        return {"refused": None}
+
+    def stop_at_3(record):
+        if record.step == 3:
+            raise accumlib.StopTraining
+
+    found = {"uninterrupted": run(0), "stopped": run(0, checkpoint=path, checkpoint_every=1, on_step=stop_at_3)}
+    found["folders"] = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
+    found["resumed"] = run(1, checkpoint=path)
+    return found
+
+
+def sub_mesh() -> dict:
+    """An FSDP2 model sharded over a mesh of this process alone (of 2): train refuses it by name."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = fully_shard(mlp(), mesh=DeviceMesh("cpu", [dist.get_rank()]))
+    try:
+        accumlib.train(model, tensors(), torch.optim.SGD(model.parameters(), lr=LR), micro_batch_size=2,
+                       accum_steps=3, device="cpu")
+    except ValueError as error:
+        return {"refused": str(error)}
+    return {"refused": None}
+
+
 def main(out: str, how: str, names: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        results = {name: scenario(name, how) for name in names}
+        special = {"memory": memory, "checkpoint": checkpointed, "sub-mesh": sub_mesh}
+        results = {name: special[name]() if name in special else scenario(name, how) for name in names}
         if dist.get_rank() == 0:
             torch.save(results, out)
         dist.barrier()

@@ -4,17 +4,20 @@
     python tools/catalogs.py --check   # change nothing; exit 1 naming each string that is untranslated, fuzzy or stale
 
 Sources of strings: `_()`, `ngettext()`, `pgettext()` and `N_()` in accumlib's Python files (Babel's extractor),
-and the English texts of the quiz bank (`accumlib/lessons/quiz/questions.json`, see `quiz_messages`). A translator edits only the PO files;
+the English texts of the quiz bank (`accumlib/lessons/quiz/questions.json`, see `quiz_messages`) and the comments
+of the exercises' solutions (`solution_messages`, msgctxt `<ExerciseClass>.solution_code`). A translator edits only the PO files;
 `make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a fuzzy or empty
 translation is shown in English until a translator confirms it.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import io
 import json
 import sys
+import tokenize
 from pathlib import Path
 
 from babel.messages import mofile, pofile
@@ -62,6 +65,28 @@ def quiz_messages():
         yield from walk(question, f"{question['id']}/")
 
 
+def solution_context(class_name: str) -> str:
+    """The msgctxt of the comments of an exercise's solution_code (accumlib.lessons.exercises.core.commented)."""
+    return f"{class_name}.solution_code"
+
+
+def solution_messages():
+    """(comment, context, location) for every comment of every exercise's `solution_code` (the code
+    `exercises.<name>.solution()` prints; its comments are shown in the course language): read from the source with
+    ast and tokenize, so that no exercise (nor torch) is imported. Context: the class, one per exercise."""
+    for path in sorted((PACKAGE / "lessons" / "exercises").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if (isinstance(item, ast.Assign) and any(getattr(t, "id", None) == "solution_code" for t in item.targets)
+                        and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)):
+                    for token in tokenize.generate_tokens(io.StringIO(item.value.value).readline):
+                        if token.type == tokenize.COMMENT and token.string[1:].strip():
+                            yield (token.string[1:].strip(), solution_context(node.name),
+                                   f"accumlib/lessons/exercises/{path.name}:{node.name}.solution_code")
+
+
 def template() -> Catalog:
     """Every translatable string of the package, as a POT catalogue."""
     catalog = Catalog(domain=DOMAIN, **HEADER)
@@ -69,6 +94,8 @@ def template() -> Catalog:
             PACKAGE, keywords=DEFAULT_KEYWORDS, comment_tags=("TRANSLATORS:",), strip_comment_tags=True):
         catalog.add(message, locations=[(f"accumlib/{filename}", None)], auto_comments=comments, context=context)
     for message, context, location in quiz_messages():
+        catalog.add(message, locations=[(location, None)], context=context)
+    for message, context, location in solution_messages():
         catalog.add(message, locations=[(location, None)], context=context)
     return catalog
 

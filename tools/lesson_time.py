@@ -24,7 +24,8 @@ The method is the one of the course review (/work/shared/reviews/lessons.md, sec
   counted.
 - start: START_MINUTES to open the notebook, start its kernel and run its cells (they take seconds). The
   Colab/Kaggle set-up cell at the top (tools/platform_cell.py) is part of the start, not of the lesson: it does
-  nothing on a learner's own machine and is run, not studied, on Colab and Kaggle; it is not counted.
+  nothing on a learner's own machine and is run, not studied, on Colab and Kaggle; it is not counted, nor is the
+  cell on top of a translated edition that sets its language (tools/editions.py), when an edition is measured.
 - a dashboard task: TASK_MINUTES each. A dashboard is a code cell whose stored plain-text output lists its tasks
   under "Try this:" as "1. ...", "2. ...".
 - a quick-check question: QUESTION_MINUTES each, PREDICT_MINUTES for a "predict, then run" question. The questions
@@ -240,8 +241,8 @@ def measure(name: str, notebook=None) -> LessonTime:
     prose = printed = code = tasks = questions = predict = 0
     exercises: dict[str, int] = {}
     for cell in notebook.cells:
-        if cell.get("id") == editions.PLATFORM_CELL:
-            continue  # the Colab/Kaggle set-up: part of the start (see the method)
+        if cell.get("id") in (editions.PLATFORM_CELL, editions.LANGUAGE_TAG):
+            continue  # the Colab/Kaggle set-up and an edition's language cell: part of the start (see the method)
         if cell.cell_type == "markdown" and not is_time_cell(cell):
             prose += prose_words(cell)
             code += fenced_lines(cell)

@@ -61,7 +61,7 @@ def token_sequences(n: int = 64, *, max_len: int = 12, vocab: int = 16, seed: in
     return X, y
 
 
-def count_tokens(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Loss terms in a micro-batch: target positions that are not padding, as a 0-d int64 tensor on y's device
-    (a tensor, not an int: counting reads nothing back to the host)."""
+def count_tokens(y: torch.Tensor) -> torch.Tensor:
+    """Loss terms in a micro-batch, from its target y (what train's count gets): positions that are not padding, as
+    a 0-d int64 tensor on y's device (a tensor, not an int: counting reads nothing back to the host)."""
     return (y != PAD).sum()

@@ -84,7 +84,8 @@ def sequence_model(vocab: int = 16, dim: int = 16) -> nn.Module:
 
 
 def token_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sum of next-token cross-entropies over non-padding positions (use with normalize="count")."""
+    """Sum of next-token cross-entropies over non-padding positions (train with normalize="count",
+    loss_reduction="sum")."""
     return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="sum")
 
 

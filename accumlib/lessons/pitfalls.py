@@ -80,7 +80,8 @@ def loss_weights(sizes: list[int], accum_steps: int, last_cycle: str, divide: bo
 
 def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, micro_batch_size: int,
                   accum_steps: int, epochs: int = 1, seed: int = 0, last_cycle: str = "drop", divide: bool = True,
-                  zero_every_micro_batch: bool = False, step_every_micro_batch: bool = False, scheduler=None,
+                  zero_every_micro_batch: bool = False, step_every_micro_batch: bool = False,
+                  zero_at_cycle_start: bool = False, scheduler=None,
                   scheduler_per_micro_batch: bool = False, clip_grad_norm: float | None = None,
                   clip_per_micro_batch: bool = False, scaler: torch.amp.GradScaler | None = None,
                   unscale_per_micro_batch: bool = False, update_per_micro_batch: bool = False,
@@ -98,6 +99,8 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
     divide=False: the loss is not divided (each step's gradient accum_steps times too large).
     zero_every_micro_batch: zero_grad() before every backward (only the cycle's last micro-batch reaches the step).
     step_every_micro_batch: the optimizer (and scaler) step after every micro-batch.
+    zero_at_cycle_start: zero_grad() at the start of each cycle (the seed's `if i % accum_steps == 0`, before the
+    backward()) instead of after each step: not a bug, the same training (nothing touches .grad in between).
     scheduler_per_micro_batch / clip_per_micro_batch / unscale_per_micro_batch / update_per_micro_batch: the
     once-per-step work done after every micro-batch's backward instead (or, for update, as well); see the module
     docstring for which of the scaler mistakes PyTorch catches.
@@ -109,12 +112,16 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an integer, got {seed!r} of type {type(seed).__name__}")
     one_of("last_cycle", last_cycle, LAST_CYCLE_CHOICES)
-    switches = dict(divide=divide, zero_every_micro_batch=zero_every_micro_batch,
+    switches = dict(divide=divide, zero_every_micro_batch=zero_every_micro_batch, zero_at_cycle_start=zero_at_cycle_start,
                     step_every_micro_batch=step_every_micro_batch, scheduler_per_micro_batch=scheduler_per_micro_batch,
                     clip_per_micro_batch=clip_per_micro_batch, unscale_per_micro_batch=unscale_per_micro_batch,
                     update_per_micro_batch=update_per_micro_batch)
     for name, value in switches.items():
         _flag(name, value)
+    if zero_at_cycle_start and last_cycle == "leak":
+        raise ValueError("zero_at_cycle_start=True zeroes the gradients at the start of every cycle, the next epoch's "
+                         "first one too, so nothing can leak into it: use it with last_cycle 'drop', "
+                         "'divide-by-steps' or 'weighted', not 'leak'")
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     if scaler is None and (unscale_per_micro_batch or update_per_micro_batch):
@@ -145,7 +152,7 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
         if last_cycle != "leak":
             zero_grad()
         for i, (idx, weight) in enumerate(zip(batches, weights)):
-            if zero_every_micro_batch:
+            if zero_every_micro_batch or (zero_at_cycle_start and i % accum_steps == 0):
                 zero_grad()
             # fp16 autocast where the data is (the scaler's device: "cuda" on a GPU, "cpu" here)
             with torch.autocast(X.device.type, dtype=torch.float16) if scaler else contextlib.nullcontext():
@@ -182,7 +189,8 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
                     scheduler.step()
                 step = ClassicStep(log.steps + 1, epoch, samples_seen, pending[2], pending[1],
                                    pending[0] / pending[1])
-                zero_grad()
+                if not zero_at_cycle_start:
+                    zero_grad()
                 log.steps += 1
                 if on_step is not None:
                     on_step(step)

@@ -6,12 +6,17 @@ Each exercise has `check(answer)` (prints the verdict), `hint()`, `solution()` (
 exercise cell exactly as a lesson stores it. A stub runs as stored and gets a true, deterministic verdict. It
 expects the notebook to have run `import torch`, `from torch import nn` and `from accumlib.lessons import exercises`.
 
-No answer can fool, hang or crash a check: every check runs the learner's code under a time limit (`time_limit`
-seconds, counted only while the learner's code runs) and a call budget on what it hands out (largest_batch's
-fits()), answers in words whatever escapes (a time-out, an error, a raw PyTorch message said in the learner's terms),
-restores what the code may have changed (grad mode, default dtype, torch's excepthook), accepts numbers of any real
-numeric type with the right value (32.0, numpy, a 0-d tensor), and tries a right answer on a second problem (another
-card, another accum_steps or max_norm), so that numbers copied from the first do not pass.
+No answer can fool, hang or crash a check, or end the kernel: on Linux and macOS every check runs in a forked child
+process of the kernel, ended at a hard limit (contained.py: the learner's code `GRACE` seconds past `time_limit`,
+or the whole check past `check_limit` seconds), and only its verdict, as data, comes back; without fork (Windows)
+it runs in the kernel under the cooperative limit alone (docs/exercise-checks.md says what that does not stop).
+Inside, the learner's code runs under a time limit (`time_limit` seconds, counted only while the learner's code
+runs, its __repr__ and number conversions included) and a call budget on what it hands out (largest_batch's
+fits()); whatever escapes is answered in words (a time-out, an error, a raw PyTorch message said in the learner's
+terms, os._exit(), sys.exit()); what the code changes in torch's global state stays in the child (in the kernel's
+process, without fork: grad mode, default dtype and torch's excepthook are restored, nothing else); numbers of any
+real numeric type with the right value are accepted (32.0, numpy, a 0-d tensor), and a right answer is tried on a
+second problem (another card, another accum_steps or max_norm), so that numbers copied from the first do not pass.
 
 Loop exercises do not compare code, they run it: on a tiny float64 model at learning rate 0, the gradient at each
 optimizer step is read off as a combination of the micro-batches' gradients, which names the bug, where it shows

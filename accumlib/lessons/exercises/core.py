@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import decimal
+import io
 import math
 import numbers
 import operator
@@ -17,11 +18,14 @@ import re
 import signal
 import threading
 import time
+import tokenize
 from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
-from ...i18n import N_, _, ngettext
+from ...i18n import N_, _, ngettext, pgettext
+from . import contained
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,12 @@ class Verdict:
 
     def __str__(self) -> str:
         return self.text
+
+
+def _as_data(verdict: Verdict) -> dict:
+    """A verdict as JSON-able data: what a check's child process sends back (contained.py)."""
+    return {"kind": "verdict", "correct": verdict.correct, "text": verdict.text,
+            "findings": [[f.name, f.message] for f in verdict.findings]}
 
 
 def right(message: str) -> Verdict:
@@ -91,6 +101,10 @@ class Watchdog:
     def elapsed(self) -> float:
         return self.used + (time.monotonic() - self.since if self.since is not None else 0.0)
 
+    def _publish(self) -> None:
+        """Tell the kernel when the learner's time runs out (contained.py ends a child that runs on past it)."""
+        contained.clock_moved(self.since + self.seconds - self.used if self.since is not None else math.inf)
+
     @contextlib.contextmanager
     def _clock(self, run: bool):
         with self._lock:
@@ -100,6 +114,7 @@ class Watchdog:
                 self.since = None
             elif run and not was:
                 self.since = time.monotonic()
+            self._publish()
         try:
             yield
         finally:
@@ -109,6 +124,7 @@ class Watchdog:
                     self.since = None
                 elif was and self.since is None:
                     self.since = time.monotonic()
+                self._publish()
 
     def running(self):
         """Count the block's time: the learner's code runs."""
@@ -207,15 +223,14 @@ TORCH_ERRORS = [
      N_("backward() was called on a tensor that is not connected to the model's weights: it was detached "
         "(.detach(), .item(), torch.no_grad()), or every weight is frozen (requires_grad=False). Compute the loss "
         "from the model's output and keep it as a tensor.")),
-    (r"expected (?:m1 and m2|mat1 and mat2) to have the same dtype|expected scalar type", "dtype-mismatch",
-     N_("Two tensors of different types (float32 and float64) meet in one operation: keep the model and its inputs "
-        "in one dtype, and do not convert x or the model.")),
 ]
+# (An input in another dtype than the check's model is told from the dtypes themselves, not from PyTorch's message,
+# which changes between versions: fingerprint.DtypeMismatch.)
 
 
 def explained(error: BaseException) -> Finding | None:
     """A raw PyTorch error said in the learner's words, or None when it is not one of TORCH_ERRORS."""
-    text = str(error)
+    text = message_of(error)
     for pattern, name, message in TORCH_ERRORS:
         found = re.search(pattern, text)
         if found:
@@ -242,7 +257,13 @@ def whole_number(value) -> int | None:
 
 def real_number(value):
     """value as a real number (kept exact where it is: int, Fraction, Decimal) of any real numeric type; None for a
-    bool, a string, a complex number, NaN or infinity, or a tensor of more than one element."""
+    bool, a string, a complex number, NaN or infinity, or a tensor of more than one element. The value's own
+    methods (__float__, __index__) are counted as the learner's code."""
+    with learner_code():
+        return _real_number(value)
+
+
+def _real_number(value):
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.dtype == torch.bool or value.is_complex() or value.is_meta:
             return None
@@ -276,6 +297,8 @@ class Exercise:
     solution_code: str  # one right answer, as a whole cell
     hint_text: str  # English, marked with N_(); shown translated
     time_limit: float = 15.0  # seconds the learner's code may run per check (the check's own measurements excluded)
+    check_limit: float = 60.0  # seconds of wall time a whole check may take, its measurements included (every
+    # right answer's check takes under 1.5 s on one CPU thread)
     # what to look for when the learner's code runs past the time limit (English, marked with N_())
     hang_text: str = N_("Look for a loop that never ends: a while loop whose condition stays true, or a loop over "
                         "something endless.")
@@ -283,8 +306,56 @@ class Exercise:
     def judge(self, *answer) -> Verdict:
         raise NotImplementedError
 
-    def verdict(self, *answer) -> Verdict:
-        """The verdict on the answer (the values of the names in `answer`), as data."""
+    def verdict(self, *answer, progress: Callable[[dict], None] | None = None) -> Verdict:
+        """The verdict on the answer (the values of the names in `answer`), as data.
+
+        The check runs in a child process where it can be ended at a hard limit (contained.py): its verdict comes
+        back as data, and nothing the answer does (a swallowed time-out, an ignored alarm, os._exit(), changes to
+        torch's global state) reaches the kernel. progress(report) is called, at most every few seconds, while a
+        long check runs (reports come from contained.progress() in the check)."""
+        outcome = contained.run(lambda: _as_data(self.judged(*answer)), check_limit=self.check_limit,
+                                on_progress=progress)
+        kind = outcome["kind"]
+        if kind == "verdict":
+            return Verdict(outcome["correct"], outcome["text"],
+                           tuple(Finding(name, message) for name, message in outcome["findings"]))
+        if kind == "ignored":
+            return wrong([Finding("time-limit-ignored", _(
+                "Your code was still running {grace:g} second after the {seconds:g} seconds it may run, because it "
+                "did not stop when the check asked it to, so the check ended it. A bare except: (or except "
+                "BaseException:) catches that request too, a change to the alarm signal (signal.SIGALRM) blocks it, "
+                "and a long call into C code (sum() over an endless iterator) never sees it: catch only the errors "
+                "you expect, as in except ValueError:. {look}").format(
+                    grace=contained.GRACE, seconds=self.time_limit, look=_(self.hang_text)))])
+        if kind == "overtime":
+            return wrong([self.overtime(outcome["progress"])])
+        if kind == "ended":
+            if outcome["signal"] is not None:
+                return wrong([Finding("process-ended", _(
+                    "The process the check ran your code in was ended by signal {number} ({name}) before the check "
+                    "finished: your code crashed it or sent it that signal. The kernel is still running; the check "
+                    "has no verdict on your answer.").format(number=outcome["signal"],
+                                                            name=signal.Signals(outcome["signal"]).name))])
+            return wrong([Finding("process-ended", _(
+                "Your code ended the process the check ran it in (exit status {code}, as os._exit() does) before "
+                "the check finished. The kernel is still running; the check has no verdict on your answer. Return "
+                "from your function with return.").format(code=outcome["code"]))])
+        return wrong([Finding("check-failed", _("The check could not run your answer: {error}: {message}").format(
+            error=outcome["error"], message=outcome["message"].strip().split("\n")[0]))])
+
+    def overtime(self, report: dict | None) -> Finding:
+        """The finding for a check stopped after check_limit seconds of wall time; report: the check's last
+        contained.progress() report, or None."""
+        return Finding("check-too-long", _(
+            "The check of your answer ran for {seconds:g} seconds in all (your code and the measurements it asked "
+            "for), so it stopped it. {look}").format(seconds=self.check_limit, look=_(self.hang_text)))
+
+    def progress_text(self, report: dict) -> str | None:
+        """What check() prints while a long check runs, from its last progress report (None: nothing)."""
+        return None
+
+    def judged(self, *answer) -> Verdict:
+        """The verdict, judged in this process under the cooperative time limit (Watchdog)."""
         grad_mode, dtype = torch.is_grad_enabled(), torch.get_default_dtype()
         watchdog = Watchdog(self.time_limit)
         _active.append(watchdog)
@@ -311,20 +382,73 @@ class Exercise:
             torch.set_default_dtype(dtype)
 
     def check(self, *answer) -> None:
-        """Print the verdict on the answer (the values of the names in `answer`)."""
-        print(self.verdict(*answer))
+        """Print the verdict on the answer (the values of the names in `answer`); while a long check runs, how far
+        it is."""
+        def shown(report: dict) -> None:
+            text = self.progress_text(report)
+            if text:
+                print(text, flush=True)
+
+        print(self.verdict(*answer, progress=shown))
 
     def hint(self) -> None:
         print(_("Hint: {hint}").format(hint=_(self.hint_text)))
 
     def solution(self) -> None:
+        """Print one solution's code, its comments in the course language."""
         print(_("One solution:"))
-        print(self.solution_code.rstrip())
+        print(commented(self.solution_code.rstrip(), f"{type(self).__name__}.solution_code"))
+
+
+def commented(code: str, context: str) -> str:
+    """`code` with the text of each comment in the course language (pgettext(context, text); tools/catalogs.py
+    extracts them), everything else, the comments' places included, unchanged."""
+    lines = code.splitlines(keepends=True)
+    comments = [t for t in tokenize.generate_tokens(io.StringIO(code).readline)
+                if t.type == tokenize.COMMENT and t.string[1:].strip()]
+    for token in reversed(comments):  # from the end, so that earlier columns stay where they are
+        (row, start), (_row, end) = token.start, token.end
+        line = lines[row - 1]
+        lines[row - 1] = f"{line[:start]}# {pgettext(context, token.string[1:].strip())}{line[end:]}"
+    return "".join(lines)
 
 
 def first_line(error: BaseException) -> str:
-    text = str(error).strip()
+    text = message_of(error).strip()
     return text.splitlines()[0] if text else ""
+
+
+def message_of(error: BaseException) -> str:
+    """str(error), counted as the learner's code (an exception the learner's code raised may have its own
+    __str__); an error whose __str__ fails is named by its type."""
+    with learner_code():
+        try:
+            return _plain(str(error))
+        except Exception:  # noqa: BLE001 - the learner's __str__
+            return type(error).__name__
+
+
+class Shown:
+    """A learner's value as repr() shows it, computed once, as the learner's code (a __repr__ that never returns
+    meets the time limit), cut to `LONGEST` characters: format it with {value!r}."""
+
+    LONGEST = 200
+
+    def __init__(self, value):
+        with learner_code():
+            try:
+                text = _plain(repr(value))
+            except Exception:  # noqa: BLE001 - the learner's __repr__
+                text = f"<{type(value).__name__}>"
+        self.text = text if len(text) <= self.LONGEST else text[:self.LONGEST - 3] + "..."
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _plain(text: str) -> str:
+    """text as a plain str (a str subclass could format itself with code of its own)."""
+    return str.__getitem__(text, slice(None))
 
 
 class Prediction(Exercise):
@@ -347,7 +471,7 @@ class Prediction(Exercise):
             number = real_number(answer)
         if number is None:
             return _alone(Finding("not-a-number", _("{variable} must be a number; it is {value!r}.").format(
-                variable=self.answer[0], value=answer)))
+                variable=self.answer[0], value=Shown(answer))))
         answer = float(number)
         measured, shows = self.measure()
         if abs(answer - measured) <= self.tolerance * abs(measured):

@@ -16,7 +16,9 @@ and on request a GradScaler and a DistributedDataParallel wrapper (every call, e
 These loop checks run on the CPU on every machine, on purpose (issue 20): the learner's loop gets every model,
 loader, optimizer and scaler from the check, all on the CPU, so its code has no device to get wrong; the read-off is
 float64 least squares at learning rate 0 (float64 runs at a small fraction of float32's speed on consumer GPUs), the
-AMP checks record CPU autocast (lesson 8's stub writes `torch.autocast("cpu", ...)`), and DDP runs on gloo. The
+AMP checks record autocast on the tensors' device (lesson 8's stub writes `torch.autocast(x.device.type, ...)`; where
+the lesson runs on CUDA, `torch.autocast("cuda", ...)` counts too, as the lesson's own cells write it), and DDP runs
+on gloo. The
 checks that build a model to measure it (largest_batch, memory_plan, batchnorm_split, time_cost) run on the lesson's
 device instead (`accumlib.devices.pick()`).
 """
@@ -33,10 +35,12 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import data, models
+from ... import devices
 from ...i18n import _, ngettext
 from ...loop import parameter_gap, train
+from .. import data, models
 from ..pitfalls import loss_weights
+from .contained import kernel_side
 from .core import Finding, explained, first_line, learner_code
 
 ZERO = 1e-9  # a coefficient this small is no contribution (the reference's smallest is about 0.05)
@@ -68,8 +72,10 @@ class Problem:
         X, y = data.digits((epoch + 1) * self.samples, flat=True, dtype=torch.float64)
         return X[epoch * self.samples:], y[epoch * self.samples:]
 
+    model_dtype = torch.float64  # so that every gradient the check compares is exact
+
     def model(self) -> torch.nn.Module:
-        return models.mlp(dtype=torch.float64)
+        return models.mlp(dtype=self.model_dtype)
 
     def loader(self) -> MicroBatchLoader:
         return MicroBatchLoader(self)
@@ -196,20 +202,33 @@ class Recording:
         self.loader = problem.loader()
         # per model call: index into loader.handed_out (-1: not a micro-batch of it; NO_GRAD: under torch.no_grad())
         self.forwards: list[int] = []
-        self.autocast: list[torch.dtype | None] = []  # per model call: the CPU autocast dtype in force (None: off)
+        self.autocast: list[torch.dtype | None] = []  # per model call: the autocast dtype in force (None: off) on
+        # the CPU, or on the lesson's device where that is CUDA (lesson_device_type())
         self.steps: list[StepSeen] = []
         self.zeros: list[tuple[int, int]] = []  # (model calls, optimizer steps) before each zero_grad()
         self.scaler_calls: list[tuple[str, int]] = []  # (method, model calls before it)
         self.allreduces: list[int] = []  # model calls before each all-reduce
         self.no_sync_entries: list[int] = []  # model calls before each `with model.no_sync():`
         self.error: Exception | None = None
+        self.backwards: list[int] = []  # model calls before each backward() (Tensor.backward, autograd.backward)
+        self.reached: set[int] = set()  # model calls whose output a backward() sent a gradient through
+        self.own_scaler = False  # whether the learner's code scaled a loss with a GradScaler of its own
+        self.dtype_mismatch: tuple[int, torch.dtype] | None = None  # (model call, input dtype): the first input not
+        # in the model's dtype
+        self.autocast_devices = ("cpu",) + (("cuda",) if amp and lesson_device_type() == "cuda" else ())
         self.module.register_forward_pre_hook(self._on_forward)
+        self.module.register_forward_hook(self._after_forward)
         self.model = RecordingDDP(self.module, self) if ddp else self.module
         self.optimizer = RecordingSGD(self.model.parameters(), lr, self)
         self.scaler = RecordingScaler(self) if amp else None
 
     def _on_forward(self, module, args) -> None:
-        self.autocast.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        self.autocast.append(next((torch.get_autocast_dtype(device) for device in self.autocast_devices
+                                   if torch.is_autocast_enabled(device)), None))
+        x = args[0] if args else None
+        dtype = next(p.dtype for p in module.parameters())
+        if self.dtype_mismatch is None and isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+            self.dtype_mismatch = (len(self.forwards) + 1, x.dtype)
         if not torch.is_grad_enabled():  # an evaluation (accuracy, a logged loss): it adds no gradient
             self.forwards.append(NO_GRAD)
             return
@@ -221,6 +240,36 @@ class Recording:
                           if handed[j][1].shape == x.shape and torch.equal(handed[j][1], x)), None)
         self.forwards.append(-1 if found is None else found)
 
+    def _after_forward(self, module, args, output) -> None:
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            call = len(self.forwards) - 1
+            output.register_hook(lambda gradient: self.reached.add(call))
+
+    @contextlib.contextmanager
+    def _counting_backwards(self):
+        """Note every backward() while the learner's code runs (its own, scaler.scale(loss).backward() too), and
+        whether it scales a loss with a GradScaler other than the one it was given."""
+        tensor_backward, autograd_backward = torch.Tensor.backward, torch.autograd.backward
+        scale = torch.amp.GradScaler.scale
+
+        def noted(original):
+            def backward(*args, **kwargs):
+                self.backwards.append(len(self.forwards))
+                return original(*args, **kwargs)
+            return backward
+
+        def scaled(scaler, outputs):  # a GradScaler the learner's code made itself, not the one it was given
+            self.own_scaler = self.own_scaler or scaler is not self.scaler
+            return scale(scaler, outputs)
+
+        torch.Tensor.backward, torch.autograd.backward = noted(tensor_backward), noted(autograd_backward)
+        torch.amp.GradScaler.scale = scaled
+        try:
+            yield
+        finally:
+            torch.Tensor.backward, torch.autograd.backward = tensor_backward, autograd_backward
+            torch.amp.GradScaler.scale = scale
+
     def on_step(self) -> None:
         grads = [p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
                  for p in self.module.parameters()]
@@ -229,11 +278,14 @@ class Recording:
         self.steps.append(StepSeen(len(self.forwards), torch.cat(grads).double().clone(), via_scaler, unscaled))
 
     def run(self, call: Callable[[Recording], object]) -> Recording:
-        """call(self), keeping what it raised (if anything) as `error`."""
+        """call(self), keeping what it raised (if anything) as `error`: a DtypeMismatch where a model input was in
+        another dtype than the model (PyTorch then refuses the operation)."""
         try:
-            call(self)
+            with self._counting_backwards():
+                call(self)
         except Exception as error:  # the learner's code: any failure is part of the verdict
-            self.error = error
+            self.error = error if self.dtype_mismatch is None else DtypeMismatch(*self.dtype_mismatch,
+                                                                                 self.problem.model_dtype)
         return self
 
 
@@ -248,6 +300,24 @@ def call_with(function, arguments: dict) -> object:
         raise SignatureMismatch(function, list(arguments)) from error
     with learner_code():  # counted against the check's time limit
         return function(*arguments.values())
+
+
+class DtypeMismatch(TypeError):
+    """Model call `call` got an input in `got`, while the model is in `model`: PyTorch refused an operation."""
+
+    def __init__(self, call: int, got: torch.dtype, model: torch.dtype):
+        self.call, self.got, self.model = call, got, model
+        super().__init__(f"model call {call} got {got}, the model is {model}")
+
+
+def lesson_device_type() -> str:
+    """The type of the lesson's device ("cpu", "cuda", "mps"), as the kernel picks it (accumlib.devices.pick())."""
+    return _lesson_device_type()
+
+
+@kernel_side
+def _lesson_device_type() -> str:
+    return devices.pick().type
 
 
 class SignatureMismatch(TypeError):
@@ -275,6 +345,13 @@ def frozen_finding(model: torch.nn.Module) -> Finding | None:
 
 def error_finding(error: Exception, micro_batch: int = 0) -> Finding:
     """The finding for an exception raised by the learner's code (at micro-batch `micro_batch`, 1-based, if known)."""
+    if isinstance(error, DtypeMismatch):
+        return Finding("dtype-mismatch", _(
+            "Model call {call} got x in {got}, but the check's model is in {model} (so that every gradient it "
+            "compares is exact): PyTorch multiplies only tensors of one dtype, so it stopped your code. Pass x as the "
+            "loader gives it, model(x): the loader's micro-batches are already in the model's dtype.").format(
+                call=error.call, got=str(error.got).removeprefix("torch."),
+                model=str(error.model).removeprefix("torch.")))
     if isinstance(error, SignatureMismatch):
         return Finding("signature", _("{name} must take the parameters ({expected}), in this order, as in the stub; "
                                       "yours takes ({found}).").format(name=error.name, expected=error.expected,
@@ -505,10 +582,20 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
         return
     nonzero = {j for j, c in r.coefficients.items() if abs(c) > ZERO}
     if not nonzero:
-        zeroed = (fp.recording.steps[r.number - 1].forwards, r.number - 1) in fp.recording.zeros
-        message = (_("Step {step} sees no gradient at all: zero_grad() runs after the last backward() and before "
-                     "optimizer.step().") if zeroed else
-                   _("Step {step} sees no gradient at all: no backward() ran before it."))
+        rec = fp.recording
+        since, until = rec.steps[r.number - 2].forwards if r.number > 1 else 0, rec.steps[r.number - 1].forwards
+        zeroed = (until, r.number - 1) in rec.zeros
+        backward = any(since <= b <= until for b in rec.backwards)
+        reached = any(since <= call < until for call in rec.reached)
+        if zeroed:
+            message = _("Step {step} sees no gradient at all: zero_grad() runs after the last backward() and before "
+                        "optimizer.step().")
+        elif backward and not reached:
+            message = _("Step {step} sees no gradient at all: backward() ran, but on a loss cut off from the model "
+                        "(by .detach(), by .item() turned back into a tensor, or by torch.no_grad()), so no gradient "
+                        "reaches the weights. Call backward() on the loss computed from model(x), as it is.")
+        else:
+            message = _("Step {step} sees no gradient at all: no backward() ran before it.")
         findings.add("empty-step", message.format(step=r.number))
         return
     if r.last is None or not contributions:
@@ -566,6 +653,22 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
     """Compare each counted micro-batch's coefficient with its share; name the first pattern that explains it."""
     ref = fp.reference
     k = ref.accum_steps
+    cycle = ref.cycle_of(counted[0]) if counted else []
+    if ref.is_tail(cycle) and counted == cycle and not all(_close(r.share(j), ref.weights[j]) for j in cycle):
+        micro = fp.recording.problem.micro_batch_size
+        if all(_close(r.share(j), ref.sizes[j] / (micro * len(cycle))) for j in cycle):
+            samples = sum(ref.sizes[j] for j in cycle)
+            findings.add("tail-full-size", ngettext(
+                "The last, incomplete cycle (step {step}) is weighted as if its micro-batch held {micro} samples, but "
+                "it holds {samples}: it counts {total:.3g} of a step instead of 1. Divide by the samples the cycle "
+                "really holds: the len(y) of its micro-batches, added up.",
+                "The last, incomplete cycle (step {step}) is weighted as if each of its {count} micro-batches held "
+                "{micro} samples ({assumed} in all), but they hold {sizes} ({samples} in all): together they count "
+                "{total:.3g} of a step instead of 1. Divide by the samples the cycle really holds: the len(y) of its "
+                "micro-batches, added up.", len(cycle)).format(
+                    step=r.number, count=len(cycle), micro=micro, assumed=micro * len(cycle), samples=samples,
+                    sizes=", ".join(str(ref.sizes[j]) for j in cycle), total=samples / (micro * len(cycle))))
+            return
     for j in counted:
         c, w = r.share(j), ref.weights[j]
         cycle = ref.cycle_of(j)
@@ -586,7 +689,7 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
                 "micro-batch by its samples over the cycle's {samples} samples.", len(cycle)).format(
                     step=r.number, count=len(cycle), accum_steps=k, total=len(cycle) / k,
                     samples=sum(ref.sizes[i] for i in cycle)))
-        elif ref.is_tail(cycle) and _close(c, 1 / len(cycle)):
+        elif ref.is_tail(cycle) and all(_close(r.share(i), 1 / len(cycle)) for i in cycle):
             findings.add("tail-mean-of-means", _(
                 "The micro-batches of the last cycle (step {step}) count equally, but they hold different numbers of "
                 "samples ({sizes}): a sample in a smaller micro-batch counts more. Weight each micro-batch by its "

@@ -17,15 +17,27 @@ import torch
 
 from ... import devices, memory
 from ...batchnorm import micro_batch_deviation, total
-from .. import data, models
 from ...i18n import N_, _
-from .core import Budget, Exercise, Finding, Verdict, right, whole_number, wrong
+from .. import data, models
+from . import contained
+from .core import (
+    Budget,
+    Exercise,
+    Finding,
+    Shown,
+    Verdict,
+    learner_code,
+    right,
+    whole_number,
+    wrong,
+)
 from .fingerprint import call_with, error_finding
 from .loops import not_a_function
 
 CALL_LIMIT = 1000  # calls to fits() per problem: trying every size once needs at most effective_batch (<= 96)
 
 
+@contained.kernel_side  # measured in the kernel, on its device, when a check's child process asks
 def step_peak(micro_batch_size: int, accumulated: bool, device=None) -> int:
     """Peak bytes of one training step of models.cnn(norm="batch") with SGD on digits, in micro-batches of this size
     (accumulated: accum_steps = 2, whose peak every accum_steps >= 2 shares; else one batch), on `device` (default:
@@ -51,15 +63,27 @@ class _Card:
         return step_peak(m, m < self.effective_batch)
 
     def __call__(self, micro_batch_size) -> bool:
-        if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Integral) or \
-                not 1 <= micro_batch_size <= self.effective_batch:
+        with learner_code():  # the value's own methods (comparisons, __int__) are the learner's code
+            size = int(micro_batch_size) if isinstance(micro_batch_size, numbers.Integral) and not isinstance(
+                micro_batch_size, bool) and 1 <= micro_batch_size <= self.effective_batch else None
+        if size is None:
             raise ValueError(_("fits() takes a micro-batch size, a whole number from 1 to {most} (the effective "
-                               "batch); it got {value!r}").format(most=self.effective_batch, value=micro_batch_size))
-        return self.peak(int(micro_batch_size)) <= self.budget
+                               "batch); it got {value!r}").format(most=self.effective_batch,
+                                                                  value=Shown(micro_batch_size)))
+        return self.peak(size) <= self.budget
 
     def best(self) -> int:
         return max(m for m in range(1, self.effective_batch + 1)
                    if self.effective_batch % m == 0 and self.peak(m) <= self.budget)
+
+
+@contained.kernel_side  # measured in the kernel, on its device, when a check's child process asks
+def deviations(batch: int, *sizes: int) -> tuple[float, ...]:
+    """How far micro-batches of each size stray from the whole batch's BatchNorm statistics (batchnorm.total of
+    micro_batch_deviation), measured on `batch` digits with models.cnn(norm="batch") on the lesson's device."""
+    X, _y = data.digits(batch)
+    net = models.cnn(norm="batch").to(devices.pick())  # micro_batch_deviation moves X to the model's device
+    return tuple(total(micro_batch_deviation(net, X, size)) for size in sizes)
 
 
 def _bytes(size: int) -> str:
@@ -119,11 +143,11 @@ exercises.batchnorm_split.check(choose_split)
         batch, budget = card.effective_batch, card.budget
         if not isinstance(answer, (tuple, list)) or len(answer) != 2:
             return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers: "
-                                           "(micro_batch_size, accum_steps).").format(value=answer))
+                                           "(micro_batch_size, accum_steps).").format(value=Shown(answer)))
         m, k = (whole_number(v) for v in answer)
         if m is None or k is None or m < 1 or k < 1:
             return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers of at "
-                                           "least 1: (micro_batch_size, accum_steps).").format(value=tuple(answer)))
+                                           "least 1: (micro_batch_size, accum_steps).").format(value=Shown(tuple(answer))))
         if m * k != batch:
             return Finding("wrong-product", _(
                 "For an effective batch of {batch}, choose_split returned micro_batch_size={m} and accum_steps={k}: "
@@ -138,10 +162,7 @@ exercises.batchnorm_split.check(choose_split)
                 "fits() is True.").format(batch=batch, m=m, peak=_bytes(peak), card=_bytes(budget), card_raw=budget))
         best = card.best()
         if m < best:
-            device = devices.pick()  # the lesson's, where fits() measured
-            X, _y = data.digits(batch)
-            net = models.cnn(norm="batch").to(device)  # micro_batch_deviation moves X to the model's device
-            yours, largest = (total(micro_batch_deviation(net, X, size)) for size in (m, best))
+            yours, largest = deviations(batch, m, best)
             return Finding("smaller-than-needed", _(
                 "For an effective batch of {batch} on a card of {card} bytes, micro-batches of {m} fit, but so do "
                 "micro-batches of {best}, which divide {batch} too. BatchNorm normalises with the statistics of each "

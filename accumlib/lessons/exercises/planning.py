@@ -9,17 +9,30 @@ blocks, as `train` does there.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from ... import devices, memory
-from .. import data, models
 from ...i18n import N_, _, ngettext
-from .core import Budget, Exercise, Finding, Verdict, learner_code, right, whole_number, wrong
+from .. import data, models
+from . import contained
+from .core import (
+    Budget,
+    Exercise,
+    Finding,
+    Shown,
+    Verdict,
+    learner_code,
+    right,
+    whole_number,
+    wrong,
+)
 from .fingerprint import call_with, error_finding
 from .loops import not_a_function
 
 
+@contained.kernel_side  # measured in the kernel, on its device, when a check's child process asks
 def step_peak(micro_batch_size: int, accum_steps: int = 1, device=None) -> int:
     """Peak bytes of one training step of models.cnn() with SGD on digits: accum_steps micro-batches of this size,
     on `device` (default: the lesson's, `accumlib.devices.pick()`).
@@ -89,7 +102,7 @@ exercises.largest_batch.check(largest_batch)
         size = whole_number(batch)
         if size is None or not 1 <= size <= data.DIGITS:
             raise ValueError(_("fits() takes a whole number of samples from 1 to {most} (the digits); it got "
-                               "{batch!r}").format(most=data.DIGITS, batch=batch))
+                               "{batch!r}").format(most=data.DIGITS, batch=Shown(batch)))
         return step_peak(size) <= (self.card_bytes if card_bytes is None else card_bytes)
 
     def largest(self, card_bytes: int | None = None) -> int:
@@ -111,6 +124,7 @@ exercises.largest_batch.check(largest_batch)
         def fits(batch):
             result = self.fits(batch, card_bytes)
             tried.append(whole_number(batch))
+            contained.progress(card=card_bytes, count=len(set(tried)), last=tried[-3:])  # shown while a search runs
             return result
 
         budget = Budget(fits, data.DIGITS + 1, lambda calls: Finding("endless-search", _(
@@ -118,6 +132,32 @@ exercises.largest_batch.check(largest_batch)
             "try ({most:,}): it goes round in circles. {look}").format(calls=calls, most=data.DIGITS,
                                                                        look=_(self.hang_text))))
         return call_with(largest_batch, {"fits": budget}), tried
+
+    def needed(self) -> int:
+        """The most measurements a doubling and then a bisection make, over all the sizes fits() takes."""
+        return 2 * math.ceil(math.log2(data.DIGITS))
+
+    def progress_text(self, report: dict) -> str | None:
+        """Shown only for a search that has measured more sizes than doubling and bisection ever need (so that the
+        stored output of the stub or a right search is the same on any machine, however long it takes)."""
+        if report["count"] <= self.needed():
+            return None
+        return ngettext("Still checking: your search has measured {count} batch size so far (the last: {last}).",
+                        "Still checking: your search has measured {count} batch sizes so far (the last: {last}).",
+                        report["count"]).format(count=report["count"], last=report["last"][-1])
+
+    def overtime(self, report: dict | None) -> Finding:
+        """A search still measuring at check_limit: how far it got, and how few measurements a bisection needs."""
+        if not report:
+            return super().overtime(report)
+        return Finding("slow-search", _(
+            "Your search had measured {count:,} batch sizes on the {card} card after {seconds:g} seconds (the last "
+            "ones: {last}) and was still going, so the check stopped it. Each fits() is a training step the check "
+            "measures; trying the sizes one by one takes up to {most:,} of them. Double the size while it fits, "
+            "then halve the range between the last size that fits and the first that does not: at most {needed} "
+            "measurements.").format(count=report["count"], card=_mib(report["card"]), seconds=self.check_limit,
+                                    last=", ".join(map(str, report["last"])), most=data.DIGITS,
+                                    needed=self.needed()))
 
     def judge(self, largest_batch) -> Verdict:
         if not callable(largest_batch):
@@ -131,7 +171,7 @@ exercises.largest_batch.check(largest_batch)
         if answer is None or not 1 <= answer <= data.DIGITS:
             return wrong([Finding("not-a-batch", _(
                 "largest_batch returned {answer!r}; it must return a whole number of samples between 1 and "
-                "{most}.").format(answer=returned, most=data.DIGITS))])
+                "{most}.").format(answer=Shown(returned), most=data.DIGITS))])
         best = self.largest()
         if not tried:
             return wrong([Finding("hard-coded", _(
@@ -165,7 +205,7 @@ exercises.largest_batch.check(largest_batch)
                     "On the {card} card your function returns {answer}, the right size. On a {other} card it returns "
                     "{elsewhere!r}, where the largest batch that fits is {right}: the answer must come from what "
                     "fits() says, not from a number that is right for one card.").format(
-                        card=card, answer=answer, other=_mib(other), elsewhere=elsewhere, right=right_there))])
+                        card=card, answer=answer, other=_mib(other), elsewhere=Shown(elsewhere), right=right_there))])
         return right(ngettext(
             "A step on a batch of {batch} needs {peak:,} bytes of the {card} card ({budget:,} bytes); one more sample "
             "would need {next_peak:,}. Your search measured {count} batch size, and it finds the largest batch on a "
@@ -213,7 +253,7 @@ exercises.memory_plan.check(micro_batch_size, accum_steps)
                 counts[name] = whole_number(value)
             if counts[name] is None or counts[name] < 1:
                 return wrong([Finding("not-a-count", _("{name} must be a whole number of at least 1; it is "
-                                                       "{value!r}.").format(name=name, value=value))])
+                                                       "{value!r}.").format(name=name, value=Shown(value)))])
         m, k = counts["micro_batch_size"], counts["accum_steps"]
         card = _mib(self.card_bytes)
         if m * k != self.effective_batch:

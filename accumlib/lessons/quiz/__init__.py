@@ -13,12 +13,18 @@ right at the first try and questions right in the end (after retries).
 
 Options are shown in an order shuffled per learner: seeded by the learner's seed and the question id only, so a
 learner sees the same order in both languages, on Back and Next and in every run (`Quiz(seed=...)`; by default
-the environment variable ACCUMLIB_LEARNER, else a seed drawn once per process). A lesson asks its "predict"
+the environment variable ACCUMLIB_LEARNER, else the seed drawn once and kept in the score file, else (a quiz
+without a score file) a seed drawn once per process).
+
+A lesson's quiz (`check`, `predict`) keeps every answer in a score file beside the notebook (scores.py), keyed by
+the learner: after a kernel restart the first tries are still counted, and `scores()` prints one CSV line per
+learner for the instructor. `Quiz` itself records nothing unless it is given a `ScoreFile`. A lesson asks its "predict"
 questions before it shows the answer (`predict(qid)` in the cell before the experiment), so its quick check at the
 end leaves them out; lesson 10's check (`check(lesson=10)`) asks questions of its own, which no lesson asked.
 """
 from __future__ import annotations
 
+import copy
 import html
 import json
 import math
@@ -28,11 +34,13 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 import ipywidgets as w
 
-from ...i18n import LANGUAGES, N_, catalogue, language as course_language
+from ...i18n import LANGUAGES, N_, _, catalogue, language as course_language
 from .experiments import RUNS
+from .scores import PROCESS_SEED, ScoreFile, rows as _score_rows, to_csv
 
 LESSONS = range(1, 11)  # the course's lessons, numbered as in notebooks/en (10: the recap)
 
@@ -63,7 +71,9 @@ UI = {
     "predict_title": N_("Predict first"),
 }
 
-LEARNER_SEED = os.environ.get("ACCUMLIB_LEARNER") or str(random.SystemRandom().getrandbits(32))
+def learner_seed(store: ScoreFile | None = None) -> str:
+    """The learner's seed: $ACCUMLIB_LEARNER, else the one kept in the score file, else this process's."""
+    return os.environ.get("ACCUMLIB_LEARNER") or (store.anonymous() if store is not None else PROCESS_SEED)
 
 
 def shown_order(question: dict, seed) -> list[dict]:
@@ -84,7 +94,7 @@ def shown_order(question: dict, seed) -> list[dict]:
 @lru_cache(maxsize=64)
 def _places(seed) -> dict[str, int]:
     """Question id -> the place (0-based) of its right option for this learner, for every choice question."""
-    ids = [q["id"] for q in bank()["questions"] if q["kind"] != "number"]
+    ids = [q["id"] for q in _bank()["questions"] if q["kind"] != "number"]
     rng = random.Random(f"{seed}:places")
     start = rng.randrange(4)  # which places get the one extra when the count is not a multiple of 4
     places = [(start + i) % 4 for i in range(len(ids))]
@@ -93,13 +103,18 @@ def _places(seed) -> dict[str, int]:
 
 
 @lru_cache(maxsize=None)
-def bank() -> dict:
-    """The question bank (questions.json) as loaded: English text, ids, lessons, answers."""
+def _bank() -> dict:
+    """The bank as loaded once; never handed out (see `bank`)."""
     return json.loads((resources.files(__name__) / "questions.json").read_text(encoding="utf-8"))
 
 
+def bank() -> dict:
+    """The question bank (questions.json): English text, ids, lessons, answers. A copy: changing it changes no quiz."""
+    return copy.deepcopy(_bank())
+
+
 def _by_id() -> dict[str, dict]:
-    return {q["id"]: q for q in bank()["questions"]}
+    return {q["id"]: q for q in _bank()["questions"]}
 
 
 @dataclass(frozen=True)
@@ -114,8 +129,8 @@ def _check_language(language) -> str:
     if language is None:
         return course_language()
     if not isinstance(language, str) or language not in LANGUAGES:
-        raise ValueError(f"language must be one of {', '.join(map(repr, LANGUAGES))} (or None: the course "
-                         f"language); got {language!r}")
+        raise ValueError(_("language must be one of {valid} (or None: the course language); got {value}").format(
+            valid=", ".join(map(repr, LANGUAGES)), value=repr(language)))
     return language
 
 
@@ -128,33 +143,37 @@ def select(ids=None, lesson: int | None = None) -> list[dict]:
     questions = _by_id()
     if lesson is not None:
         if isinstance(lesson, bool) or not isinstance(lesson, numbers.Integral) or lesson not in LESSONS:
-            raise ValueError(f"lesson must be a lesson number from {LESSONS[0]} to {LESSONS[-1]}; got {lesson!r}")
+            raise ValueError(_("lesson must be a lesson number from {first} to {last}; got {value}").format(
+                first=LESSONS[0], last=LESSONS[-1], value=repr(lesson)))
     if ids is None or (not isinstance(ids, str) and isinstance(ids, (list, tuple)) and not ids):
         # a lesson's quick check: its questions but the "predict" ones, which it asks before it shows the answer
         chosen = [q for q in questions.values()
                   if lesson is None or (q["lesson"] == lesson and q["kind"] != "predict")]
         if not chosen:
-            raise ValueError(f"lesson: no question belongs to lesson {lesson}; lessons with questions: "
-                             f"{sorted({q['lesson'] for q in questions.values()})}")
-        return chosen
+            raise ValueError(_("lesson: no question belongs to lesson {number}; lessons with questions: {numbers}").format(
+                number=lesson, numbers=sorted({q["lesson"] for q in questions.values()})))
+        return copy.deepcopy(chosen)
     if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
-        raise TypeError(f"ids must be a list of question ids (strings), got {ids!r}")
+        raise TypeError(_("ids must be a list of question ids (strings), got {value}").format(value=repr(ids)))
     for qid in ids:
         if not isinstance(qid, str):
-            raise TypeError(f"ids: each question id must be a string, got {qid!r} ({type(qid).__name__}); "
-                            f"name the questions one by one, as in quiz.check('when-to-step', 'loop-order')")
+            raise TypeError(_("ids: each question id must be a string, got {value} ({kind}); name the questions one "
+                              "by one, as in quiz.check('when-to-step', 'loop-order')").format(
+                value=repr(qid), kind=type(qid).__name__))
     unknown = [qid for qid in ids if qid not in questions]
     if unknown:
-        raise ValueError(f"ids: unknown question id(s) {unknown}; valid ids: {', '.join(questions)}")
+        raise ValueError(_("ids: unknown question id(s) {unknown}; valid ids: {valid}").format(
+            unknown=unknown, valid=", ".join(questions)))
     repeated = sorted({qid for qid in ids if ids.count(qid) > 1})
     if repeated:
-        raise ValueError(f"ids: {', '.join(map(repr, repeated))} given more than once; name each question once")
-    later = [f"{qid!r} (lesson {questions[qid]['lesson']})" for qid in ids
+        raise ValueError(_("ids: {repeated} given more than once; name each question once").format(
+            repeated=", ".join(map(repr, repeated))))
+    later = [_("{qid} (lesson {number})").format(qid=repr(qid), number=questions[qid]["lesson"]) for qid in ids
              if lesson is not None and questions[qid]["lesson"] > lesson]
     if later:
-        raise ValueError(f"ids: the quick check of lesson {lesson} may only ask questions of lessons 1 to {lesson}; "
-                         f"these belong to later lessons: {', '.join(later)}")
-    return [questions[qid] for qid in ids]
+        raise ValueError(_("ids: the quick check of lesson {number} may only ask questions of lessons 1 to {number}; "
+                           "these belong to later lessons: {later}").format(number=lesson, later=", ".join(later)))
+    return copy.deepcopy([questions[qid] for qid in ids])
 
 
 class Quiz:
@@ -162,17 +181,32 @@ class Quiz:
 
     ids: the questions to ask (default: all, in bank order); lesson: see `select`. language: "en" or "hi"
     (default: the course language, `accumlib.language()`). seed: the learner's seed for the order of the options
-    (any int or string; default LEARNER_SEED).
+    (any int or string; default `learner_seed(store)`). store: a `ScoreFile` that keeps this learner's answers
+    (the seed is the learner's key): the attempts it holds are restored, and every answer is written to it.
     """
 
-    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None):
+    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None,
+                 store: ScoreFile | None = None):
         self.language = language
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, str))):
             raise TypeError(f"seed must be an int or a string (the learner's seed), got {seed!r}")
-        self.seed = LEARNER_SEED if seed is None else seed
+        if store is not None and not isinstance(store, ScoreFile):
+            raise TypeError(f"store must be a quiz.ScoreFile or None, got {store!r}")
         self.questions = select(ids, lesson)
+        self.store = store
+        self.seed = learner_seed(store) if seed is None else seed
         self.attempts: dict[str, list] = {q["id"]: [] for q in self.questions}
         self.solved: set[str] = set()
+        kept = store.attempts(str(self.seed)) if store is not None else {}
+        for q in self.questions:
+            for value in kept.get(q["id"], []):
+                try:
+                    correct = self._grade(q, value)[0]
+                except (TypeError, ValueError):  # not an answer this question takes: the file was edited by hand
+                    continue
+                self.attempts[q["id"]].append(value)
+                if correct:
+                    self.solved.add(q["id"])
 
     @property
     def language(self) -> str:
@@ -205,6 +239,8 @@ class Quiz:
         self.attempts[qid].append(value)
         if correct:
             self.solved.add(qid)
+        if self.store is not None:
+            self.store.record(str(self.seed), qid, self.attempts[qid])
         wrong_before = any(not self._grade(q, v)[0] for v in self.attempts[qid])
         return Feedback(correct, self.text(why), self.text(q["hint"]) if wrong_before else None)
 
@@ -282,8 +318,8 @@ class QuizWidget:
     enabled once answered), feedback, Back/Next and progress. Arguments as for `Quiz`."""
 
     def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None,
-                 title: str = "title"):
-        self.quiz = Quiz(ids, language, lesson=lesson, seed=seed)
+                 title: str = "title", store: ScoreFile | None = None):
+        self.quiz = Quiz(ids, language, lesson=lesson, seed=seed, store=store)
         self.whole = not ids and lesson is None  # every question of the course, not one lesson's quick check
         self.title = "whole_title" if self.whole else "final_title" if lesson == LESSONS[-1] and not ids else title
         self.index = 0
@@ -418,9 +454,9 @@ def check(*ids: str, lesson: int | None = None, language: str | None = None) -> 
         quiz.check("when-to-step", "loop-order", lesson=3)   # refuses questions of lessons after 3
     """
     if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
-        raise TypeError(f"ids: pass the question ids as separate arguments, quiz.check({', '.join(map(repr, ids[0]))}), "
-                        f"not as one {type(ids[0]).__name__}")
-    return QuizWidget(list(ids), language, lesson=lesson)
+        raise TypeError(_("ids: pass the question ids as separate arguments, quiz.check({ids}), not as one "
+                          "{kind}").format(ids=", ".join(map(repr, ids[0])), kind=type(ids[0]).__name__))
+    return QuizWidget(list(ids), language, lesson=lesson, store=ScoreFile())
 
 
 def predict(qid: str, *, language: str | None = None) -> QuizWidget:
@@ -431,6 +467,28 @@ def predict(qid: str, *, language: str | None = None) -> QuizWidget:
     The lesson's quick check at the end (check(lesson=N)) leaves its predict questions out."""
     question = select([qid])[0] if isinstance(qid, str) else None
     if question is None or question["kind"] != "predict":
-        kinds = ", ".join(q["id"] for q in bank()["questions"] if q["kind"] == "predict")
-        raise ValueError(f"qid must be the id of a 'predict' question ({kinds}); got {qid!r}")
-    return QuizWidget([qid], language, title="predict_title")
+        kinds = ", ".join(q["id"] for q in _bank()["questions"] if q["kind"] == "predict")
+        raise ValueError(_("qid must be the id of a 'predict' question ({kinds}); got {value}").format(
+            kinds=kinds, value=repr(qid)))
+    return QuizWidget([qid], language, title="predict_title", store=ScoreFile())
+
+
+def scores(*paths, save=None) -> str:
+    """The first-try scores of every learner in the score files, as CSV with a header line: learner, questions
+    answered, right at the first try, right in the end (after retries), questions in the course's quiz, and the
+    first-try share in percent. Default file: this notebook's (`ScoreFile()`); give several paths to merge a
+    class's files. save: a path to write the CSV to as well (None: only return it).
+
+        print(quiz.scores())                      # in lesson 10: one line per learner of this machine
+        quiz.scores("a/accumlib-scores.json", "b/accumlib-scores.json", save="class.csv")
+    """
+    files = [ScoreFile(path) for path in paths] or [ScoreFile()]
+    missing = [str(file.path) for file in files if paths and not file.path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"paths: no score file at {', '.join(missing)}")
+    text = to_csv(_score_rows(_bank()["questions"], Quiz._grade, *files))
+    if save is not None:
+        if not isinstance(save, (str, os.PathLike)):
+            raise TypeError(f"save must be a file path (str or os.PathLike) or None, got {save!r}")
+        Path(save).write_text(text, encoding="utf-8")
+    return text

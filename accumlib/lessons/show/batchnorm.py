@@ -8,6 +8,7 @@ Everything printed is computed from the results passed in; on the CPU they are t
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,10 @@ def _layer_names(deviations: list[LayerDeviation]) -> list[str]:
     return [d.layer for d in deviations]
 
 
-def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, float]:
+def deviation(drift: dict[int, list[LayerDeviation]], batch: int, *, brief: bool = False) -> dict[int, float]:
     """How far each micro-batch size's BatchNorm statistics stray from those of the whole batch of `batch` samples
-    (`batchnorm.micro_batch_deviation` per size): a table per layer, the finding, a figure; returns the totals."""
+    (`batchnorm.micro_batch_deviation` per size): a table per layer (left out with brief=True, lesson 0), the
+    finding, a figure; returns the totals."""
     if len(drift) < 2 or not all(isinstance(v, list) and v and all(isinstance(d, LayerDeviation) for d in v)
                                  for v in drift.values()):
         raise TypeError("drift must map two or more micro-batch sizes to batchnorm.micro_batch_deviation results")
@@ -38,7 +40,8 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int) -> dict[int, f
     for layer in layers:
         header += [_("layer {layer}: mean").format(layer=layer), _("layer {layer}: variance").format(layer=layer)]
     rows = [[str(m), *(f"{value:.3f}" for d in drift[m] for value in (d.mean, d.variance))] for m in sizes]
-    print_table(header, rows)
+    if not brief:
+        print_table(header, rows)
     totals = {m: total(drift[m]) for m in sizes}
     smallest, largest = sizes[0], sizes[-1]
     values = dict(small=smallest, large=largest, batch=batch, small_total=totals[smallest],
@@ -190,6 +193,75 @@ def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> M
     loss, digits = candidates[best]
     print(_("Lowest held-out loss: {best}, {loss}.").format(best=best, loss=f"{loss:.{digits}f}"))
     return MicroBatchFindings(noisiest, falls, kept, helped, exact, best)
+
+
+@dataclass(frozen=True)
+class SeedDifference:
+    """One quantity of two micro-batch sizes compared seed by seed (`over_seeds`)."""
+
+    quantity: str  # "statistics error" or "re-estimated loss"
+    smaller: int  # the smaller micro-batch size
+    larger: int
+    mean: float  # mean over seeds of (value at `smaller`) - (value at `larger`)
+    spread: float  # the standard deviation of those differences over the seeds
+    same_sign: bool  # every seed's difference has the sign of the mean (and none is 0): a finding, not noise
+
+
+def _mean_spread(values: list[float]) -> tuple[float, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    return t.mean().item(), (t.std().item() if len(values) > 1 else 0.0)
+
+
+def over_seeds(results: dict, precision: str = "float64") -> list[SeedDifference]:
+    """`compare_micro_batches` repeated with several seeds (the model's starting weights; results: seed -> its
+    MicroBatchComparison, the same sizes in each): mean ± standard deviation per micro-batch size, then each pair
+    of neighbouring sizes, and the smallest against the largest, compared seed by seed: a difference is a finding
+    only when it has the same sign in every seed. Returns the comparisons."""
+    if not isinstance(results, dict) or len(results) < 2 or not all(
+            isinstance(r, MicroBatchComparison) for r in results.values()):
+        raise TypeError(f"results must be a dict of two or more seeds -> MicroBatchComparison "
+                        f"(batchnorm.compare_micro_batches), got {results!r:.200}")
+    runs = list(results.values())
+    sizes = [o.micro_batch_size for o in runs[0].batchnorm]
+    if any([o.micro_batch_size for o in r.batchnorm] != sizes for r in runs):
+        raise ValueError(f"results: every seed must compare the same micro-batch sizes; the first has {sizes}")
+    steps = {o.micro_batch_size: o.accum_steps for o in runs[0].batchnorm}
+    values = {"statistics error": {m: [next(o for o in r.batchnorm if o.micro_batch_size == m)
+                                       .settled.statistics_error_total for r in runs] for m in sizes},
+              "re-estimated loss": {m: [next(o for o in r.batchnorm if o.micro_batch_size == m).reestimated.loss
+                                        for r in runs] for m in sizes}}
+    names = {"statistics error": _("statistics error"), "re-estimated loss": _("re-estimated loss")}
+    print(_("BatchNorm over {n} seeds (the models' starting weights: {seeds}), on the held-out digits: mean ± "
+            "standard deviation.").format(n=len(runs), seeds=", ".join(map(str, results))))
+    rows = []
+    for m in sizes:
+        cells = [split(m, steps[m])]
+        for quantity in values:
+            mean, spread = _mean_spread(values[quantity][m])
+            cells.append(f"{mean:.3f} ± {spread:.3f}")
+        rows.append(cells)
+    print_table([_("micro-batch × accum_steps"), names["statistics error"], names["re-estimated loss"]], rows)
+    pairs = list(itertools.pairwise(sizes))
+    if (sizes[0], sizes[-1]) not in pairs:
+        pairs.append((sizes[0], sizes[-1]))
+    found = []
+    for quantity in values:
+        for small, large in pairs:
+            differences = [a - b for a, b in zip(values[quantity][small], values[quantity][large])]
+            mean, spread = _mean_spread(differences)
+            same = all(d > 0 for d in differences) or all(d < 0 for d in differences)
+            found.append(SeedDifference(quantity, small, large, mean, spread, same))
+            words = {"quantity": names[quantity], "small": split(small, steps[small]),
+                     "large": split(large, steps[large]), "mean": f"{mean:+.3f}", "spread": f"{spread:.3f}",
+                     "n": len(runs)}
+            if same:
+                print(_("{quantity}, {small} minus {large}: {mean} ± {spread}, the same sign in all {n} seeds: "
+                        "{small} is {direction}.").format(
+                    direction=_("higher") if mean > 0 else _("lower"), **words))
+            else:
+                print(_("{quantity}, {small} minus {large}: {mean} ± {spread}, the sign changes between seeds: no "
+                        "finding, the difference is within the seeds' spread.").format(**words))
+    return found
 
 
 def skipped_cycle(skipped: bool, before: dict[str, tuple], after: dict[str, tuple]) -> bool:

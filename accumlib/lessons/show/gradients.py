@@ -1,13 +1,16 @@
 """Lesson 2, gradients add up: an accumulated gradient against the full-batch gradient, `gradient_gap` with and
-without the division, what forgetting the division does to SGD and to Adam, and the loss to log."""
+without the division, what forgetting the division does to SGD and to Adam, and the loss to log; for lesson 0, one
+cycle of the seed's loop with its zeroing or its division changed (`one_cycle`)."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
 
+from ..._validate import positive_int
 from ...i18n import _
 from ._format import print_table, rounding_or_gap
 
@@ -28,9 +31,8 @@ class GradientComparison:
         return self.largest_difference <= ROUNDING * self.largest_entry
 
 
-def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tensor]) -> GradientComparison:
-    """Compare an accumulated gradient with the full-batch gradient (one tensor per parameter, same order) and say
-    what it is: equal up to rounding, a multiple of the full-batch gradient, or something else."""
+def _compared(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tensor]) -> GradientComparison:
+    """An accumulated gradient against the full-batch gradient (one tensor per parameter, same order)."""
     if len(accumulated) != len(full_batch) or any(a.shape != f.shape for a, f in zip(accumulated, full_batch)):
         raise ValueError(f"accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
                          f"{[tuple(a.shape) for a in accumulated]} and {[tuple(f.shape) for f in full_batch]}")
@@ -41,13 +43,20 @@ def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tens
     largest_difference, largest_entry = (a - f).abs().max().item(), f.abs().max().item()
     ratio = (a @ f / (f @ f)).item()
     proportional = (a - ratio * f).abs().max().item() <= ROUNDING * max(largest_entry, abs(ratio) * largest_entry)
-    result = GradientComparison(largest_difference, largest_entry, ratio, proportional)
+    return GradientComparison(largest_difference, largest_entry, ratio, proportional)
+
+
+def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tensor]) -> GradientComparison:
+    """Compare an accumulated gradient with the full-batch gradient (one tensor per parameter, same order) and say
+    what it is: equal up to rounding, a multiple of the full-batch gradient, or something else."""
+    result = _compared(accumulated, full_batch)
+    largest_difference, largest_entry, ratio = result.largest_difference, result.largest_entry, result.ratio
     if result.equal:
         # the bound it passed, not the difference: a rounding difference's digits depend on the CPU and threads
         print(_("The accumulated gradient equals the full-batch gradient: no entry differs by more than {gap:.1e} "
                 "(float rounding), where the largest entry is {largest:.4f}.").format(
                     gap=ROUNDING * largest_entry, largest=largest_entry))
-    elif proportional:
+    elif result.proportional:
         print(_("Every entry of the accumulated gradient is {ratio:.3f} times the full-batch entry: the largest "
                 "difference is {gap:.4f}, where the largest entry is {largest:.4f}.").format(
                     ratio=ratio, gap=largest_difference, largest=largest_entry))
@@ -55,6 +64,54 @@ def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tens
         print(_("The accumulated gradient differs from the full-batch gradient by up to {gap:.4f} (the largest entry "
                 "is {largest:.4f}), and it is not a multiple of it.").format(gap=largest_difference,
                                                                             largest=largest_entry))
+    return result
+
+
+def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_steps: int, *, divide: bool = True,
+              zero_every_micro_batch: bool = False, loss_fn=None) -> GradientComparison:
+    """Lesson 0: one cycle of the seed's loop on a float64 copy of `model` (on the CPU; the model is left untouched):
+    (X, y) split into accum_steps equal micro-batches, each loss divided by accum_steps (not with divide=False) and
+    backpropagated, `zero_grad()` once before the first (before every one with zero_every_micro_batch=True). Prints
+    in one sentence what `.grad` then holds against the gradient of the whole (X, y) at once: that gradient, a
+    multiple of it, the last micro-batch's gradient alone, or something else. Returns the comparison (`compare`'s).
+
+    float64, so that "equal" means equal up to float64 rounding whatever the model's own dtype and device.
+    """
+    accum_steps = positive_int("accum_steps", accum_steps)
+    if len(X) != len(y) or len(X) % accum_steps:
+        raise ValueError(f"X and y must hold the same number of samples, a multiple of accum_steps={accum_steps}; "
+                         f"got {len(X)} and {len(y)}")
+    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    model = copy.deepcopy(model).to("cpu", torch.float64)
+    X, y = X.to("cpu", torch.float64), y.to("cpu")
+    params = [p for p in model.parameters() if p.requires_grad]
+    full_batch = torch.autograd.grad(loss_fn(model(X), y), params)
+    model.zero_grad()
+    for x_micro, y_micro in zip(X.chunk(accum_steps), y.chunk(accum_steps)):  # the seed's loop, one cycle
+        if zero_every_micro_batch:
+            model.zero_grad()
+        loss = loss_fn(model(x_micro), y_micro)
+        (loss / accum_steps if divide else loss).backward()
+    accumulated = [p.grad for p in params]
+    result = _compared(accumulated, full_batch)
+    bound = ROUNDING * result.largest_entry  # printed instead of a rounding difference (its digits vary by CPU)
+    micro = len(X) // accum_steps
+
+    def last_alone() -> bool:  # whether .grad is what backward() of the last micro-batch alone gives
+        last = torch.autograd.grad(loss_fn(model(X[-micro:]), y[-micro:]) / (accum_steps if divide else 1), params)
+        return max((a - b).abs().max().item() for a, b in zip(accumulated, last)) <= bound
+
+    if result.equal:
+        print(_("{count} backward() calls added up in .grad: the full-batch gradient, up to float rounding "
+                "({gap:.1e}).").format(count=accum_steps, gap=bound))
+    elif result.proportional:
+        print(_(".grad is {ratio:.3f} times the full-batch gradient.").format(ratio=result.ratio))
+    elif last_alone():
+        print(_(".grad is the last micro-batch's gradient alone (up to {gap:.1e}): the other {lost} were wiped "
+                "out.").format(gap=bound, lost=accum_steps - 1))
+    else:
+        print(_(".grad misses the full-batch gradient by up to {miss:.4f} (largest entry {largest:.4f}), and it is "
+                "not a multiple of it.").format(miss=result.largest_difference, largest=result.largest_entry))
     return result
 
 

@@ -110,10 +110,10 @@ class MemoryFinding:
     plot: plots.Plot
 
 
-def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int) -> MemoryFinding:
+def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief: bool = False) -> MemoryFinding:
     """The peak memory of one training step at each batch size (`memory.measure_step` reports) against a card's
     budget in bytes: a table, the finding (which sizes fit, from which size on none does), how the activations and
-    the peak grow, and the figure. Returns what it found."""
+    the peak grow, and the figure; brief=True (lesson 0): the finding and the figure alone. Returns what it found."""
     if not reports:
         raise ValueError("reports must hold at least one MemoryReport (one per batch size)")
     reports = sorted(reports, key=lambda r: r.micro_batch_size)
@@ -122,10 +122,11 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int) -> Memor
     fitting = [size for size, peak in zip(sizes, peaks) if peak <= budget_bytes]
     card = plots.mib(budget_bytes)
     yes, no = _("yes"), _("no")
-    print_table([_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"),
-                 _("fits {card}?").format(card=card)],
-                [[size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
-                 for size, r in zip(sizes, reports)])
+    if not brief:
+        print_table([_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"),
+                     _("fits {card}?").format(card=card)],
+                    [[size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
+                     for size, r in zip(sizes, reports)])
     first_too_large = None
     if len(fitting) == len(sizes):
         finding = _("Every batch measured, up to {largest} samples, fits the {card} card.").format(
@@ -150,7 +151,7 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int) -> Memor
             card=card)
         title = _("Peak memory against the batch: some batches fit the {card} card, some do not").format(card=card)
     print(finding)
-    if len(sizes) > 1:
+    if len(sizes) > 1 and not brief:
         print(_("From {first} to {last} samples ({factor:g} times as many), the activations grow {activations:.2f} "
                 "times and the peak {peak:.2f} times.").format(
                     first=sizes[0], last=sizes[-1], factor=round(sizes[-1] / sizes[0], 2),
@@ -163,10 +164,11 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int) -> Memor
     return MemoryFinding(sizes, peaks, budget_bytes, fitting, first_too_large, plot)
 
 
-def accumulated(history: History, budget_bytes: int) -> list[tuple[int, int, int]]:
+def accumulated(history: History, budget_bytes: int, *, brief: bool = False) -> list[tuple[int, int, int]]:
     """What a run with accumulation really did: its optimizer steps grouped by (samples, micro-batches) in order,
-    as a table, and its peak memory against the card's budget (bytes). The history must come from
-    `accumlib.train(..., measure_memory=True)`. Returns the groups as (steps, samples per step, micro-batches)."""
+    as a table (left out with brief=True, lesson 0), and its peak memory against the card's budget (bytes). The
+    history must come from `accumlib.train(..., measure_memory=True)`. Returns the groups as (steps, samples per
+    step, micro-batches)."""
     if not len(history):
         raise ValueError("history holds no optimizer step")
     if any(record.peak_memory_bytes is None for record in history):
@@ -177,7 +179,8 @@ def accumulated(history: History, budget_bytes: int) -> list[tuple[int, int, int
             groups[-1][0] += 1
         else:
             groups.append([1, record.samples, record.micro_batches])
-    print_table([_("optimizer steps"), _("samples per step"), _("micro-batches per step")], groups)
+    if not brief:
+        print_table([_("optimizer steps"), _("samples per step"), _("micro-batches per step")], groups)
     total = history[-1].samples_seen
     print(ngettext("{steps} optimizer step for {samples:,} samples.",
                    "{steps} optimizer steps for {samples:,} samples.", len(history)).format(

@@ -98,7 +98,7 @@ def token_weights(targets: torch.Tensor, micro_batch_size: int, accum_steps: int
     weights. Returns both weightings per micro-batch."""
     cycle = targets[:micro_batch_size * accum_steps]
     micro = cycle.split(micro_batch_size)
-    counts = [int(data.count_tokens(None, part)) for part in micro]  # read to print
+    counts = [int(data.count_tokens(part)) for part in micro]  # read to print
     if 0 in counts:
         raise ValueError(f"targets: a micro-batch of the first cycle has no token (tokens per micro-batch: {counts})")
     total = sum(counts)

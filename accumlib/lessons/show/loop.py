@@ -1,14 +1,15 @@
 """Lesson 3, the loop: a hand-written loop against `accumlib.train`, the loop with a line in the wrong place, and which
-micro-batches a step condition steps after."""
+micro-batches a step condition steps after; for lesson 0, the two places to zero the gradients (`zeroing_places`)."""
 from __future__ import annotations
 
+import copy
 from typing import Mapping, Sequence
 
 import torch
 
 from ...i18n import N_, _, ngettext
 from ...loop import History, parameter_gap
-from ..pitfalls import ClassicStep
+from ..pitfalls import ClassicStep, classic_train
 from ._format import FLOAT64_ROUNDING as ROUNDING, print_table, rounding_or_gap
 
 # pitfalls.classic_train's switches for a misplaced line ("" for none), as the table names them
@@ -129,3 +130,29 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
                            "epoch's first step (lesson 4); only after the last epoch are they never applied.",
                            left).format(condition=condition, left=left))
     return held_by
+
+
+def zeroing_places(model: torch.nn.Module, data, *, micro_batch_size: int, accum_steps: int, lr: float = 0.1) -> float:
+    """The seed zeroes the gradients at the start of each cycle (`if step % accum_steps == 0`, before the
+    backward()), lesson 0's loop right after each step: one epoch of `pitfalls.classic_train` each way, with SGD at
+    `lr`, on two float64 copies of `model` on the CPU (the model is left untouched), where the same operations give
+    the same bits (a GPU's kernels may add in another order from run to run). Prints whether they end with the same
+    weights; returns the largest weight difference."""
+    X, y = data
+    data = (X.to("cpu", torch.float64), y.to("cpu"))
+    trained, steps = [], []
+    for at_start in (False, True):
+        copied = copy.deepcopy(model).to("cpu", torch.float64)
+        log = classic_train(copied, data, torch.optim.SGD(copied.parameters(), lr=lr),
+                            micro_batch_size=micro_batch_size, accum_steps=accum_steps, zero_at_cycle_start=at_start)
+        trained.append(copied)
+        steps.append(log.steps)
+    gap = parameter_gap(*trained)
+    values = dict(steps=steps[0], gap=gap)
+    if steps[0] != steps[1] or gap > 0:
+        print(_("Zeroing after each step and zeroing at the start of each cycle do not train alike here: {steps} "
+                "and {other} optimizer steps, weights up to {gap:.2e} apart.").format(other=steps[1], **values))
+    else:
+        print(_("After the step or at the cycle's start: the same weights after {steps} steps, bit for "
+                "bit.").format(**values))
+    return gap

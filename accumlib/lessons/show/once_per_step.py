@@ -189,3 +189,39 @@ def scaler_mistakes(run: Callable[..., object]) -> list[ScalerOutcome]:
                     calls=" + ".join(_CALLS[name] for name in outcome.switches), ratio=outcome.step_norms[0] / right,
                     norm=outcome.step_norms[0], right=right))
     return outcomes
+
+
+def unreached(model: torch.nn.Sequential, X: torch.Tensor) -> torch.Tensor:
+    """Per entry of the flattened gradient of a perceptron (Linear, ReLU, Linear, as models.mlp) on the samples X,
+    whether no sample reaches it: a first-layer weight from an input that is 0 in every sample where its hidden unit
+    is active, or a weight or bias to or from a hidden unit that ReLU switches off in every sample. The gradient of
+    such an entry is exactly 0 in any dtype: a sum of products with a 0 in each."""
+    first, _relu, last = model
+    with torch.no_grad():
+        active = first(X) > 0  # per sample, the hidden units ReLU lets through
+    inputs, off = X != 0, ~active.any(0)
+    return torch.cat([(active.T.double() @ inputs.double() == 0).flatten(), off,  # layer 1: weights, biases
+                      off.repeat(last.out_features), torch.zeros(last.out_features, dtype=torch.bool,
+                                                                 device=X.device)])  # layer 2
+
+
+def zeros_explained(found: dict[str, torch.Tensor], model: torch.nn.Sequential, X: torch.Tensor) -> dict[str, int]:
+    """Print how many gradient entries no sample reaches (`unreached`) and how many each type of `found` (its name ->
+    which entries came out exactly 0) rounds to 0 beyond them; return those counts."""
+    mask = unreached(model, X)
+    inputs, hidden = model[0].in_features, model[0].out_features
+    with torch.no_grad():
+        units_off = int((~(model[0](X) > 0).any(0)).sum())
+    beyond = {name: int((zero & ~mask).sum()) for name, zero in found.items()}
+    counts = ", ".join(f"{name} {count:,}" for name, count in beyond.items())
+    values = dict(share=mask.double().mean().item(), pixels=int((~(X != 0).any(0)).sum()), inputs=inputs,
+                  samples=len(X), units=units_off, hidden=hidden, counts=counts)
+    if all(bool(zero[mask].all()) for zero in found.values()):
+        print(_("No sample reaches {share:.1%} of the entries ({pixels} of {inputs} pixels are 0 in all {samples} "
+                "samples, {units} of {hidden} hidden units are off in all {samples}): their gradient is 0 in every "
+                "type. Rounded to 0 beyond those: {counts}.").format(**values))
+    else:
+        print(_("No sample reaches {share:.1%} of the entries ({pixels} of {inputs} pixels are 0 in all {samples} "
+                "samples, {units} of {hidden} hidden units are off in all {samples}), but not every type gives "
+                "them a gradient of 0. Rounded to 0 beyond those: {counts}.").format(**values))
+    return beyond

@@ -8,8 +8,8 @@ chosen only where the margin is wide (the fixed cost's share of a small model's 
 from __future__ import annotations
 
 from .. import plots
-from ...i18n import _
-from ...timing import TimeDecomposition
+from ...i18n import N_, _
+from ...timing import THREAD_CPU, WALL, TimeDecomposition
 from ._format import figure, width
 from .memory import split
 
@@ -21,6 +21,11 @@ def _ms(seconds: float) -> str:
 
 def _times(ratio: float) -> str:
     return f"{ratio:.2f}x"
+
+
+# What the clock of a decomposition measured, as the table says it: the one it used on the device it ran on.
+CLOCKS = {THREAD_CPU: N_("the CPU time of the one thread that computes (waiting for other programs does not count)"),
+          WALL: N_("wall time (on a GPU: after waiting for the card to finish, before each reading)")}
 
 
 def _check(decomposition, name: str = "decomposition") -> TimeDecomposition:
@@ -52,6 +57,8 @@ def steps(decomposition: TimeDecomposition) -> list[float]:
                  [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios)]))
     print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
         ratio=_times(ratios[-1]), **names))
+    print(_("Measured on {device}, {threads} thread(s); the clock: {clock}.").format(
+        device=d.device, threads=d.threads, clock=_(CLOCKS[d.clock])))
     return ratios
 
 
@@ -151,4 +158,51 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
         series="; ".join(f"{label} {', '.join(_times(r) for r in rs)}" for label, rs in ratios.items()))
     figure(plots.lines({label: (list(splits), rs) for label, rs in ratios.items()}, _("accum_steps"),
                        _("time per effective batch (relative to one batch)"), title, alt))
+    return ratios
+
+
+SLIGHTLY, SEVERAL = 1.5, 2.5  # a split under 1.5 times the time of one batch takes "slightly longer", one of 2.5
+# times or more "several times as long": lesson 0's CNN measured 1.2x at 32 × 2 and 3.6x-4.7x at 4 × 16 on the
+# course's CPUs (AVX2 and without vector extensions), so each verdict holds with a margin of 20% or more
+
+
+def _how_long(ratio: float) -> str:
+    if ratio < SLIGHTLY:
+        return _("only slightly longer ({ratio})").format(ratio=_times(ratio))
+    if ratio >= SEVERAL:
+        return _("several times as long ({ratio})").format(ratio=_times(ratio))
+    return _("{ratio} as long").format(ratio=_times(ratio))
+
+
+def cost(decomposition: TimeDecomposition) -> list[float]:
+    """Lesson 0: what accumulating costs at each micro-batch size, and why, in two sentences: how long the largest
+    accumulated micro-batch and the smallest take against one batch ("only slightly longer" under SLIGHTLY times,
+    "several times as long" from SEVERAL times), then the fitted fixed cost of a pass against its arithmetic at
+    those two sizes (which is the larger part of a pass at each). Needs three or more splits, the first of one
+    micro-batch; returns the ratios (time of each split / time of the first)."""
+    d = _check(decomposition)
+    if len(d.steps) < 3 or d.steps[0].accum_steps != 1:
+        raise ValueError(f"decomposition must time one batch (accum_steps 1, first) and two or more splits of it, "
+                         f"got accum_steps {[s.accum_steps for s in d.steps]}")
+    ratios = [s.seconds / d.steps[0].seconds for s in d.steps]
+    first, large, small = d.steps[0], d.steps[1], d.steps[-1]
+    print(_("Against {first} ({seconds}), {large} takes {large_verdict}, {small} {small_verdict}.").format(
+        first=split(first.micro_batch_size, first.accum_steps), seconds=_ms(first.seconds),
+        large=split(large.micro_batch_size, large.accum_steps), large_verdict=_how_long(ratios[1]),
+        small=split(small.micro_batch_size, small.accum_steps), small_verdict=_how_long(ratios[-1])))
+    values = dict(fixed=_ms(d.overhead_seconds), per_sample=_ms(d.seconds_per_sample),
+                  small=small.micro_batch_size, large=large.micro_batch_size)
+    fixed_small, fixed_large = (d.overhead_share(s.micro_batch_size) > 0.5 for s in (small, large))
+    if fixed_small and not fixed_large:
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} samples, mostly "
+                "arithmetic at {large}. Small micro-batches underuse the hardware.").format(**values))
+    elif fixed_small:
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} and at {large} "
+                "samples. Micro-batches this small underuse the hardware.").format(**values))
+    elif not fixed_large:
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} and at {large} "
+                "samples, so the fixed cost adds little.").format(**values))
+    else:
+        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} samples, mostly "
+                "fixed cost at {large}.").format(**values))
     return ratios
