@@ -7,6 +7,8 @@ MASTER_ADDR and MASTER_PORT, on loopback only. They form one gloo process group 
 turn: every process trains DistributedDataParallel(builder()) (or, with `wrap="fsdp2"`, builder() sharded with
 FSDP2's `fully_shard`) with `accumlib.train`, while a DDP communication hook counts the gradient all-reduces of each
 optimizer step. Rank 0's results come back; when one rank fails the others are stopped and its error is raised.
+The job's file is signed (HMAC-SHA256) with a key launch() gives only its own processes, in their environment:
+`python -m accumlib.distributed FOLDER` refuses a folder launch() did not write before unpickling anything in it.
 `compare_no_sync` and `compare_fsdp2` are lesson 9's jobs (one run with and one without `no_sync()`; one under DDP
 and one under FSDP2, each process's memory measured), `run_ddp` a single run.
 """
@@ -22,6 +24,7 @@ import math
 import os
 import queue
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -163,8 +166,10 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
         raise TypeError(_("runs must be a non-empty sequence of DDPRun, got {value!r}").format(value=runs))
     total = sum(run.steps(world_size) for run in runs)
     key = secrets.token_hex(32)  # the job's key: only its own processes get it (in their environment)
-    with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as folder:
+    _collect_stale()
+    with tempfile.TemporaryDirectory(prefix=_PREFIX) as folder:
         job = Path(folder)
+        (job / "launcher.pid").write_text(str(os.getpid()))  # whose job: gone, a later launch() collects the folder
         pickled = io.BytesIO()
         torch.save(runs, pickled)
         (job / "job.pt").write_bytes(pickled.getvalue())
@@ -180,6 +185,27 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
     return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, wrap=run.wrap,
                       **{**result, "memory": tuple(MemoryReport(**report) for report in result["memory"])})
             for run, result in zip(runs, results)]
+
+
+_PREFIX = "accumlib-ddp-"  # the job folders' names in the temporary folder
+
+
+def _collect_stale() -> None:
+    """Remove the job folders of launch() calls whose process is gone without removing them (a kernel killed with
+    SIGKILL skips TemporaryDirectory's cleanup, leaving the pickled job and its data): this user's folders only,
+    whose launcher.pid names no living process. POSIX only (elsewhere os.kill(pid, 0) is no probe)."""
+    if not hasattr(os, "getuid"):
+        return
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid = int((folder / "launcher.pid").read_text())
+            os.kill(pid, 0)  # raises ProcessLookupError when no process has this pid
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):  # no pid file (not ours to judge), or a process of another user: kept
+            continue
 
 
 def compare_no_sync(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int,

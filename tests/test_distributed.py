@@ -301,3 +301,25 @@ def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_p
     assert done.returncode != 0 and not marker.exists()
     assert (f"PermissionError: {job} is not a job that accumlib.distributed.launch() started: its job.pt is not "
             f"signed with the key launch() gives its own processes ({distributed._KEY})") in done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX: a process is probed with os.kill(pid, 0)")
+def test_the_job_folder_of_a_launcher_that_is_gone_is_collected_by_the_next_launch(tmp_path, monkeypatch):
+    """A kernel killed with SIGKILL leaves its job folder (the pickled job and its data); the next launch() removes
+    the folders whose launcher.pid names no living process, and keeps the others."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    folders = {name: tmp_path / f"accumlib-ddp-{name}" for name in ("gone", "alive", "no pid", "other name")}
+    for name, folder in folders.items():
+        folder.mkdir()
+        (folder / "job.pt").write_bytes(b"the job")
+    (folders["gone"] / "launcher.pid").write_text(ended.stdout.strip())  # a process that has ended and been reaped
+    (folders["alive"] / "launcher.pid").write_text(str(os.getpid()))
+    folders["other name"].rename(tmp_path / "other-name")
+    (tmp_path / "other-name" / "launcher.pid").write_text(ended.stdout.strip())
+    distributed._collect_stale()
+    assert not folders["gone"].exists()
+    assert folders["alive"].exists() and folders["no pid"].exists() and (tmp_path / "other-name").exists()
