@@ -44,7 +44,6 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeCopyMode,
                                           FakeTensorMode)
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -491,9 +490,9 @@ def _one_process(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
     bytes DDP itself holds from its construction on, its gradient buckets: a flat copy of every trainable
     parameter's gradient (none with gradient_as_bucket_view=True, whose .grad are views of them), counted as
     gradients at the peak. Any other model: itself, 0 bytes."""
-    ddp = model if isinstance(model, DistributedDataParallel) else model._modules.get("_orig_mod")
-    if not isinstance(ddp, DistributedDataParallel):
+    if not sharded.is_ddp(model):
         return model, 0
+    ddp = sharded._unwrapped(model)
     trainable = [p for p in ddp.module.parameters() if p.requires_grad]
     return ddp.module, 0 if ddp.gradient_as_bucket_view else sum(p.numel() * p.element_size() for p in trainable)
 
