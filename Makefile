@@ -15,7 +15,7 @@ WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
 EDITION ?= en
 
-.PHONY: lab app test test-portable site notebooks translations bench gpu-check clean
+.PHONY: lab app test test-fast test-portable site notebooks translations bench gpu-check clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,12 @@ app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila (
 test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \
 		--nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+
+# The library's tests alone, without the slow ones (several processes, torchrun, wheels): the loop of a change to
+# accumlib/*.py. tests/library mirrors the library, tests/lessons the lesson helpers, tests/course the notebooks,
+# the editions, the website and the browser.
+test-fast: $(VENV)/.installed  ## the library's tests without the slow ones (under a minute)
+	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests/library -m "not slow" -p no:cacheprovider -q
 
 # The notebooks' stored outputs on every kind of CPU a learner has: torch's kernels without vector extensions
 # (default), with AVX2 and, where this CPU has it, with AVX-512, each at one thread and at two; every run is reported

@@ -30,7 +30,7 @@ The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUML
    computations and the exercise checkers that measure run on the device without a device mismatch.
 9. examples: examples/causal_lm.py (DDP and FSDP2) and examples/image_batchnorm.py (DDP, FSDP2, SyncBatchNorm)
    started by torchrun on the GPUs (one process per GPU, at most 2) with nccl; each must exit 0 and say what it
-   checks (the LM: every process holds the same weights). On the CPU, tests/test_torchrun.py runs them with gloo.
+   checks (the LM: every process holds the same weights). On the CPU, tests/library/test_torchrun.py runs them with gloo.
 """
 from __future__ import annotations
 
@@ -353,7 +353,7 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
 def examples(device: torch.device, options) -> tuple[str, list[str]]:
     """The examples under torchrun with nccl, one process per GPU (at most 2): DDP, FSDP2, SyncBatchNorm."""
     if device.type != "cuda":
-        return "skipped", ["no CUDA device: tests/test_torchrun.py runs the examples with gloo on the CPU"]
+        return "skipped", ["no CUDA device: tests/library/test_torchrun.py runs the examples with gloo on the CPU"]
     import subprocess
 
     processes = min(2, torch.cuda.device_count())

@@ -1,7 +1,7 @@
 """The library's API reference, docs/api.md, generated from the docstrings of what `accumlib` exports.
 
     python tools/api_docs.py          write docs/api.md
-    python tools/api_docs.py --check  exit 1 when docs/api.md is stale (tests/test_api_docs.py does the same)
+    python tools/api_docs.py --check  exit 1 when docs/api.md is stale (tests/course/test_api_docs.py does the same)
 
 One section per public name of `accumlib.__all__` (and of the public modules an engineer imports: memory, timing,
 batchnorm, distributed, sharded, devices): its signature and its docstring as written. The website shows the file as
@@ -66,7 +66,7 @@ def _section(qualname: str, obj) -> str:
 
 def render() -> str:
     parts = ["# API reference\n",
-             "Generated from the docstrings by `tools/api_docs.py`; `tests/test_api_docs.py` fails when it is stale.\n"]
+             "Generated from the docstrings by `tools/api_docs.py`; `tests/course/test_api_docs.py` fails when it is stale.\n"]
     seen: set[int] = set()
     for name in MODULES:
         module = importlib.import_module(name)

@@ -9,7 +9,7 @@ method, and `lesson_times.json` beside this file the one place that holds the nu
 right after the title, with its Hindi translation in translations/lessons/hi/<lesson>.po, and rebuilds
 notebooks/hi (tools/editions.py build: stored outputs are kept, since no code cell changes); it then stores the
 method and every lesson's numbers in tools/lesson_times.json and rewrites the time columns of docs/lessons.md's lesson
-table and of INSTRUCTORS.md. tests/test_lesson_time.py recomputes all of it from the notebooks and fails when
+table and of INSTRUCTORS.md. tests/course/test_lesson_time.py recomputes all of it from the notebooks and fails when
 anything is stale.
 
 The method is the one of the course review (/work/shared/reviews/lessons.md, section 3), made countable:
@@ -380,7 +380,7 @@ def method_text() -> str:
             f"learner writes or changes, and starting the notebook and running its cells {START_MINUTES}. Figures "
             "and widgets count through their printed findings, tasks and questions. The counts come from the stored "
             "notebooks (`python tools/lesson_time.py` prints them; the module's docstring defines each count); "
-            "`tests/test_lesson_time.py` recomputes them and fails when this table, the README's or a lesson's "
+            "`tests/course/test_lesson_time.py` recomputes them and fails when this table, the README's or a lesson's "
             "own time line is stale.")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="browser tests need Debian's Chromium: "
                                                           "apt-get install -y chromium (then rerun make test)")

@@ -112,7 +112,7 @@ def test_a_hindi_figure_renders_with_the_systems_fonts_hidden(tmp_path):
     import subprocess
     import sys
 
-    out = Path(__file__).resolve().parents[1] / "build" / "screenshots" / "hindi-figure-no-system-font.png"
+    out = Path(__file__).resolve().parents[2] / "build" / "screenshots" / "hindi-figure-no-system-font.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MPLCONFIGDIR=str(tmp_path / "mplconfig"), PYTHONPATH=str(Path(plots.__file__).parents[2]))
     run = subprocess.run([sys.executable, "-c", HIDDEN_SYSTEM_FONTS, str(out)], env=env, capture_output=True,

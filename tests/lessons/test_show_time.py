@@ -13,7 +13,7 @@ from accumlib.lessons import data, models
 from accumlib.lessons.show import time as show
 
 X, Y = data.digits(64)
-SANITIZE = Path(__file__).resolve().parents[1] / "notebooks" / "sanitize.cfg"
+SANITIZE = Path(__file__).resolve().parents[2] / "notebooks" / "sanitize.cfg"
 
 
 def masked(text: str) -> str:

@@ -264,7 +264,7 @@ CHOOSING = ["00_in_ten_minutes", "01_large_batch_problem", "02_grad_accumulates"
 
 @pytest.mark.parametrize("name", CHOOSING)
 def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_there(name):
-    # Read from the English notebook's code (the Hindi one has the same code, tests/test_editions.py): the first
+    # Read from the English notebook's code (the Hindi one has the same code, tests/course/test_editions.py): the first
     # code cell after the platform set-up chooses the device; no other cell names one; every model built, every
     # digits batch loaded and every accumlib.train call goes to it. Lesson 9's DDP processes are CPU processes
     # (gloo), so its one device is the CPU, said in the cell.
@@ -272,7 +272,7 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
 
     import nbformat
     from pathlib import Path
-    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "en" / f"{name}.ipynb", 4)
+    notebook = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "en" / f"{name}.ipynb", 4)
     code = [c.source for c in notebook.cells if c.cell_type == "code" and c.get("id") != "platform-setup"]
     chosen = {"09_ddp": 'device = torch.device("cpu")',
               "dashboards": 'device = devices.choose(page="dashboards")'}.get(name, "device = devices.choose()")

@@ -421,7 +421,7 @@ def run_on_two_processes(script: str, folder, *arguments: str, timeout: float) -
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = str(pathlib.Path(__file__).resolve().parents[1])
+    root = str(pathlib.Path(__file__).resolve().parents[2])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     processes = [subprocess.Popen([sys.executable, str(folder / "worker.py"), str(pathlib.Path(__file__).parent),
@@ -446,6 +446,7 @@ def two_processes(tmp_path_factory):
     return torch.load(folder / "result.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["DataLoader", "IterableDataset", "tuple inputs"])
 def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     """Step 1: sequences 0-11 on process 0 and 16-27 on process 1; step 2 (the short one): 12-15 (batches of 3 and 1)
@@ -538,6 +539,7 @@ def test_a_dataset_of_dict_inputs_trains_as_x_y_does():
     assert accumlib.parameter_gap(by_dict, by_tensors) == 0.0
 
 
+@pytest.mark.slow
 def test_two_processes_resumed_equal_the_uninterrupted_run(two_processes):
     """Stopped after step 1 and resumed from its weights (SGD keeps no state), each process skipping its own
     loader's batches of that step: the same weights as the uninterrupted DataLoader run, bit for bit."""
@@ -588,6 +590,7 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item",
                                   "list: shorter, resumed"])
 def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
@@ -700,6 +703,7 @@ def two_processes_without_tokens(tmp_path_factory):
     return torch.load(folder / "result.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SGD", "Adam", "SGD without no_sync"])
 def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_rest(two_processes_without_tokens,
                                                                                      name):
@@ -840,6 +844,7 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["count", "loss_fn, first micro-batch", "loss_fn, last micro-batch", "forward"])
 def test_a_callback_or_forward_that_raises_on_one_process_stops_every_process(tmp_path, case):
     """count, loss_fn (early in the cycle, or in its last micro-batch, whose backward all-reduces) or the model's

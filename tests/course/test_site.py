@@ -3,7 +3,7 @@ page checked in Chromium at a phone's width.
 
 The build runs in the site's own venv (.venv-site, from site/requirements.txt: `make test` installs it first; it is
 not in the lessons' environment). Where that venv is missing the build tests fail and say how to make it; the
-browser checks skip without Chromium, as tests/test_browser.py does. Screenshots of a Hindi lesson and the
+browser checks skip without Chromium, as tests/course/test_browser.py does. Screenshots of a Hindi lesson and the
 dashboards page at 390 px and 1280 px are written to build/screenshots/ to be looked at.
 """
 import functools
@@ -20,7 +20,7 @@ import pytest
 
 from accumlib.lessons.plots import DPI
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The first test builds the site (the module's fixture): tools/site_data.py computes every dashboard setting's figure,
 # minutes of CPU on a loaded 2-core machine (11 min of wall time measured at a load average of 10), past the
 # project's 300 s per test; its own subprocess limit is 1800 s.

@@ -157,6 +157,7 @@ def test_the_measurements_move_the_data_to_the_models_device():
     assert memory.fit_batch(on_meta, (X[:1], Y[:1]), 32, expected).peak_bytes <= expected
 
 
+@pytest.mark.slow
 def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
     """Issue 19: torch.compile(DDP(model)) is DDP: no_sync() on every micro-batch but the last (one all-reduce per
     step), and the step equals the plain model's (one process, gloo: DDP's mean over one process is the gradient)."""

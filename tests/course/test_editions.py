@@ -20,7 +20,7 @@ import nbformat
 import pytest
 from babel.messages.catalog import Catalog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import editions  # noqa: E402
 from hindi import anchored, devanagari_share, first_use_problems, text_problems, untranslated  # noqa: E402

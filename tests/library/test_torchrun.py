@@ -1,5 +1,5 @@
 """accumlib under torchrun, the way engineers scale: `torchrun --standalone --nproc_per_node=2` (gloo, CPU) starting
-tests/torchrun_worker.py, whose every process calls `accumlib.train` with a DistributedDataParallel or an FSDP2
+tests/library/torchrun_worker.py, whose every process calls `accumlib.train` with a DistributedDataParallel or an FSDP2
 (fully_shard) model; two nodes simulated on this machine through torchrun's c10d rendezvous.
 
 Each run is compared, in float64, with one process: `train` on one process (tensors: the same samples per step) or a
@@ -28,7 +28,7 @@ import torchrun_worker as job
 
 pytestmark = pytest.mark.slow  # each test starts torchrun: several processes, seconds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "torchrun_worker.py"
 TOLERANCE = 1e-12  # see the module docstring
 

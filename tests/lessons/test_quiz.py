@@ -16,10 +16,10 @@ import accumlib
 from accumlib.lessons import quiz
 from accumlib.lessons.quiz import experiments
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 import hindi  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = quiz.bank()["questions"]
 BY_ID = {q["id"]: q for q in QUESTIONS}
 PLACEHOLDER = re.compile(r"\{[^{}]*\}")

@@ -533,7 +533,7 @@ def docs_code():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text(encoding="utf-8")
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 

@@ -3,7 +3,7 @@ and nothing that fights repo2docker's own server environment."""
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pins(path: Path) -> tuple[dict[str, str], list[str]]:

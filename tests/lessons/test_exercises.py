@@ -806,7 +806,7 @@ def test_every_solution_prints_its_comments_in_the_course_language_and_its_code_
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     import hindi
 
     import accumlib

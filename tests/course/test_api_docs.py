@@ -5,7 +5,7 @@ from pathlib import Path
 
 import accumlib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("api_docs", ROOT / "tools" / "api_docs.py")
 api_docs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(api_docs)

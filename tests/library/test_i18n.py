@@ -17,7 +17,7 @@ import torch
 import accumlib
 from accumlib import batchnorm, i18n, memory, timing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import catalogs  # noqa: E402
 from hindi import text_problems, untranslated  # noqa: E402

@@ -1,5 +1,5 @@
 """Issue 11 section 2, checked on the stored English lessons: one lesson per idea, at most about 700 words of prose
-(the time cell that tools/lesson_time.py writes left out: tests/test_lesson_time.py checks the times), the lesson's
+(the time cell that tools/lesson_time.py writes left out: tests/course/test_lesson_time.py checks the times), the lesson's
 exercise in a cell tagged `exercise` that calls its checker, and the lesson's own quick check as the last cell;
 lesson 0, the whole idea in ten minutes, ends instead with a cell that links every other lesson. Each failure names
 the notebook."""
@@ -11,7 +11,7 @@ import pytest
 
 from accumlib.lessons import exercises
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = sorted((ROOT / "notebooks" / "en").glob("[0-9][0-9]_*.ipynb"))
 MOST_WORDS = 700
 FENCED = re.compile(r"```.*?```", re.S)

@@ -1,7 +1,7 @@
-"""The training script tests/test_torchrun.py starts with torchrun: `accumlib.train` on every process of a gloo
+"""The training script tests/library/test_torchrun.py starts with torchrun: `accumlib.train` on every process of a gloo
 group, with a DistributedDataParallel or an FSDP2 (fully_shard) model, float64 throughout.
 
-    torchrun --standalone --nproc_per_node=2 tests/torchrun_worker.py OUT WRAP [SCENARIO ...]
+    torchrun --standalone --nproc_per_node=2 tests/library/torchrun_worker.py OUT WRAP [SCENARIO ...]
 
 WRAP is "ddp" or "fsdp2". Each scenario trains a fresh model; rank 0 saves {scenario: {"state": the full weights,
 "records": history.deterministic()}} to OUT. The test imports this module for the same models and data, and builds

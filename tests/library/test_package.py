@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # each test builds or installs a wheel (pip, a venv): seconds to minutes
+ROOT = Path(__file__).resolve().parents[2]
 LESSON_STACK = ("matplotlib", "ipywidgets", "jsonschema", "sklearn")
 
 

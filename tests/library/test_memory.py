@@ -374,6 +374,7 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.slow
 def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_path):
     """2 gloo processes: train(DDP(model), memory_budget=...) trains bit for bit as without the budget, for (X, y)
     and a list of batches (before: INTERNAL ASSERT FAILED at c10d/comm.cpp from the trace running DDP's hook);

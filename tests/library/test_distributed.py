@@ -75,6 +75,7 @@ def one_process(builder, data_, m, k, **options):
     return model, history
 
 
+@pytest.mark.slow
 def test_no_sync_all_reduces_once_per_step_and_both_match_one_process(job):
     (without, with_no_sync, *_), *_ = job
     assert without.allreduces == (3, 3, 3, 3, 1) * 2  # every backward all-reduces; the short cycle has one
@@ -86,6 +87,7 @@ def test_no_sync_all_reduces_once_per_step_and_both_match_one_process(job):
         assert result.losses == pytest.approx([r.loss for r in history], abs=1e-12)  # mean over both processes
 
 
+@pytest.mark.slow
 def test_count_normalisation_with_padding_micro_batches_matches_one_process(job):
     count_run = job[0][2]
     # rank 0 holds 5 of the last cycle's 9 sequences (micro-batches of 4 and 1); rank 1 holds 4 and a padding one
@@ -95,6 +97,7 @@ def test_count_normalisation_with_padding_micro_batches_matches_one_process(job)
     assert count_run.losses == pytest.approx([r.loss for r in history], abs=1e-12)  # padding adds no loss
 
 
+@pytest.mark.slow
 def test_steps_normalisation_counts_every_process_micro_batch_once(job):
     """Classic loss / accum_steps over 2 processes: the gradient of one process with 2 x accum_steps micro-batches
     (and the loss averaged over the processes when it is read without the gradient norm)."""
@@ -104,6 +107,7 @@ def test_steps_normalisation_counts_every_process_micro_batch_once(job):
     assert steps_run.losses == pytest.approx([r.loss for r in history], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_fsdp2_trains_as_ddp_and_one_process_and_each_process_measures_what_it_holds():
     """Lesson 9's second job: the same training under DDP and under FSDP2 (fully_shard per layer) equals one process
     in float64, and each process's measure_step (taken in the job, before training) is what it holds: under DDP the
@@ -135,6 +139,7 @@ def test_progress_reaches_every_step_of_every_run_in_order(job):
     assert progress == [(done, total) for done in range(total + 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not distributed._FORK, reason="the ranks are forked on Linux only (fresh processes elsewhere)")
 def test_the_ranks_share_the_pages_of_their_parent(job):
     """The ranks are forked from one process that imported torch, torch._dynamo (DistributedDataParallel imports
@@ -148,6 +153,7 @@ def test_the_ranks_share_the_pages_of_their_parent(job):
         assert rank["Private_Dirty"] * 4 < rank["Shared_Dirty"], rank
 
 
+@pytest.mark.slow
 def test_a_failing_process_stops_the_job_at_once_with_its_error():
     """Rank 1's builder fails; rank 0 waits for it in DDP's first broadcast and is stopped, not left hanging."""
     fails_on_rank_1 = functools.partial(eval, "__import__('accumlib.lessons.models').lessons.models.mlp() "
@@ -173,6 +179,7 @@ distributed.run_ddp(stuck, data.digits(40, flat=True), micro_batch_size=4, accum
 """
 
 
+@pytest.mark.slow
 @needs_proc
 def test_the_job_ends_with_the_process_that_launched_it():
     """A kernel killed mid-job (SIGKILL: no finally runs in it) leaves no DDP process behind. The ranks are stuck
@@ -272,6 +279,7 @@ class Payload:
         return exec, (f"open({str(self.marker)!r}, 'w').write('it ran')",)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["no signature", "another key's signature", "no key", "changed after signing",
                                   "signed with the job's key"])
 def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_path, case):
