@@ -15,7 +15,7 @@ WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
 EDITION ?= en
 
-.PHONY: lab app test test-portable site notebooks translations bench gpu-check clean
+.PHONY: lab app test lint test-portable site notebooks translations bench gpu-check clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,9 @@ app: $(VENV)/.installed  ## open the interactive dashboards as an app in Voila (
 test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, the notebooks' stored outputs (nbval), the browser tests
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests --nbval notebooks \
 		--nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+
+lint: $(VENV)/.installed  ## ruff's checks (pyproject.toml [tool.ruff]: E, F, W, B at 120 columns; notebooks left out)
+	$(VENV)/bin/ruff check .
 
 # The notebooks' stored outputs on every kind of CPU a learner has: torch's kernels without vector extensions
 # (default), with AVX2 and, where this CPU has it, with AVX-512, each at one thread and at two; every run is reported
