@@ -146,10 +146,11 @@ def function(name: str, value, *, optional: bool = False):
 def module(name: str, value):
     """Return `value` if it is a torch.nn.Module instance (not the class)."""
     if isinstance(value, type) and issubclass(value, torch.nn.Module):
-        raise TypeError(f"{name} must be a model instance, got the class {value.__name__}: call it, e.g. "
-                        f"{value.__name__}(...)")
+        raise TypeError(_("{name} must be a model instance, got the class {cls}: call it, e.g. {cls}(...)").format(
+            name=name, cls=value.__name__))
     if not isinstance(value, torch.nn.Module):
-        raise TypeError(f"{name} must be a torch.nn.Module, got {value!r} of type {type(value).__name__}")
+        raise TypeError(_("{name} must be a torch.nn.Module, got {value!r} of type {type}").format(
+            name=name, value=value, type=type(value).__name__))
     return value
 
 
@@ -157,8 +158,8 @@ def trainable_parameters(name: str, model) -> list:
     """The parameters of `model` that require gradients; raise naming `name` when there are none."""
     params = [p for p in module(name, model).parameters() if p.requires_grad]
     if not params:
-        raise ValueError(f"{name} has no trainable parameters (none with requires_grad=True): a training step "
-                         f"needs at least one")
+        raise ValueError(_("{name} has no trainable parameters (none with requires_grad=True): a training step "
+                           "needs at least one").format(name=name))
     return params
 
 
@@ -166,29 +167,34 @@ def samples(name: str, x, y_name: str | None = None, y=None) -> None:
     """Check that `x` (and `y`) are tensors with a batch dimension of at least one sample (the same for both)."""
     for n, t in ((name, x), (y_name, y)) if y_name is not None else ((name, x),):
         if isinstance(t, dict):
-            raise TypeError(f"{n} is a dict (keys {', '.join(map(repr, t))}): accumlib takes tensors, so pass "
-                            f"the tensors themselves, e.g. batch['input_ids'] and batch['labels'], with a loss_fn "
-                            f"that takes (model output, y)")
+            raise TypeError(_("{name} is a dict (keys {keys}): accumlib takes tensors, so pass the tensors "
+                              "themselves, e.g. batch['input_ids'] and batch['labels'], with a loss_fn that takes "
+                              "(model output, y)").format(name=n, keys=", ".join(map(repr, t))))
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(_("{name} must be a torch.Tensor, got {type}").format(name=n, type=type(t).__name__))
         if t.dim() == 0 or len(t) == 0:
-            raise ValueError(f"{n} must hold at least one sample along its first dimension, got shape {tuple(t.shape)}")
+            raise ValueError(_("{name} must hold at least one sample along its first dimension, got shape "
+                               "{shape}").format(name=n, shape=tuple(t.shape)))
     if y_name is not None and len(x) != len(y):
-        raise ValueError(f"{name} has {len(x)} samples but {y_name} has {len(y)}; they must have the same length")
+        raise ValueError(_("{name} has {n} samples but {y_name} has {m}; they must have the same length").format(
+            name=name, n=len(x), y_name=y_name, m=len(y)))
 
 
 def pair(name: str, value) -> tuple:
     """Return `value` as (x, y) if it is a tuple or list of two tensors of the same length (at least one sample)."""
     if isinstance(value, dict) or not isinstance(value, (tuple, list)) or len(value) != 2:
         if isinstance(value, dict):
-            described = f"a dict (keys {', '.join(map(repr, value))}): pass (batch['input_ids'], batch['labels'])"
+            described = _("a dict (keys {keys}): pass (batch['input_ids'], batch['labels'])").format(
+                keys=", ".join(map(repr, value)))
         elif isinstance(value, torch.Tensor):
-            described = f"one tensor of shape {tuple(value.shape)}: pass the inputs and the targets, (x, y)"
+            described = _("one tensor of shape {shape}: pass the inputs and the targets, (x, y)").format(
+                shape=tuple(value.shape))
         elif isinstance(value, (tuple, list)):
-            described = f"a {type(value).__name__} of {len(value)} items"
+            described = _("a {type} of {n} items").format(type=type(value).__name__, n=len(value))
         else:
             described = f"{type(value).__name__}"
-        raise TypeError(f"{name} must be a tuple (x, y) of two tensors, got {described}")
+        raise TypeError(_("{name} must be a tuple (x, y) of two tensors, got {described}").format(
+            name=name, described=described))
     x, y = value
     samples(f"{name}[0] (x)", x, f"{name}[1] (y)", y)
     return x, y
@@ -198,12 +204,14 @@ def optimizer_or_none(name: str, value):
     """Return `value` if it is None or a torch.optim.Optimizer instance (not the class) whose step() needs no
     closure (LBFGS re-evaluates the loss itself, which accumulation cannot give it)."""
     if isinstance(value, type):
-        raise TypeError(f"{name} must be an optimizer instance, got the class {value.__name__}: pass "
-                        f"{value.__name__}(model.parameters(), ...)")
+        raise TypeError(_("{name} must be an optimizer instance, got the class {cls}: pass "
+                          "{cls}(model.parameters(), ...)").format(name=name, cls=value.__name__))
     if value is not None and not isinstance(value, torch.optim.Optimizer):
-        raise TypeError(f"{name} must be a torch.optim.Optimizer or None, got {value!r} of type {type(value).__name__}")
+        raise TypeError(_("{name} must be a torch.optim.Optimizer or None, got {value!r} of type {type}").format(
+            name=name, value=value, type=type(value).__name__))
     closure = inspect.signature(type(value).step).parameters.get("closure") if value is not None else None
     if closure is not None and closure.default is inspect.Parameter.empty:
-        raise ValueError(f"{name} is a {type(value).__name__}, whose step() needs a closure that recomputes the loss; "
-                         f"an accumulated step has none: use an optimizer such as SGD or Adam")
+        raise ValueError(_("{name} is a {type}, whose step() needs a closure that recomputes the loss; an "
+                           "accumulated step has none: use an optimizer such as SGD or Adam").format(
+            name=name, type=type(value).__name__))
     return value

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from . import _validate
 from .loop import parameter_gap, train
+from .i18n import _
 from .memory import resolve_device
 
 
@@ -66,11 +67,13 @@ def _layers_with_running_stats(model: nn.Module, name: str = "model") -> dict[st
     layers = {layer_name: m for layer_name, m in _validate.module(name, model).named_modules()
               if isinstance(m, nn.modules.batchnorm._BatchNorm)}
     if not layers:
-        raise ValueError(f"{name} has no BatchNorm layer (BatchNorm1d/2d/3d): there are no batch statistics to measure")
+        raise ValueError(_("{name} has no BatchNorm layer (BatchNorm1d/2d/3d): there are no batch statistics to "
+                           "measure").format(name=name))
     for layer_name, layer in layers.items():
         if layer.running_mean is None:
-            raise ValueError(f"{name}'s BatchNorm layer {layer_name!r} keeps no running statistics "
-                             f"(track_running_stats=False): build it with track_running_stats=True")
+            raise ValueError(_("{name}'s BatchNorm layer {layer!r} keeps no running statistics "
+                               "(track_running_stats=False): build it with track_running_stats=True").format(
+                name=name, layer=layer_name))
     return layers
 
 
@@ -82,7 +85,8 @@ def _on_model(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _check_samples(name: str, x, at_least: int = 1) -> None:
     _validate.samples(name, x)
     if len(x) < at_least:
-        raise ValueError(f"{name} must hold at least {at_least} samples, got {len(x)}")
+        raise ValueError(_("{name} must hold at least {at_least} samples, got {n}").format(name=name, at_least=at_least,
+                                                                                           n=len(x)))
 
 
 def _bn_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -107,7 +111,8 @@ def micro_batch_deviation(model: nn.Module, x: torch.Tensor, micro_batch_size: i
     _check_samples("x", x)
     micro_batch_size = _validate.positive_int("micro_batch_size", micro_batch_size)
     if micro_batch_size > len(x):
-        raise ValueError(f"micro_batch_size must be between 1 and {len(x)} (the batch), got {micro_batch_size}")
+        raise ValueError(_("micro_batch_size must be between 1 and {n} (the batch), got {value}").format(
+            n=len(x), value=micro_batch_size))
     x = _on_model(model, x)
     result = []
     for name, inputs in _bn_inputs(model, x).items():
@@ -169,8 +174,9 @@ def _scale(model: nn.Module) -> dict:
 def running_stats_divergence(model: nn.Module, reference: nn.Module) -> list[LayerDeviation]:
     """Per BatchNorm layer: how far model's running statistics are from those of `reference` (same layout)."""
     if _layers_with_running_stats(model).keys() != _layers_with_running_stats(reference, "reference").keys():
-        raise ValueError("model and reference must have BatchNorm layers of the same names: "
-                         f"{sorted(batchnorm_layers(model))} against {sorted(batchnorm_layers(reference))}")
+        raise ValueError(_("model and reference must have BatchNorm layers of the same names: {model} against "
+                           "{reference}").format(model=sorted(batchnorm_layers(model)),
+                                                 reference=sorted(batchnorm_layers(reference))))
     return _divergence(_running(model), _running(reference), _scale(reference))
 
 
@@ -182,11 +188,6 @@ class RunningAverageMove:
     momentum: float | None  # the layer's own momentum (None: a plain average of every batch so far)
     updates: int  # train-mode forward passes
     moved: float  # fraction of the way from where the average started to the statistic it was fed (0..1)
-
-    @property
-    def remaining(self) -> float:
-        """Weight the starting value still has in the average (1 - moved)."""
-        return 1 - self.moved
 
 
 _SPATIAL_DIMS = {nn.BatchNorm1d: 0, nn.BatchNorm2d: 2, nn.BatchNorm3d: 3}
@@ -206,14 +207,14 @@ def running_average_moved(model: nn.Module, updates: int) -> list[RunningAverage
     for name, layer in layers.items():
         kind = next((k for k in _SPATIAL_DIMS if type(layer) is k), None)
         if kind is None:
-            raise ValueError(f"model's layer {name!r} is a {type(layer).__name__}; running_average_moved measures "
-                             f"BatchNorm1d, BatchNorm2d and BatchNorm3d")
+            raise ValueError(_("model's layer {name!r} is a {type}; running_average_moved measures BatchNorm1d, "
+                               "BatchNorm2d and BatchNorm3d").format(name=name, type=type(layer).__name__))
         probe = copy.deepcopy(layer).train()
         probe.reset_running_stats()
         ones = torch.ones(2, layer.num_features, *[1] * _SPATIAL_DIMS[kind], dtype=layer.running_mean.dtype,
                           device=layer.running_mean.device)
         with torch.no_grad():
-            for _ in range(updates):
+            for _update in range(updates):
                 probe(ones)
         result.append(RunningAverageMove(name, layer.momentum, updates, probe.running_mean.mean().item()))
     return result
@@ -229,7 +230,8 @@ def collect_running_stats(model: nn.Module, x: torch.Tensor, batch_size: int, up
     _check_samples("x", x)
     batch_size, updates = _validate.positive_int("batch_size", batch_size), _validate.positive_int("updates", updates)
     if batch_size > len(x):
-        raise ValueError(f"batch_size must be between 1 and {len(x)} (the samples of x), got {batch_size}")
+        raise ValueError(_("batch_size must be between 1 and {n} (the samples of x), got {value}").format(
+            n=len(x), value=batch_size))
     model = copy.deepcopy(model).train()
     for layer in batchnorm_layers(model).values():
         layer.reset_running_stats()
@@ -250,7 +252,8 @@ def reestimate(model: nn.Module, x: torch.Tensor, batch_size: int | None = None)
     _check_samples("x", x, 2)
     batch_size = len(x) if batch_size is None else _validate.positive_int("batch_size", batch_size)
     if batch_size > len(x):
-        raise ValueError(f"batch_size must be between 1 and {len(x)} (the samples of x), got {batch_size}")
+        raise ValueError(_("batch_size must be between 1 and {n} (the samples of x), got {value}").format(
+            n=len(x), value=batch_size))
     torch.optim.swa_utils.update_bn(DataLoader(TensorDataset(x), batch_size=batch_size), model,
                                     device=resolve_device(model, None))  # each batch moved to the model's device
     return model
@@ -260,11 +263,12 @@ def to_groupnorm(model: nn.Module, groups: int = 4) -> nn.Module:
     """A copy of `model` with each BatchNorm layer replaced by GroupNorm(groups, channels), affine weights kept."""
     layers = batchnorm_layers(model)
     if not layers:
-        raise ValueError("model has no BatchNorm layer to replace")
+        raise ValueError(_("model has no BatchNorm layer to replace"))
     groups = _validate.positive_int("groups", groups)
     for name, layer in layers.items():
         if layer.num_features % groups:
-            raise ValueError(f"groups={groups} must divide the {layer.num_features} channels of layer {name}")
+            raise ValueError(_("groups={groups} must divide the {channels} channels of layer {name}").format(
+                groups=groups, channels=layer.num_features, name=name))
     model = copy.deepcopy(model)
     for name, layer in list(batchnorm_layers(model).items()):
         like = next(iter(layer.parameters()), None)
@@ -273,7 +277,7 @@ def to_groupnorm(model: nn.Module, groups: int = 4) -> nn.Module:
                           **({} if like is None else dict(dtype=like.dtype, device=like.device)))  # the layer's own
         if layer.affine:
             gn.load_state_dict({"weight": layer.weight.detach(), "bias": layer.bias.detach()})
-        parent, _, child = name.rpartition(".")
+        parent, _dot, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, gn)
     return model
 
@@ -312,7 +316,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss_fn: Cal
         for m, training in modes.items():
             m.training = training
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        raise ValueError("loss_fn must return a scalar tensor (the mean loss over the samples)")
+        raise ValueError(_("loss_fn must return a scalar tensor (the mean loss over the samples)"))
     classified = logits.dim() == 2 and y.dim() == 1 and not y.is_floating_point()
     accuracy = (logits.argmax(1) == y).double().mean().item() if classified else None
     stats = running_stats_error(model, x) if batchnorm_layers(model) and len(x) > 1 else []
@@ -342,10 +346,12 @@ def _check_experiment(model, data, effective_batch, epochs, optimizer_fn):
     X, y = _validate.pair("data", data)
     epochs = _validate.positive_int("epochs", epochs)
     if effective_batch > len(X):
-        raise ValueError(f"effective_batch={effective_batch} exceeds the {len(X)} samples of data")
+        raise ValueError(_("effective_batch={value} exceeds the {n} samples of data").format(value=effective_batch,
+                                                                                            n=len(X)))
     if not callable(optimizer_fn) or isinstance(optimizer_fn, torch.optim.Optimizer):
-        raise TypeError(f"optimizer_fn must be a function from parameters to an optimizer, e.g. "
-                        f"lambda params: torch.optim.SGD(params, lr=0.05), got {type(optimizer_fn).__name__}")
+        raise TypeError(_("optimizer_fn must be a function from parameters to an optimizer, e.g. lambda params: "
+                          "torch.optim.SGD(params, lr={lr}), got {type}").format(lr=0.05,
+                                                                                type=type(optimizer_fn).__name__))
     device = resolve_device(model, None)
     return X.to(device), y.to(device), epochs
 
@@ -355,7 +361,8 @@ def _trained(model, X, y, m, k, epochs, optimizer_fn) -> nn.Module:
     model = copy.deepcopy(model)
     optimizer = optimizer_fn(model.parameters())
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer_fn must return a torch.optim.Optimizer, returned {type(optimizer).__name__}")
+        raise TypeError(_("optimizer_fn must return a torch.optim.Optimizer, returned {type}").format(
+            type=type(optimizer).__name__))
     train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, epochs=epochs, shuffle=False,
           measure_memory=False, device=X.device)
     return model
@@ -416,11 +423,13 @@ def compare_micro_batches(model: nn.Module, data, held_out, *, effective_batch: 
     _layers_with_running_stats(model)
     effective_batch = _validate.positive_int("effective_batch", effective_batch)
     if not isinstance(micro_batch_sizes, (tuple, list)) or len(micro_batch_sizes) < 2:
-        raise TypeError(f"micro_batch_sizes must be a tuple of two or more sizes, got {micro_batch_sizes!r}")
+        raise TypeError(_("micro_batch_sizes must be a tuple of two or more sizes, got {value!r}").format(
+            value=micro_batch_sizes))
     sizes = sorted({_validate.positive_int("micro_batch_sizes", m) for m in micro_batch_sizes})
     if len(sizes) < 2 or any(effective_batch % m for m in sizes):
-        raise ValueError(f"micro_batch_sizes must hold two or more different sizes that divide effective_batch="
-                         f"{effective_batch}, got {micro_batch_sizes!r}")
+        raise ValueError(_("micro_batch_sizes must hold two or more different sizes that divide "
+                           "effective_batch={effective_batch}, got {value!r}").format(effective_batch=effective_batch,
+                                                                                     value=micro_batch_sizes))
     X, y, epochs = _check_experiment(model, data, effective_batch, epochs, optimizer_fn)
     held_x, held_y = (t.to(X.device) for t in _validate.pair("held_out", held_out))
     updates = _validate.positive_int("updates", updates)

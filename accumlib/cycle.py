@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import math
 import numbers
@@ -652,7 +653,7 @@ class _BuffersKept:
                 buffer.copy_(saved)
         changed = [buffer for buffer, version in self.watched if buffer._version != version]
         for buffer in changed:
-            _CHANGED[id(buffer)] = weakref.ref(buffer)
+            _CHANGED[id(buffer)] = weakref.ref(buffer, functools.partial(_forget, id(buffer)))
         if changed:
             names = [name for name, b in self.model.named_buffers() if any(b is c for c in changed)]
             warnings.warn(_("the forward pass changed the buffer(s) {names}, which were not copied before this "
@@ -668,6 +669,12 @@ class _BuffersKept:
 
 def _dead():
     return None
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """A buffer of _CHANGED is being freed: its entry goes with it (before its id can name another buffer)."""
+    if _CHANGED.get(key) is ref:
+        del _CHANGED[key]
 
 
 _CHANGED: dict[int, weakref.ref] = {}  # buffers seen to change in a forward pass although no norm layer's statistics

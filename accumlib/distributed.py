@@ -1,13 +1,16 @@
-"""Accumulation across processes, for real: DistributedDataParallel on the CPU with the gloo backend.
+"""Accumulation across processes, for real: DistributedDataParallel or FSDP2 on the CPU with the gloo backend.
 
 `launch` starts one fresh Python process (not forked from the caller, so a Jupyter kernel stays out of it) that
 imports torch, reads the job and forks `world_size` ranks from it, so they share its pages instead of each
 importing torch again (on Linux; on macOS and Windows each rank is a fresh process). Each rank gets the rendezvous environment torchrun would give it: RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT, on loopback only. They form one gloo process group and run each `DDPRun` of the job in
-turn: every process trains DistributedDataParallel(builder()) with `accumlib.train`, while a DDP communication hook
-counts the gradient all-reduces of each optimizer step. Rank 0's results come back; when one rank fails the others
-are stopped and its error is raised. `compare_no_sync` is lesson 9's job (one run with and one without
-`no_sync()`), `run_ddp` a single run.
+turn: every process trains DistributedDataParallel(builder()) (or, with `wrap="fsdp2"`, builder() sharded with
+FSDP2's `fully_shard`) with `accumlib.train`, while a DDP communication hook counts the gradient all-reduces of each
+optimizer step. Rank 0's results come back; when one rank fails the others are stopped and its error is raised.
+The job's file is signed (HMAC-SHA256) with a key launch() gives only its own processes, in their environment:
+`python -m accumlib.distributed FOLDER` refuses a folder launch() did not write before unpickling anything in it.
+`compare_no_sync` and `compare_fsdp2` are lesson 9's jobs (one run with and one without `no_sync()`; one under DDP
+and one under FSDP2, each process's memory measured), `run_ddp` a single run.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import math
 import os
 import queue
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,7 +33,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -38,8 +42,11 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ._validate import Shown, boolean, function, positive_int, positive_number
+from ._validate import Shown, boolean, function, one_of, positive_int, positive_number
 from .i18n import _
+from .memory import MemoryReport, measure_step
+
+WRAPS = ("ddp", "fsdp2")  # how a DDPRun's processes hold the model: DistributedDataParallel, or FSDP2's fully_shard
 
 # train() arguments a DDPRun sets itself: they cannot also come in its train_options
 _SET_BY_THE_JOB = ("micro_batch_size", "accum_steps", "epochs", "seed", "ddp_no_sync", "on_step", "device",
@@ -48,7 +55,9 @@ _SET_BY_THE_JOB = ("micro_batch_size", "accum_steps", "epochs", "seed", "ddp_no_
 
 @dataclass(frozen=True)
 class DDPRun:
-    """One training run of a DDP job: every process trains DistributedDataParallel(builder()) with SGD(lr)."""
+    """One training run of a DDP job: every process trains DistributedDataParallel(builder()) with SGD(lr), or
+    with wrap="fsdp2" builder() sharded by FSDP2 (`fully_shard` on each layer that has parameters, then on the
+    whole model, as one shards a model by its blocks)."""
 
     builder: Callable[[], torch.nn.Module]  # picklable, no arguments: every process builds the same initial model
     data: tuple  # (X, y); each cycle's micro_batch_size * accum_steps * world_size samples are shared out by rank
@@ -59,6 +68,8 @@ class DDPRun:
     seed: int = 0  # the sample order, as in train
     no_sync: bool = True  # all-reduce once per optimizer step (True) or after every backward() (False)
     train_options: dict = field(default_factory=dict)  # further picklable train() arguments: loss_fn, normalize, count
+    wrap: str = "ddp"  # "ddp" or "fsdp2" (WRAPS)
+    measure_memory: bool = False  # each process measures one step (measure_step, what it holds) before training
 
     def __post_init__(self):
         if isinstance(self.builder, torch.nn.Module):
@@ -73,6 +84,8 @@ class DDPRun:
         positive_int("epochs", self.epochs)
         positive_number("lr", self.lr)
         boolean("no_sync", self.no_sync)
+        boolean("measure_memory", self.measure_memory)
+        one_of("wrap", self.wrap, WRAPS)
         if not (isinstance(self.data, tuple) and len(self.data) == 2
                 and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in self.data)):
             raise TypeError(_("data must be a tuple (X, y) of two tensors, got {type}").format(
@@ -113,10 +126,13 @@ class DDPResult:
     micro_batch_size: int
     accum_steps: int
     no_sync: bool
-    allreduces: tuple[int, ...]  # gradient all-reduces on rank 0 in each optimizer step (one per bucket and sync)
+    allreduces: tuple[int, ...]  # gradient all-reduces on rank 0 in each optimizer step (one per bucket and sync;
+    # () under FSDP2, which reduce-scatters the gradients instead)
     micro_batches: tuple[int, ...]  # micro-batches with samples in each optimizer step (rank 0's view of train)
-    state: dict  # rank 0's final parameters and buffers (name -> tensor)
+    state: dict  # the final parameters and buffers, whole (name -> tensor; FSDP2's shards gathered)
     losses: tuple[float, ...]  # each step's loss over all processes, as train records it
+    wrap: str = "ddp"  # as the run's
+    memory: tuple[MemoryReport, ...] = ()  # with measure_memory: each process's measure_step report, by rank
 
     @property
     def steps(self) -> int:
@@ -150,8 +166,10 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
         raise TypeError(_("runs must be a non-empty sequence of DDPRun, got {value!r}").format(value=runs))
     total = sum(run.steps(world_size) for run in runs)
     key = secrets.token_hex(32)  # the job's key: only its own processes get it (in their environment)
-    with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as folder:
+    _collect_stale()
+    with tempfile.TemporaryDirectory(prefix=_PREFIX) as folder:
         job = Path(folder)
+        (job / "launcher.pid").write_text(str(os.getpid()))  # whose job: gone, a later launch() collects the folder
         pickled = io.BytesIO()
         torch.save(runs, pickled)
         (job / "job.pt").write_bytes(pickled.getvalue())
@@ -164,8 +182,30 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
             raise RuntimeError(_("DDP job failed (exit codes {codes}):\n{errors}").format(codes=codes,
                                                                                         errors=errors[-3000:]))
         results = torch.load(job / "result.pt", weights_only=True)  # numbers, tuples and tensors: nothing runs
-    return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, **result)
+    return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, wrap=run.wrap,
+                      **{**result, "memory": tuple(MemoryReport(**report) for report in result["memory"])})
             for run, result in zip(runs, results)]
+
+
+_PREFIX = "accumlib-ddp-"  # the job folders' names in the temporary folder
+
+
+def _collect_stale() -> None:
+    """Remove the job folders of launch() calls whose process is gone without removing them (a kernel killed with
+    SIGKILL skips TemporaryDirectory's cleanup, leaving the pickled job and its data): this user's folders only,
+    whose launcher.pid names no living process. POSIX only (elsewhere os.kill(pid, 0) is no probe)."""
+    if not hasattr(os, "getuid"):
+        return
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid = int((folder / "launcher.pid").read_text())
+            os.kill(pid, 0)  # raises ProcessLookupError when no process has this pid
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):  # no pid file (not ours to judge), or a process of another user: kept
+            continue
 
 
 def compare_no_sync(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int,
@@ -176,6 +216,16 @@ def compare_no_sync(builder, data, *, world_size: int = 2, micro_batch_size: int
             for no_sync in (False, True)]
     without, with_no_sync = launch(runs, world_size=world_size, timeout=timeout, on_progress=on_progress)
     return {False: without, True: with_no_sync}
+
+
+def compare_fsdp2(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int,
+                  epochs: int = 1, lr: float = 0.5, seed: int = 0, timeout: float = 120,
+                  on_progress: Callable[[int, int], None] | None = None) -> dict[str, DDPResult]:
+    """The same training under DDP and under FSDP2 (with no_sync), in one job, each process's memory measured
+    before it trains (`DDPResult.memory`): {"ddp": result, "fsdp2": result}."""
+    runs = [DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, wrap=wrap, measure_memory=True)
+            for wrap in WRAPS]
+    return dict(zip(WRAPS, launch(runs, world_size=world_size, timeout=timeout, on_progress=on_progress), strict=True))
 
 
 def run_ddp(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int, epochs: int = 1,
@@ -275,13 +325,45 @@ def _counting_allreduce(state: dict, bucket):
     return allreduce_hook(None, bucket)
 
 
+def _wrapped(model: torch.nn.Module, wrap: str) -> torch.nn.Module:
+    """The model as the run's processes hold it: DistributedDataParallel, or FSDP2 (each layer with parameters its
+    own unit, then the root)."""
+    if wrap == "ddp":
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.children():
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def _whole_state(model: torch.nn.Module) -> dict:
+    """The whole weights (FSDP2: every shard gathered, a collective every process calls), detached copies."""
+    state = model.module.state_dict() if isinstance(model, DistributedDataParallel) else model.state_dict()
+    return {k: (v.full_tensor() if isinstance(v, dist.tensor.DTensor) else v).detach().clone()
+            for k, v in state.items()}
+
+
+def _measured_memory(model: torch.nn.Module, run: DDPRun, optimizer) -> tuple[dict, ...]:
+    """Every process's measure_step of one step of the run (a micro-batch of its size, accum_steps passes), by
+    rank, as plain dicts (launch reads them with weights_only); a collective every process calls."""
+    x, y = (t[:run.micro_batch_size] for t in run.data)
+    report = measure_step(model, x, y, optimizer=optimizer, loss_fn=run.train_options.get("loss_fn"),
+                          accum_steps=run.accum_steps, ddp_no_sync=run.no_sync)
+    reports = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, asdict(report))
+    return tuple(reports)
+
+
 def _train_rank(run: DDPRun) -> dict:
-    """This process's share of one run; its DDP objects die when it returns."""
+    """This process's share of one run; its DDP or FSDP objects die when it returns."""
     from .loop import train
 
-    model = DistributedDataParallel(run.builder())
+    model = _wrapped(run.builder(), run.wrap)
     counter = {"calls": 0}
-    model.register_comm_hook(counter, _counting_allreduce)
+    if run.wrap == "ddp":
+        model.register_comm_hook(counter, _counting_allreduce)
     allreduces = []
 
     def on_step(record):
@@ -289,13 +371,14 @@ def _train_rank(run: DDPRun) -> dict:
         if dist.get_rank() == 0:
             print("step", flush=True)  # progress, read by launch()
 
-    history = train(model, run.data, torch.optim.SGD(model.parameters(), lr=run.lr),
-                    micro_batch_size=run.micro_batch_size, accum_steps=run.accum_steps, epochs=run.epochs,
-                    seed=run.seed, ddp_no_sync=run.no_sync, on_step=on_step, measure_memory=False, device="cpu",
-                    **run.train_options)
-    return {"allreduces": tuple(allreduces), "micro_batches": tuple(r.micro_batches for r in history),
-            "losses": tuple(r.loss for r in history),
-            "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()}}
+    optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
+    memory = _measured_memory(model, run, optimizer) if run.measure_memory else ()
+    history = train(model, run.data, optimizer, micro_batch_size=run.micro_batch_size, accum_steps=run.accum_steps,
+                    epochs=run.epochs, seed=run.seed, ddp_no_sync=run.no_sync, on_step=on_step,
+                    measure_memory=False, device="cpu", **run.train_options)
+    return {"allreduces": tuple(allreduces) if run.wrap == "ddp" else (), "memory": memory,
+            "micro_batches": tuple(r.micro_batches for r in history), "losses": tuple(r.loss for r in history),
+            "state": _whole_state(model)}
 
 
 def _worker(job: Path, runs: list) -> None:

@@ -25,7 +25,8 @@ def set_language(code: str) -> None:
     """Choose the language of everything accumlib shows from now on: "en" (English) or "hi" (Hindi)."""
     global _language
     if not isinstance(code, str) or code not in LANGUAGES:
-        raise ValueError(f"language must be one of {', '.join(repr(c) for c in LANGUAGES)}; got {code!r}")
+        raise ValueError(_("language must be one of {choices}; got {value!r}").format(
+            choices=", ".join(repr(c) for c in LANGUAGES), value=code))
     _language = code
 
 

@@ -44,7 +44,6 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeCopyMode,
                                           FakeTensorMode)
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -392,16 +391,19 @@ def resolve_device(model: torch.nn.Module, device) -> torch.device:
     if device is None:
         return next(model.parameters()).device
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r} of type "
-                        f"{type(device).__name__}")
+        raise TypeError(_("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r} of type "
+                          "{type}").format(value=device, type=type(device).__name__))
     try:
         resolved = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}") from None
+        raise ValueError(_("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r}").format(
+            value=device)) from None
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {device!r}")
+        raise ValueError(_("device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {value!r}").format(
+            value=device))
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here: use 'cpu' or fake=True")
+        raise ValueError(_("device={value!r} but CUDA is not available here: use 'cpu' or fake=True").format(
+            value=device))
     return resolved
 
 
@@ -444,10 +446,11 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     options = _step_options(loss_fn, cycle_options)
     home = next(model.parameters()).device
     if home.type == "meta" and not fake:
-        raise ValueError("model is on the meta device (weights without data): only fake=True can measure it")
+        raise ValueError(_("model is on the meta device (weights without data): only fake=True can measure it"))
     if fake and device is not None and resolve_device(model, device).type != home.type:
-        raise ValueError(f"device={device!r} with fake=True: a fake measurement runs where the model is "
-                         f"({home}); move the model there first, or leave device=None")
+        raise ValueError(_("device={value!r} with fake=True: a fake measurement runs where the model is "
+                           "({home}); move the model there first, or leave device=None").format(value=device,
+                                                                                              home=home))
     device = home if fake else resolve_device(model, device)
     return _measure_cycle(model, optimizer, [(x, y)] * accum_steps, [1 / accum_steps] * accum_steps, options,
                           len(x), fake, device, functools.partial(explained_failure, x, y))
@@ -487,9 +490,9 @@ def _one_process(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
     bytes DDP itself holds from its construction on, its gradient buckets: a flat copy of every trainable
     parameter's gradient (none with gradient_as_bucket_view=True, whose .grad are views of them), counted as
     gradients at the peak. Any other model: itself, 0 bytes."""
-    ddp = model if isinstance(model, DistributedDataParallel) else model._modules.get("_orig_mod")
-    if not isinstance(ddp, DistributedDataParallel):
+    if not sharded.is_ddp(model):
         return model, 0
+    ddp = sharded._unwrapped(model)
     trainable = [p for p in ddp.module.parameters() if p.requires_grad]
     return ddp.module, 0 if ddp.gradient_as_bucket_view else sum(p.numel() * p.element_size() for p in trainable)
 
@@ -670,9 +673,11 @@ def explained_failure(x: torch.Tensor, y: torch.Tensor):
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, IndexError, TypeError) as error:
-        raise ValueError(f"a training pass of the model on x (shape {tuple(x.shape)}, {x.dtype}) and y (shape "
-                         f"{tuple(y.shape)}, {y.dtype}) with loss_fn failed: {error}. Check that x is what the "
-                         f"model takes and y what loss_fn compares its output with") from error
+        raise ValueError(_("a training pass of the model on x (shape {x_shape}, {x_dtype}) and y (shape {y_shape}, "
+                           "{y_dtype}) with loss_fn failed: {error}. Check that x is what the model takes and y what "
+                           "loss_fn compares its output with").format(x_shape=tuple(x.shape), x_dtype=x.dtype,
+                                                                      y_shape=tuple(y.shape), y_dtype=y.dtype,
+                                                                      error=error)) from error
 
 
 def _measure(model, opt, batches, loss_weights, method, device_name, options, micro_batch_size, explain,
@@ -806,7 +811,8 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
     is at least CUDA_CAP_MINIMUM (20 MiB, the large pool's segment): below that a cap would measure the allocator's
     granularity, not the simulated card, and refuse steps that check_fits found within B. The CUDA context is
     outside the allocator and never counted: a real card of N bytes offers N minus the context. cuDNN's workspaces
-    inside the step are not in the trace either; the segment allowance absorbs small ones.
+    inside the step are not in the trace either; the segment allowance absorbs small ones. A memory fraction the
+    caller set (torch.cuda.set_per_process_memory_fraction) stays if it is tighter, and is in force again after.
     (Not run on a GPU yet: benchmarks/gpu_check.py checks these rules where there is one.)
     Where it does nothing it is a plain nullcontext (no generator, whose exit would set an error's __traceback__:
     a frozen dataclass exception would be replaced by the FrozenInstanceError of that).
@@ -823,7 +829,8 @@ def _capped(device: torch.device, budget_bytes: int):
     torch.cuda.synchronize(device)
     cap = torch.cuda.memory_reserved(device) + budget_bytes + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), device)
+    callers = torch.cuda.get_per_process_memory_fraction(device)  # 1.0 unless the caller capped it: put back after
+    torch.cuda.set_per_process_memory_fraction(min(cap / total, callers), device)  # never looser than the caller's
     try:
         yield
     except OutOfMemory:
@@ -831,7 +838,7 @@ def _capped(device: torch.device, budget_bytes: int):
     except torch.OutOfMemoryError as error:
         raise OutOfMemory(torch.cuda.max_memory_allocated(device), budget_bytes) from error
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(callers, device)
 
 
 def _take_workspaces(device: torch.device) -> None:
@@ -885,7 +892,8 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     options = _step_options(loss_fn, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:
-        raise ValueError(f"target_batch must be between 1 and {MAX_TARGET_BATCH:,} samples, got {target_batch:,}")
+        raise ValueError(_("target_batch must be between 1 and {most:,} samples, got {value:,}").format(
+            most=MAX_TARGET_BATCH, value=target_batch))
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
 
     def peak(size: int) -> int:  # a step of `size` samples per pass, with the passes an effective batch needs

@@ -35,6 +35,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _validate, cycle, memory
+from .i18n import _
 from .loop import train
 
 THREAD_CPU = "CPU time of the computing thread (time.thread_time)"
@@ -66,20 +67,22 @@ def _timing_device(model: torch.nn.Module, device) -> torch.device:
     """Where to time: `device` ("cpu", "cuda") or the model's; a model on the meta device has nothing to run."""
     device = memory.resolve_device(model, device)
     if next(model.parameters()).is_meta:
-        raise ValueError("model is on the meta device (weights without data): nothing can be timed; build it on "
-                         "the CPU or a GPU")
+        raise ValueError(_("model is on the meta device (weights without data): nothing can be timed; build it on "
+                           "the CPU or a GPU"))
     return device
 
 
 def _copy_with_optimizer(model, optimizer_fn) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """A copy of `model` and optimizer_fn(its parameters), checked to be an Optimizer."""
     if not callable(optimizer_fn) or isinstance(optimizer_fn, torch.optim.Optimizer):
-        raise TypeError(f"optimizer_fn must be a function from parameters to an optimizer, e.g. "
-                        f"lambda params: torch.optim.SGD(params, lr=0.01), got {type(optimizer_fn).__name__}")
+        raise TypeError(_("optimizer_fn must be a function from parameters to an optimizer, e.g. lambda params: "
+                          "torch.optim.SGD(params, lr={lr}), got {type}").format(lr=0.01,
+                                                                                type=type(optimizer_fn).__name__))
     model = copy.deepcopy(model)
     optimizer = optimizer_fn(model.parameters())
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer_fn must return a torch.optim.Optimizer, returned {type(optimizer).__name__}")
+        raise TypeError(_("optimizer_fn must return a torch.optim.Optimizer, returned {type}").format(
+            type=type(optimizer).__name__))
     return model, optimizer
 
 
@@ -100,7 +103,8 @@ def time_config(model: torch.nn.Module, data, *, micro_batch_size: int, accum_st
     _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
     effective = micro_batch_size * accum_steps
     if effective > len(X):
-        raise ValueError(f"micro_batch_size * accum_steps = {effective} exceeds the {len(X)} samples of data")
+        raise ValueError(_("micro_batch_size * accum_steps = {effective} exceeds the {n} samples of data").format(
+            effective=effective, n=len(X)))
     device = _timing_device(model, device)
     model, optimizer = _copy_with_optimizer(model, optimizer_fn)
     history = train(model, (X[:effective], y[:effective]), optimizer, micro_batch_size=micro_batch_size,
@@ -123,11 +127,6 @@ class PassTiming:
     def residual(self) -> float:
         """Measured median minus the fit, seconds."""
         return self.seconds - self.fitted_seconds
-
-    @property
-    def relative_residual(self) -> float:
-        """residual / measured median (dimensionless): how far the straight line misses this point."""
-        return self.residual / self.seconds
 
 
 @dataclass(frozen=True)
@@ -201,20 +200,22 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     _validate.trainable_parameters("model", model)
     effective_batch = _validate.positive_int("effective_batch", effective_batch)
     if isinstance(accum_steps, (str, bytes)) or not hasattr(accum_steps, "__iter__"):
-        raise TypeError(f"accum_steps must be a sequence of positive integers such as (1, 2, 4), got {accum_steps!r}")
+        raise TypeError(_("accum_steps must be a sequence of positive integers such as (1, 2, 4), got "
+                          "{value!r}").format(value=accum_steps))
     splits = [_validate.positive_int("accum_steps", k) for k in accum_steps]
     for k in splits:
         if effective_batch % k:
-            raise ValueError(f"accum_steps must divide effective_batch={effective_batch} into equal micro-batches, "
-                             f"got {k}")
+            raise ValueError(_("accum_steps must divide effective_batch={effective_batch} into equal micro-batches, "
+                               "got {k}").format(effective_batch=effective_batch, k=k))
     if len(set(splits)) != len(splits) or len(splits) < 2:
-        raise ValueError(f"accum_steps must hold two or more different values (one line needs two points), each "
-                         f"once, got {accum_steps!r}")
+        raise ValueError(_("accum_steps must hold two or more different values (one line needs two points), each "
+                           "once, got {value!r}").format(value=accum_steps))
     warmup, repeats = _validate.non_negative_int("warmup", warmup), _validate.positive_int("repeats", repeats)
     threads = torch.get_num_threads() if threads is None else _validate.positive_int("threads", threads)
     X, y = _validate.pair("data", data)
     if len(X) < effective_batch:
-        raise ValueError(f"data has {len(X)} samples but effective_batch={effective_batch} needs at least that many")
+        raise ValueError(_("data has {n} samples but effective_batch={effective_batch} needs at least that "
+                           "many").format(n=len(X), effective_batch=effective_batch))
     _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     device = _timing_device(model, device)

@@ -104,6 +104,31 @@ def test_steps_normalisation_counts_every_process_micro_batch_once(job):
     assert steps_run.losses == pytest.approx([r.loss for r in history], abs=1e-12)
 
 
+def test_fsdp2_trains_as_ddp_and_one_process_and_each_process_measures_what_it_holds():
+    """Lesson 9's second job: the same training under DDP and under FSDP2 (fully_shard per layer) equals one process
+    in float64, and each process's measure_step (taken in the job, before training) is what it holds: under DDP the
+    one-process step plus DDP's gradient bucket, under FSDP2 half the weights (the 64-64-10 MLP's rows split
+    evenly); the measurement, a real step under FSDP2, is undone (the weights still match)."""
+    results = distributed.compare_fsdp2(MLP, (X, Y), micro_batch_size=4, accum_steps=3, epochs=2)
+    single, history = one_process(MLP, (X, Y), 24, 1)
+    weights = sum(p.numel() * p.element_size() for p in single.parameters())
+    alone = accumlib.measure_step(MLP(), X[:4], Y[:4], optimizer=torch.optim.SGD(single.parameters(), lr=0.5),
+                                  accum_steps=3)
+    for wrap, result in results.items():
+        assert result.wrap == wrap and result.micro_batches == (3, 3, 3, 3, 1) * 2
+        assert accumlib.parameter_gap(result.state, single) <= 1e-10
+        assert result.losses == pytest.approx([r.loss for r in history], abs=1e-12)
+        assert len(result.memory) == 2 and all(isinstance(r, accumlib.MemoryReport) for r in result.memory)
+    assert results["ddp"].allreduces == (1,) * 10 and results["fsdp2"].allreduces == ()
+    for report in results["ddp"].memory:
+        assert report.peak == alone.peak + weights and report.gradients == alone.gradients + weights
+        assert report.parameters == weights
+    shards = [report.parameters for report in results["fsdp2"].memory]
+    assert shards == [weights // 2] * 2
+    assert len({report.peak for report in results["fsdp2"].memory}) == 1  # the busiest process's, on every one
+    assert all(sum(r.categories().values()) == r.peak for wrap in results for r in results[wrap].memory)
+
+
 def test_progress_reaches_every_step_of_every_run_in_order(job):
     _results, progress, *_ = job
     total = 10 + 10 + 6 + 8
@@ -186,6 +211,8 @@ def running(pid: int) -> bool:
     (dict(data=[X, Y]), TypeError, ["data", "list"]),
     (dict(builder=models.mlp()), TypeError, ["builder"]),
     (dict(train_options=dict(seed=3)), ValueError, ["train_options", "seed"]),
+    (dict(wrap="fsdp"), ValueError, ["wrap", "'fsdp'", "'ddp'", "'fsdp2'"]),
+    (dict(measure_memory=1), TypeError, ["measure_memory", "1"]),
 ])
 def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
     arguments = dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change
@@ -274,3 +301,25 @@ def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_p
     assert done.returncode != 0 and not marker.exists()
     assert (f"PermissionError: {job} is not a job that accumlib.distributed.launch() started: its job.pt is not "
             f"signed with the key launch() gives its own processes ({distributed._KEY})") in done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX: a process is probed with os.kill(pid, 0)")
+def test_the_job_folder_of_a_launcher_that_is_gone_is_collected_by_the_next_launch(tmp_path, monkeypatch):
+    """A kernel killed with SIGKILL leaves its job folder (the pickled job and its data); the next launch() removes
+    the folders whose launcher.pid names no living process, and keeps the others."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    folders = {name: tmp_path / f"accumlib-ddp-{name}" for name in ("gone", "alive", "no pid", "other name")}
+    for name, folder in folders.items():
+        folder.mkdir()
+        (folder / "job.pt").write_bytes(b"the job")
+    (folders["gone"] / "launcher.pid").write_text(ended.stdout.strip())  # a process that has ended and been reaped
+    (folders["alive"] / "launcher.pid").write_text(str(os.getpid()))
+    folders["other name"].rename(tmp_path / "other-name")
+    (tmp_path / "other-name" / "launcher.pid").write_text(ended.stdout.strip())
+    distributed._collect_stale()
+    assert not folders["gone"].exists()
+    assert folders["alive"].exists() and folders["no pid"].exists() and (tmp_path / "other-name").exists()

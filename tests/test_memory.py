@@ -353,6 +353,20 @@ try:
 except memory.OutOfMemory as error:
     out["too small"] = [error.needed_bytes, error.available_bytes]
 out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, model.module.state_dict().values()))
+# each process its own batch shapes: rank 1's do not fit a budget between the two peaks, rank 0's do
+rows = [2, 200]
+peaks = [memory.check_fits(build().module, torch.optim.SGD(build().parameters(), lr=0.1), X.repeat(5, 1)[:n],
+                           Y.repeat(5)[:n], accum_steps=3, budget_bytes=2 ** 40).peak for n in rows]
+uneven = [(X.repeat(5, 1)[:rows[rank]], Y.repeat(5)[:rows[rank]])] * 6
+model = build()
+try:
+    accumlib.train(model, uneven, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=3,
+                   memory_budget=sum(peaks) // 2, device="cpu")
+    out["uneven"] = "trained"
+except Exception as error:
+    out["uneven"] = f"{type(error).__name__}: {error}"
+out["uneven budget"] = sum(peaks) // 2
+out["uneven unchanged"] = all(torch.equal(a, b) for a, b in zip(before, model.module.state_dict().values()))
 with open(sys.argv[2] + f".{rank}", "w") as f:
     json.dump(out, f)
 gc.collect()
@@ -364,7 +378,8 @@ def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_pat
     """2 gloo processes: train(DDP(model), memory_budget=...) trains bit for bit as without the budget, for (X, y)
     and a list of batches (before: INTERNAL ASSERT FAILED at c10d/comm.cpp from the trace running DDP's hook);
     the peak is the module's plus DDP's gradient buckets (the sizes DDP itself reports; none when the .grad are
-    views of them); a budget too small stops both processes with OutOfMemory before anything changes."""
+    views of them); a budget too small stops both processes with OutOfMemory before anything changes; a
+    process whose own batches do not fit stops the other, which says which rank and why."""
     from test_pipeline import run_on_two_processes
 
     run_on_two_processes(DDP_BUDGET_WORKER, tmp_path, str(tmp_path / "out"), timeout=180)
@@ -376,4 +391,11 @@ def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_pat
         assert buckets == gradients == reported == 8 * (6 * 16 + 16 + 16 * 3 + 3)
         assert out["view=True"] == [0, 0, 0]
         assert out["too small"] == [out["peak, view=False"], 1000]
-        assert out["unchanged"]
+        assert out["unchanged"] and out["uneven unchanged"]
+    ours, theirs = (json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2))
+    budget = ours["uneven budget"]
+    assert theirs["uneven"].startswith("OutOfMemory: out of memory: the cycle of step 1 (epoch 0, 3 batches, 600 "
+                                       "samples) needs ")
+    assert ours["uneven"] == (f"ValueError: the cycle of the process of rank 1 does not fit memory_budget={budget} "
+                              f"for step 1 (epoch 0): process 1: {theirs['uneven']}. This process (rank 0) stops "
+                              f"with it, before this step changes anything")

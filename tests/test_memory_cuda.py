@@ -29,9 +29,9 @@ class FakeCuda:
     """The torch.cuda calls cuda_budget and step_peak make, on a pretend 80 GiB card: reserved and allocated bytes
     as set, every memory-fraction call recorded."""
 
-    def __init__(self, monkeypatch, *, reserved=300 * MIB, allocated=0, peak=0):
+    def __init__(self, monkeypatch, *, reserved=300 * MIB, allocated=0, peak=0, fraction=1.0):
         self.reserved, self.allocated, self.peak, self.fractions, self.workspaces = reserved, allocated, peak, [], 0
-        self.total = 80 * 2**30
+        self.total, self.fraction = 80 * 2**30, fraction  # the fraction in force (1.0: none set)
         for name, value in {
             "synchronize": lambda device=None: None,
             "memory_reserved": lambda device=None: self.reserved,
@@ -39,11 +39,16 @@ class FakeCuda:
             "max_memory_allocated": lambda device=None: self.peak,
             "reset_peak_memory_stats": lambda device=None: None,
             "get_device_properties": lambda device=None: type("Properties", (), {"total_memory": self.total}),
-            "set_per_process_memory_fraction": lambda fraction, device=None: self.fractions.append(fraction),
+            "set_per_process_memory_fraction": self.set_fraction,
+            "get_per_process_memory_fraction": lambda device=None: self.fraction,
         }.items():
             monkeypatch.setattr(torch.cuda, name, value)
         monkeypatch.setattr(memory, "_take_workspaces", lambda device: setattr(self, "workspaces",
                                                                                self.workspaces + 1))
+
+    def set_fraction(self, fraction, device=None):
+        self.fraction = fraction
+        self.fractions.append(fraction)
 
 
 CUDA = torch.device("cuda")
@@ -68,6 +73,22 @@ def test_a_budget_a_real_card_can_honour_caps_the_allocator_above_what_it_holds_
         assert cuda.fractions == [(300 * MIB + budget + 2 * MIB + 20 * MIB) / cuda.total]
     assert cuda.fractions[-1] == 1.0  # lifted: a later run in the process is not capped
     assert memory.cuda_budget(torch.device("cpu"), budget).__enter__() is None  # the CPU: nothing to cap
+
+
+@pytest.mark.parametrize("callers", [0.5, 0.001])
+def test_the_callers_memory_fraction_is_put_back_and_never_loosened(monkeypatch, callers):
+    # 0.5 of 80 GiB is looser than the budget's cap (386 MiB): the cap holds inside; 0.001 (82 MB) is tighter: it
+    # stays. Either way the caller's fraction is in force again after the block, on an error too.
+    budget = 64 * MIB
+    cuda = FakeCuda(monkeypatch, reserved=300 * MIB, fraction=callers)
+    cap = (300 * MIB + budget + 2 * MIB + 20 * MIB) / cuda.total
+    with memory.cuda_budget(CUDA, budget):
+        assert cuda.fraction == min(cap, callers)
+    assert cuda.fraction == callers
+    with pytest.raises(memory.OutOfMemory):
+        with memory.cuda_budget(CUDA, budget):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+    assert cuda.fractions == [min(cap, callers), callers] * 2
 
 
 def test_the_allocators_out_of_memory_becomes_accumlibs_naming_the_budget(monkeypatch):

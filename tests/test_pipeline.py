@@ -456,11 +456,12 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     assert result["samples"] == [24, 5] * 2
     assert result["micro_batches"] == [4, 2] * 2  # process 0's; process 1 has one real and one padding in step 2
     assert accumlib.parameter_gap(result["state"], reference.state_dict()) < TOLERANCE
-    # per step, Python-level all-reduces: the cycle's batch counts (7 values: samples, and each process's batches,
-    # whether it failed fetching and whether it never had a batch), its loss terms (4: terms, bad counts and each
-    # process's failure flag) once, the failure flags before the backward that all-reduces (2), and the loss (1); a
-    # short cycle (fewer than accum_steps batches on every process) ends the epoch without another
-    assert result["sizes"] == [7, 4, 2, 1] * 4
+    # Python-level all-reduces: once before the run, the loaders' lengths (2 values: the longest, and whether one
+    # has none); per step the cycle's batch counts (7 values: samples, and each process's batches, whether it
+    # failed fetching and whether it never had a batch), its loss terms (4: terms, bad counts and each process's
+    # failure flag) once, the failure flags before the backward that all-reduces (2), and the loss (1); a short
+    # cycle (fewer than accum_steps batches on every process) ends the epoch without another
+    assert result["sizes"] == [2] + [7, 4, 2, 1] * 4
 
 
 def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
@@ -560,7 +561,8 @@ good = [(torch.randn(2, 6), torch.zeros(2, dtype=torch.long)) for _ in range(4)]
 if rank == 1:  # the other process's data is as rank 0's but for what the case breaks
     scalar = (torch.zeros(()), torch.zeros(()))  # a batch without a batch dimension: refused as its cycle comes
     good = {"bad batch": good[:3] + [scalar], "no batch": [], "loader error": good[:3] + [None],
-            "list: empty": [], "list: a bad item": good[:1] + [None] + good[2:]}[case]
+            "list: empty": [], "list: a bad item": good[:1] + [None] + good[2:],
+            "list: shorter, resumed": good[:2]}[case]
 
 
 def batches(items):  # a stream (no len()): each batch is checked as its cycle is fetched
@@ -573,7 +575,9 @@ def batches(items):  # a stream (no len()): each batch is checked as its cycle i
 model = DistributedDataParallel(torch.nn.Linear(6, 3))
 try:
     data = good if case.startswith("list") else batches(good)  # a list: every item checked before the run
-    accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, device="cpu")
+    resume = int(case == "list: shorter, resumed")  # 2 steps for process 0, 1 alone for process 1
+    accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, device="cpu",
+                   resume_from_step=resume)
     outcome = "trained"
 except Exception as error:
     outcome = f"{type(error).__name__}: {error}"
@@ -584,7 +588,8 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item"])
+@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item",
+                                  "list: shorter, resumed"])
 def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch; a list that is
     empty or holds a bad item) stops, and the others stop at the same cycle with a message that says which process
@@ -594,8 +599,9 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
     bad_item = ("TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
                 "inputs, or a dict of model inputs, got None of type NoneType")
-    failed = "ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
-    stops = " (rank 1). This process (rank 0) stops with it, before this step changes anything"
+    failed = ("ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
+              "process 1: ")
+    stops = ". This process (rank 0) stops with it, before this step changes anything"
     no_batch = ("ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
                 "ValueError: data gave this process (rank 1) no batch while another process has some")
     scalar = ("TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be "
@@ -604,7 +610,9 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
                 "no batch": no_batch, "list: empty": no_batch,
                 "loader error": (failed.format(step=2) + "OSError: the disk went away" + stops,
                                  "OSError: the disk went away"),
-                "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item)}[case]
+                "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item),
+                # the run's steps are the longer list's on both: neither refuses resume_from_step=1 alone
+                "list: shorter, resumed": ("trained", "trained")}[case]
     assert ours.startswith(expected[0]) and theirs.startswith(expected[1]), (ours, theirs)
 
 

@@ -4,6 +4,8 @@ buffer and for one with BatchNorm; the buffer snapshot holds only what a skipped
 
 Bytes are exact integers on the CPU (live tensor storages), so every comparison is ==.
 """
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -232,6 +234,20 @@ def test_a_buffer_first_changed_in_a_skipped_cycle_is_named_and_kept_from_then_o
     assert model.passes == 2  # said, not hidden: it could not be put back
     assert accumlib.accumulate_and_step(model, sgd, bad, [0.5, 0.5]).skipped  # now it is copied: no warning
     assert model.passes == 2
+
+
+def test_a_buffer_remembered_as_changing_is_forgotten_with_its_model():
+    from accumlib import cycle
+    model = Counting()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    bad = [(torch.full_like(X[:8], float("nan")), Y[:8])]
+    with pytest.warns(RuntimeWarning, match="changed the buffer\\(s\\) passes"):
+        accumlib.accumulate_and_step(model, sgd, bad, [1.0])
+    key = id(model.passes)
+    assert cycle._CHANGED[key]() is model.passes  # copied from the next cycle on
+    del model, sgd
+    gc.collect()
+    assert key not in cycle._CHANGED  # the module keeps nothing of a model that is gone
 
 
 class Stacked(nn.Module):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from accumlib.lessons import models
+from accumlib import MemoryReport
 from accumlib.distributed import DDPResult
 from accumlib.lessons.show import ddp
 
@@ -83,3 +84,63 @@ def test_progress_bar_appears_once_at_the_first_report_and_follows_the_steps(mon
     assert (bar.bar.value, bar.bar.max, bar.label.value) == (5, 20, "optimizer step 5 of 20")
     bar(20, 20)
     assert bar.label.value == "done: 20 optimizer steps" and shown == [bar]
+
+
+def report(peak: int, parameters: int, gradients: int, optimizer_state: int = 0):
+    """A process's MemoryReport whose categories add up to `peak` (the rest in activations)."""
+    rest = peak - parameters - gradients - optimizer_state
+    return MemoryReport(device="cpu", method="measured", micro_batch_size=4, accum_steps=3, peak=peak,
+                        peak_phase="backward", parameters=parameters, gradients=gradients, incoming_gradients=0,
+                        optimizer_state=optimizer_state, optimizer_temporaries=0, inputs=0, activations=rest,
+                        activation_gradients=0, other=0)
+
+
+def wrapped(wrap: str, reports, state=None) -> DDPResult:
+    return DDPResult(world_size=2, micro_batch_size=4, accum_steps=3, no_sync=True, allreduces=(),
+                     micro_batches=(3,), state=state or {}, losses=(1.0,), wrap=wrap, memory=tuple(reports))
+
+
+def test_fsdp2_weights_prints_the_bound_both_runs_passed_or_each_difference(capsys):
+    single = models.mlp(dtype=torch.float64)
+    state = {k: v.clone() for k, v in single.state_dict().items()}
+    rounded = {k: v + (1e-15 if k == "0.bias" else 0) for k, v in state.items()}
+    gaps = ddp.fsdp2_weights({"ddp": wrapped("ddp", (), state), "fsdp2": wrapped("fsdp2", (), rounded)}, single)
+    assert gaps["ddp"] == 0 and 0 < gaps["fsdp2"] <= ddp.FLOAT64_ROUNDING
+    assert capsys.readouterr().out == ("Under FSDP2, as under DDP, the processes end with the weights of one process "
+                                       "trained on batches of 24: they differ by at most 1.0e-12 (float64 "
+                                       "rounding).\n")
+    shifted = {k: v + (1e-3 if k == "0.bias" else 0) for k, v in state.items()}
+    gaps = ddp.fsdp2_weights({"ddp": wrapped("ddp", (), state), "fsdp2": wrapped("fsdp2", (), shifted)}, single)
+    assert gaps["fsdp2"] == pytest.approx(1e-3)
+    assert "batches of 24: 0.0e+00 under DDP, 1.0e-03 under FSDP2." in capsys.readouterr().out
+
+
+def test_memory_per_process_a_column_per_process_and_the_findings_from_the_bytes(capsys):
+    results = {"ddp": wrapped("ddp", [report(1000, 300, 600)] * 2),
+               "fsdp2": wrapped("fsdp2", [report(800, 150, 400), report(800, 150, 400)])}
+    assert ddp.memory_per_process(results) == {"ddp": (1000, 1000), "fsdp2": (800, 800)}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["bytes", "per", "process", "DDP,", "process", "0", "DDP,", "process", "1", "FSDP2,",
+                                "process", "0", "FSDP2,", "process", "1"]
+    assert [line.split()[-4:] for line in lines[1:6]] == [["300", "300", "150", "150"], ["600", "600", "400", "400"],
+                                                         ["0", "0", "0", "0"], ["100", "100", "250*", "250*"],
+                                                         ["1,000", "1,000", "800*", "800*"]]
+    assert len({len(line) for line in lines[:6]}) == 1  # every column right-aligned, the marked ones too
+    assert lines[6] == ("Under DDP every process holds all the weights (300 bytes); under FSDP2 each holds its shard, "
+                        "1/2 of them (150 bytes).")
+    assert lines[7] == "The busiest process's peak is lower under FSDP2: 800* bytes against 1,000 under DDP."
+    assert lines[8].startswith("* Under FSDP2 the peak, and so the rest of the step, moves from run to run")
+
+
+def test_memory_per_process_states_uneven_shards_and_a_peak_that_is_not_lower_plainly(capsys):
+    results = {"ddp": wrapped("ddp", [report(1000, 300, 600)] * 2),
+               "fsdp2": wrapped("fsdp2", [report(1200, 160, 400), report(1100, 140, 400)])}
+    ddp.memory_per_process(results)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3] == "Weights per process: 300, 300 bytes under DDP, 160, 140 under FSDP2."
+    assert lines[-2] == "The busiest process's peak is not lower under FSDP2: 1,200* bytes against 1,000 under DDP."
+
+
+def test_memory_per_process_refuses_runs_that_measured_nothing():
+    with pytest.raises(ValueError, match="results: a run without memory reports; pass the results of compare_fsdp2"):
+        ddp.memory_per_process({"ddp": wrapped("ddp", []), "fsdp2": wrapped("fsdp2", [report(1, 1, 0)] * 2)})

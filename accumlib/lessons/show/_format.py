@@ -46,9 +46,9 @@ def width(text: str) -> int:
 
 
 def _numeric(cell: str) -> bool:
-    """Whether a table cell reads as a number ('1,912,152', '< 1.0e-12', '0.25x', '33%'): such columns are
-    right-aligned."""
-    return (cell.removeprefix("< ").replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
+    """Whether a table cell reads as a number ('1,912,152', '< 1.0e-12', '0.25x', '33%', '131,032*' with a
+    footnote's mark): such columns are right-aligned."""
+    return (cell.removeprefix("< ").removesuffix("*").replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
             .replace("e", "").replace("+", "").strip().isdigit())
 
 

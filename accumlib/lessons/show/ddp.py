@@ -12,6 +12,7 @@ from ...i18n import _, ngettext
 from ...loop import parameter_gap
 from .._view import view_bundle
 from ._format import FLOAT64_ROUNDING, print_table
+from .memory import category_name
 
 
 def effective_batch(*, micro_batch_size: int, accum_steps: int, processes: int, samples: int) -> int:
@@ -120,3 +121,69 @@ def same_weights(results: dict, single) -> dict[bool, float]:
                 "no_sync(), {with_no_sync:.1e} with it.").format(batch=batch, without=gaps[False],
                                                                  with_no_sync=gaps[True]))
     return gaps
+
+
+def fsdp2_weights(results: dict, single) -> dict[str, float]:
+    """The DDP run's and the FSDP2 run's final weights (`distributed.compare_fsdp2`) against one process that
+    trained on whole effective batches (`single`, a model or state dict); prints the finding, returns
+    {"ddp": difference, "fsdp2": difference}."""
+    gaps = {wrap: parameter_gap(result.state, single) for wrap, result in results.items()}
+    result = results["fsdp2"]
+    batch = result.micro_batch_size * result.accum_steps * result.world_size
+    if all(gap <= FLOAT64_ROUNDING for gap in gaps.values()):  # the bound, not the digits: they vary with the CPU
+        print(_("Under FSDP2, as under DDP, the processes end with the weights of one process trained on batches of "
+                "{batch}: they differ by at most {gap:.1e} (float64 rounding).").format(batch=batch,
+                                                                                     gap=FLOAT64_ROUNDING))
+    else:
+        print(_("Largest weight difference from one process trained on batches of {batch}: {ddp:.1e} under DDP, "
+                "{fsdp2:.1e} under FSDP2.").format(batch=batch, ddp=gaps["ddp"], fsdp2=gaps["fsdp2"]))
+    return gaps
+
+
+# the categories lesson 9 shows one by one; the rest of a step's peak (the micro-batch, what backward computes,
+# the weights FSDP2 gathers, DDP's buckets' incoming copies) is one row
+_OWN_ROWS = ("parameters", "gradients", "optimizer state")
+
+
+def _moving(wrap: str, nbytes: int) -> str:
+    """Bytes as lesson 9 prints them: under FSDP2 a peak (or what depends on it) marked with "*", the footnote that
+    says it moves from run to run (notebooks/sanitize.cfg masks such digits)."""
+    return f"{nbytes:,}*" if wrap == "fsdp2" else f"{nbytes:,}"
+
+
+def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
+    """What each process holds in one step under DDP and under FSDP2 (`distributed.compare_fsdp2`: every process
+    measured itself with `measure_step`): a table of bytes, one column per process of each run, and the findings
+    on the weights and the peak. FSDP2's peak is marked "*": it moves by a collective's buffer from run to run.
+    Returns {"ddp": peaks by rank, "fsdp2": peaks by rank}."""
+    columns = [(wrap, rank, report) for wrap in ("ddp", "fsdp2") for rank, report in enumerate(results[wrap].memory)]
+    if not all(results[wrap].memory for wrap in ("ddp", "fsdp2")):
+        raise ValueError(_("results: a run without memory reports; pass the results of compare_fsdp2, whose "
+                           "processes measure their memory"))
+    rows = [[category_name(name), *(f"{report.categories()[name]:,}" for _wrap, _rank, report in columns)]
+            for name in _OWN_ROWS]
+    rest = [(wrap, report.peak - sum(report.categories()[name] for name in _OWN_ROWS))
+            for wrap, _rank, report in columns]
+    rows.append([_("the rest of the step"), *(_moving(wrap, nbytes) for wrap, nbytes in rest)])
+    rows.append([_("peak"), *(_moving(wrap, report.peak) for wrap, _rank, report in columns)])
+    header = [_("{wrap}, process {rank}").format(wrap=wrap.upper(), rank=rank) for wrap, rank, _report in columns]
+    print_table([_("bytes per process"), *header], rows)
+    ddp, fsdp2 = results["ddp"].memory, results["fsdp2"].memory
+    world = len(fsdp2)
+    whole, shards = ddp[0].parameters, [report.parameters for report in fsdp2]
+    if all(report.parameters == whole for report in ddp) and sum(shards) == whole and len(set(shards)) == 1:
+        print(_("Under DDP every process holds all the weights ({whole:,} bytes); under FSDP2 each holds its shard, "
+                "1/{world} of them ({shard:,} bytes).").format(whole=whole, world=world, shard=shards[0]))
+    else:
+        print(_("Weights per process: {ddp} bytes under DDP, {fsdp2} under FSDP2.").format(
+            ddp=", ".join(f"{r.parameters:,}" for r in ddp), fsdp2=", ".join(f"{s:,}" for s in shards)))
+    ddp_peak, fsdp2_peak = max(r.peak for r in ddp), max(r.peak for r in fsdp2)
+    if fsdp2_peak < ddp_peak:
+        print(_("The busiest process's peak is lower under FSDP2: {fsdp2} bytes against {ddp:,} under DDP.").format(
+            fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak))
+    else:
+        print(_("The busiest process's peak is not lower under FSDP2: {fsdp2} bytes against {ddp:,} under "
+                "DDP.").format(fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak))
+    print(_("* Under FSDP2 the peak, and so the rest of the step, moves from run to run by up to one collective's "
+            "buffer: gloo frees a reduce-scatter's input in a thread of its own, at a moment of its own."))
+    return {wrap: tuple(report.peak for report in results[wrap].memory) for wrap in ("ddp", "fsdp2")}
