@@ -48,8 +48,8 @@ def width(text: str) -> int:
 def _numeric(cell: str) -> bool:
     """Whether a table cell reads as a number ('1,912,152', '< 1.0e-12', '0.25x', '33%', '131,032*' with a
     footnote's mark): such columns are right-aligned."""
-    return (cell.removeprefix("< ").removesuffix("*").replace(",", "").replace(".", "").replace("x", "").replace("%", "").replace("-", "")
-            .replace("e", "").replace("+", "").strip().isdigit())
+    return (cell.removeprefix("< ").removesuffix("*").replace(",", "").replace(".", "").replace("x", "")
+            .replace("%", "").replace("-", "").replace("e", "").replace("+", "").strip().isdigit())
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: str = "right") -> str:
