@@ -15,7 +15,7 @@ WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
 EDITION ?= en
 
-.PHONY: lab app test test-fast test-portable site notebooks translations bench gpu-check clean
+.PHONY: lab app test test-fast lint test-portable site notebooks translations bench gpu-check clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -54,6 +54,9 @@ test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, th
 # the editions, the website and the browser.
 test-fast: $(VENV)/.installed  ## the library's tests without the slow ones (under a minute)
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests/library -m "not slow" -p no:cacheprovider -q
+
+lint: $(VENV)/.installed  ## ruff's checks (pyproject.toml [tool.ruff]: E, F, W, B at 120 columns; notebooks left out)
+	$(VENV)/bin/ruff check .
 
 # The notebooks' stored outputs on every kind of CPU a learner has: torch's kernels without vector extensions
 # (default), with AVX2 and, where this CPU has it, with AVX-512, each at one thread and at two; every run is reported

@@ -13,7 +13,7 @@ from .loop import History, StepRecord, StopTraining, gradient_gap, parameter_gap
 from .memory import FitPlan, MemoryReport, OutOfMemory, fit_batch, measure_step
 from .timing import TimingReport, time_config
 
-__all__ = ["set_language", "language", "accumulate_and_step", "CycleOptions", "CycleResult", "train", "History", "StepRecord",
-           "StopTraining", "NonFiniteError", "gradient_gap", "parameter_gap", "measure_step", "MemoryReport",
-           "fit_batch", "FitPlan", "OutOfMemory", "time_config", "TimingReport"]
+__all__ = ["set_language", "language", "accumulate_and_step", "CycleOptions", "CycleResult", "train", "History",
+           "StepRecord", "StopTraining", "NonFiniteError", "gradient_gap", "parameter_gap", "measure_step",
+           "MemoryReport", "fit_batch", "FitPlan", "OutOfMemory", "time_config", "TimingReport"]
 __version__ = "0.2.0"

@@ -153,7 +153,7 @@ def _check_weights(loss_weights, dtype: torch.dtype = torch.float64) -> None:
             values.append((i, weight, weight))
     if tensors:
         read = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
-        for (i, weight), value in zip(tensors, read):
+        for (i, weight), value in zip(tensors, read, strict=True):
             if not 0 <= value < math.inf:
                 raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or "
                                    "0-d real tensors), one per micro-batch").format(i=i, value=weight))
@@ -226,7 +226,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     After a skipped cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C),
     the weights, the optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the
     optimizer's parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not
-    hold is not the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it alone).
+    hold is not the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it
+    alone).
     Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
     scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
     reads the device once: the loss and the norm together. Every argument is checked first (types, one finite

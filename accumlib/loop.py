@@ -276,7 +276,8 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
         one_of("loss_reduction", loss_reduction, ("mean", "sum"))
         if normalize == "steps":
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
-                               "divides every loss by accum_steps, whatever its reduction").format(value=loss_reduction))
+                               "divides every loss by accum_steps, whatever its reduction").format(
+                                   value=loss_reduction))
     elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights too
         raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
                            "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
@@ -423,8 +424,9 @@ def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     the run's random state."""
     with checkpoints.random_states_kept():
         batches = [_as_pair(batch) for batch in cycle.raw()]  # a loader's 0-row batches too, in order
-    return ([batch for batch, size in zip(batches, cycle.sizes) if size],
-            [weight for weight, size in zip(weights, cycle.sizes) if size])
+    # strict=False: raw() stops before the padding micro-batches (size 0) that end cycle.sizes under DDP
+    return ([batch for batch, size in zip(batches, cycle.sizes, strict=False) if size],
+            [weight for weight, size in zip(weights, cycle.sizes, strict=True) if size])
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
@@ -555,7 +557,7 @@ def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_sample
         shares = [(size if reduction == "mean" else 1.0 if size else 0.0) / cycle_samples for size in sizes]
     else:  # "count": a mean over its terms, the micro-batch's share of the cycle's terms; a sum: 1 per term
         shares = [(n if reduction == "mean" else 1.0) / total_terms if size and n else 0.0
-                  for size, n in zip(sizes, terms)]
+                  for size, n in zip(sizes, terms, strict=True)]
     # DDP averages the gradients of its `world` processes; times `world`, that mean becomes the sum of every
     # process's shares, which add up to the whole cycle (on one process world is 1)
     return [world * share for share in shares]
@@ -604,7 +606,7 @@ class _Samples:
             if len(data) != 2:
                 raise TypeError(_("data must be a Dataset or a tuple (X, y) of two tensors, got a {type} of {n} "
                                   "items").format(type=type(data).__name__, n=len(data)))
-            for name, tensor in zip(("data[0] (X)", "data[1] (y)"), data):
+            for name, tensor in zip(("data[0] (X)", "data[1] (y)"), data, strict=True):
                 _refuse_dict(tensor, name)
                 if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
                     raise TypeError(_("data must be a tuple (X, y) of two tensors with one row per sample; {name} "
@@ -747,7 +749,7 @@ class _Indexed:
 
 def _real_batches(fetch: Callable, indices: list, sizes: list[int]):
     """A cycle's real micro-batches (padding left out), fetched as they are iterated."""
-    return map(fetch, [idx for idx, size in zip(indices, sizes) if size])
+    return map(fetch, [idx for idx, size in zip(indices, sizes, strict=True) if size])
 
 
 class _Plan:
@@ -1140,8 +1142,8 @@ def gradient_gap(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: 
     with _BuffersKept(model) as buffers, torch.random.fork_rng(devices=[]):
         full = gradient(x, y, 1.0)
         accumulated = [torch.zeros_like(p) for p in params]
-        for xs, ys in zip(torch.tensor_split(x, accum_steps), torch.tensor_split(y, accum_steps)):
+        for xs, ys in zip(torch.tensor_split(x, accum_steps), torch.tensor_split(y, accum_steps), strict=True):
             share = {"samples": len(xs) / len(x), "steps": 1 / accum_steps, "none": 1.0}[normalize]
             torch._foreach_add_(accumulated, gradient(xs, ys, share))
         buffers.restore()
-    return _max_abs_difference(zip(accumulated, full))
+    return _max_abs_difference(zip(accumulated, full, strict=True))

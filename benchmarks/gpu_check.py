@@ -187,8 +187,8 @@ def amp(device: torch.device, options) -> tuple[str, list[str]]:
         finite = all(math.isfinite(r.loss) for r in history)
         skipped = sum(r.skipped for r in history)
         ok &= finite and skipped < len(history) // 2
-        lines.append(f"{label}: {len(history)} steps, {skipped} skipped, every loss finite: {'yes' if finite else 'no'}, "
-                     f"final loss {history[-1].loss:.3f}")
+        lines.append(f"{label}: {len(history)} steps, {skipped} skipped, every loss finite: "
+                     f"{'yes' if finite else 'no'}, final loss {history[-1].loss:.3f}")
     if not bf16:
         lines.append("bf16: skipped, this GPU has no native bf16 (accumlib.devices.supports_bf16)")
     return ("ok" if ok else "FAILED"), lines
@@ -228,7 +228,7 @@ def overhead(device: torch.device, options) -> tuple[str, list[str]]:
     m, k = 16, 4
 
     def hand_written(model, optimizer):
-        for step, (xb, yb) in enumerate(zip(X.split(m), y.split(m))):
+        for step, (xb, yb) in enumerate(zip(X.split(m), y.split(m), strict=True)):
             loss = torch.nn.functional.cross_entropy(model(xb), yb) / k
             loss.backward()
             if (step + 1) % k == 0:

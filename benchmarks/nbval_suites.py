@@ -104,8 +104,9 @@ def report(result: dict) -> str:
         suite = result[name]
         verdict = "" if suite["passed"] else f"  FAILED: {suite['summary']}"
         runs = ", ".join(f"{s:.0f}" for s in suite["runs_s"])
-        lines.append(f"   {name:<7}{suite['median_s']:6.1f} s (runs: {runs} s)  {len(suite['notebooks']):2d} notebooks, "
-                     f"{suite['counts'].get('passed', 0):3d} cells passed ({how}){verdict}")
+        lines.append(f"   {name:<7}{suite['median_s']:6.1f} s (runs: {runs} s)  "
+                     f"{len(suite['notebooks']):2d} notebooks, {suite['counts'].get('passed', 0):3d} cells passed "
+                     f"({how}){verdict}")
     lines.append(f"   ratio now / before: {result['ratio']:.2f} (target <= 1)")
     return "nbval notebook suite, median of " + f"{len(result['now']['runs_s'])} run(s) each:\n" + "\n".join(lines)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -104,11 +105,11 @@ def step_seconds(loops: dict, build, X, y, m: int, k: int, rounds: int) -> dict[
     times = {name: [] for name in loops}
     for repeat in range(rounds + 1):
         order = list(loops.items())
-        for name, loop in (order if repeat % 2 else order[::-1]):
+        for name, train_loop in (order if repeat % 2 else order[::-1]):
             model = build().to(X.device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
             started = clock(X.device)
-            loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
+            train_loop(model, X, y, optimizer, m, k, torch.Generator().manual_seed(repeat))
             if repeat:
                 times[name].append((clock(X.device) - started) / steps)
     return times
@@ -164,7 +165,8 @@ def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool,
     accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m, accum_steps=k,
                    epochs=epochs, on_step=on_step, device=device, **train_options)
     base = times.pop("hand-written")
-    return {name: [a / b for a, b in zip(t, base)] for name, t in times.items()} | {"hand-written seconds": base}
+    return ({name: [a / b for a, b in zip(t, base, strict=True)] for name, t in times.items()}
+            | {"hand-written seconds": base})
 
 
 def traced_cycle_cost(device: torch.device, k: int = 4) -> tuple[int, float]:
@@ -187,14 +189,14 @@ def host_reads(loops: dict, device: torch.device) -> dict[int, dict]:
     for k in ACCUM_STEPS:
         m, steps = EFFECTIVE_BATCH // k, len(X) // EFFECTIVE_BATCH
         row = {}
-        for name, loop in loops.items():
+        for name, train_loop in loops.items():
             model = models.cnn(seed=0).to(device)
             with HostReads() as reads:
-                loop(model, X, y, torch.optim.SGD(model.parameters(), lr=0.05), m, k, torch.Generator())
+                train_loop(model, X, y, torch.optim.SGD(model.parameters(), lr=0.05), m, k, torch.Generator())
             row[name] = reads.count / steps
         at_micro_batch = []
 
-        def counting_loss(output, target):
+        def counting_loss(output, target, *, at_micro_batch=at_micro_batch):  # called in this iteration's train
             at_micro_batch.append(reads.count)
             return torch.nn.functional.cross_entropy(output, target)
 
@@ -202,7 +204,7 @@ def host_reads(loops: dict, device: torch.device) -> dict[int, dict]:
         with HostReads() as reads:
             accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m,
                            accum_steps=k, loss_fn=counting_loss, device=device)
-        inside = sum(b - a for i, (a, b) in enumerate(zip(at_micro_batch, at_micro_batch[1:])) if (i + 1) % k)
+        inside = sum(b - a for i, (a, b) in enumerate(itertools.pairwise(at_micro_batch)) if (i + 1) % k)
         row["accumlib, between micro-batches"] = inside / len(at_micro_batch)
         table[k] = row
     return table
@@ -387,7 +389,7 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
     traced, slower = traced_cycle_cost(device)
     print(f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
           f"{slower:.1f}x a normal cycle's time")
-    overhead = {k: {name: dict(zip(("q1", "median", "q3"), row[name])) for name in compared}
+    overhead = {k: {name: dict(zip(("q1", "median", "q3"), row[name], strict=True)) for name in compared}
                 | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]} for k, row in table.items()}
     if only_first:
         return {"overhead_ratio": overhead, "memory_measured": {"traced_cycles_per_epoch": traced,
@@ -407,7 +409,7 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
           f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
           f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)")
     extras = accumlib_extras_microseconds(device)
-    print(f"   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
+    print("   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
     print(f"   (CNN, micro-batch 64): {sum(extras.values()):.0f} us in all")
     for name, microseconds in extras.items():
         print(f"   {microseconds:>8.1f} us  {name}")

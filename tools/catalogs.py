@@ -5,9 +5,9 @@
 
 Sources of strings: `_()`, `ngettext()`, `pgettext()` and `N_()` in accumlib's Python files (Babel's extractor),
 the English texts of the quiz bank (`accumlib/lessons/quiz/questions.json`, see `quiz_messages`) and the comments
-of the exercises' solutions (`solution_messages`, msgctxt `<ExerciseClass>.solution_code`). A translator edits only the PO files;
-`make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a fuzzy or empty
-translation is shown in English until a translator confirms it.
+of the exercises' solutions (`solution_messages`, msgctxt `<ExerciseClass>.solution_code`). A translator edits only
+the PO files; `make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a
+fuzzy or empty translation is shown in English until a translator confirms it.
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def solution_messages():
             if not isinstance(node, ast.ClassDef):
                 continue
             for item in node.body:
-                if (isinstance(item, ast.Assign) and any(getattr(t, "id", None) == "solution_code" for t in item.targets)
+                if (isinstance(item, ast.Assign)
+                        and any(getattr(t, "id", None) == "solution_code" for t in item.targets)
                         and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)):
                     for token in tokenize.generate_tokens(io.StringIO(item.value.value).readline):
                         if token.type == tokenize.COMMENT and token.string[1:].strip():
@@ -90,7 +91,7 @@ def solution_messages():
 def template() -> Catalog:
     """Every translatable string of the package, as a POT catalogue."""
     catalog = Catalog(domain=DOMAIN, **HEADER)
-    for filename, lineno, message, comments, context in extract_from_dir(
+    for filename, _lineno, message, comments, context in extract_from_dir(
             PACKAGE, keywords=DEFAULT_KEYWORDS, comment_tags=("TRANSLATORS:",), strip_comment_tags=True):
         catalog.add(message, locations=[(f"accumlib/{filename}", None)], auto_comments=comments, context=context)
     for message, context, location in quiz_messages():

@@ -123,7 +123,7 @@ def with_comments(source: str, translated: str, where: str = "a code cell") -> s
         raise ValueError(f"{where}: the translation of its {len(tokens)} comment(s) must be {len(tokens)} line(s), "
                          f"each starting with '#'; got {translated!r}")
     rows = source.splitlines(keepends=True)
-    for token, line in reversed(list(zip(tokens, lines))):  # from the end, so earlier columns stay valid
+    for token, line in reversed(list(zip(tokens, lines, strict=True))):  # from the end, so earlier columns stay valid
         (row, start), (_, end) = token.start, token.end
         rows[row - 1] = rows[row - 1][:start] + line + rows[row - 1][end:]
     return "".join(rows)
@@ -277,8 +277,8 @@ def translation(name: str, language: str) -> Catalog:
 
 def state(entry: Message | None, cell) -> str:
     """Whether a cell's entry (its markdown, its code comments) can be shown: "translated", or why not: "missing"
-    (no entry, or an empty one), "stale" (it translates other English than the cell holds: run make translations), "fuzzy" (the English
-    changed since: a translator must revise it and remove the flag)."""
+    (no entry, or an empty one), "stale" (it translates other English than the cell holds: run make translations),
+    "fuzzy" (the English changed since: a translator must revise it and remove the flag)."""
     if entry is None or not entry.string:
         return "missing"
     if entry.id != translatable(cell):
@@ -422,7 +422,8 @@ def execution_problems(notebook, path: Path) -> list[str]:
     code = [(i, c) for i, c in enumerate(notebook.cells) if c.cell_type == "code" and c.source.strip()]
     for expected, (index, cell) in enumerate(code, start=1):
         if cell.execution_count != expected:
-            found.append(f"{cell_label(path, index, cell)}: execution count {cell.execution_count}, expected {expected}")
+            found.append(f"{cell_label(path, index, cell)}: execution count {cell.execution_count}, "
+                         f"expected {expected}")
         if any(output.output_type == "error" for output in cell.outputs):
             found.append(f"{cell_label(path, index, cell)}: stored error output")
     return found
@@ -439,7 +440,8 @@ def build(language: str) -> list[str]:
         notebook = edition(read_notebook(english_path(name)), translation(name, language), language, stored)
         if _write_if_changed(path, notebook_bytes(notebook)):
             executed = not execution_problems(notebook, path)
-            written.append(f"{path.relative_to(ROOT)}: written ({'outputs kept' if executed else 'run make notebooks'})")
+            written.append(f"{path.relative_to(ROOT)}: written "
+                           f"({'outputs kept' if executed else 'run make notebooks'})")
     for path in sorted(folder.glob("*.ipynb")):
         if path.stem not in lessons():
             path.unlink()

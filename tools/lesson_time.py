@@ -125,7 +125,8 @@ class LessonTime:
         """Whole minutes per part, adding up to `minutes`: reading gets what the others leave."""
         fixed = {"dashboard": self.dashboard_tasks * TASK_MINUTES,
                  "exercise": sum(self.exercise_minutes().values()),
-                 "quiz": self.questions * QUESTION_MINUTES + self.predict_questions * (PREDICT_MINUTES - QUESTION_MINUTES),
+                 "quiz": (self.questions * QUESTION_MINUTES
+                          + self.predict_questions * (PREDICT_MINUTES - QUESTION_MINUTES)),
                  "start": START_MINUTES}
         return {"reading": self.minutes - sum(fixed.values()), **fixed}
 
@@ -385,11 +386,12 @@ def method_text() -> str:
 
 
 def instructors_table(times: list[LessonTime]) -> str:
-    lines = [method_text(), "", "| lesson | total | reading | dashboard tasks | exercise | quick check | prose words | printed words "
-             "| code lines |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [method_text(), "", "| lesson | total | reading | dashboard tasks | exercise | quick check | prose words "
+             "| printed words | code lines |", "|---|---|---|---|---|---|---|---|---|"]
     for t in times:
         p = t.parts
-        exercise = ", ".join(f"{name}: {m} min ({t.exercise_lines[name]} line{'s' if t.exercise_lines[name] > 1 else ''})"
+        exercise = ", ".join(f"{name}: {m} min "
+                             f"({t.exercise_lines[name]} line{'s' if t.exercise_lines[name] > 1 else ''})"
                              for name, m in t.exercise_minutes().items()) or "-"
         quiz = (f"{t.questions} q ({t.predict_questions} predict): {p['quiz']} min" if t.predict_questions
                 else f"{t.questions} q: {p['quiz']} min") if t.questions else "-"

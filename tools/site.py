@@ -185,25 +185,30 @@ class StaticWidgets:
                 low, high, value = s.get("min", 0), s.get("max", 100), s.get("value", 0)
                 shown = value
             return (f'<label class="sw-slider">{label}<input type="range" disabled min="{low}" max="{high}" '
-                    f'value="{value}" step="{s.get("step", 1) or 1}"><output>{html.escape(str(shown))}</output></label>')
+                    f'value="{value}" step="{s.get("step", 1) or 1}">'
+                    f'<output>{html.escape(str(shown))}</output></label>')
         if name == "CheckboxModel":
             checked = " checked" if s.get("value") else ""
-            return f'<label class="sw-check"><input type="checkbox" disabled{checked}>{html.escape(description)}</label>'
+            return (f'<label class="sw-check"><input type="checkbox" disabled{checked}>'
+                    f'{html.escape(description)}</label>')
         if name in ("RadioButtonsModel", "ToggleButtonsModel", "DropdownModel", "SelectModel"):
             index = s.get("index")
             options = "".join(
                 f'<label class="sw-option"><input type="radio" disabled{" checked" if i == index else ""}>'
                 f'{html.escape(str(text))}</label>' for i, text in enumerate(s.get("_options_labels", [])))
             kind = "sw-toggles" if name == "ToggleButtonsModel" else "sw-options"
-            return f'<fieldset class="{kind}" disabled>{f"<legend>{html.escape(description)}</legend>" if description else ""}{options}</fieldset>'
+            legend = f"<legend>{html.escape(description)}</legend>" if description else ""
+            return f'<fieldset class="{kind}" disabled>{legend}{options}</fieldset>'
         if name == "ButtonModel":
             return f'<button class="sw-button" type="button" disabled>{html.escape(description)}</button>'
         if name in ("TextModel", "TextareaModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel",
                     "BoundedFloatTextModel"):
-            return (f'<label class="sw-text">{label}<input type="text" disabled value="{html.escape(str(s.get("value", "")))}"'
+            return (f'<label class="sw-text">{label}<input type="text" disabled '
+                    f'value="{html.escape(str(s.get("value", "")))}"'
                     f' placeholder="{html.escape(str(s.get("placeholder") or ""))}"></label>')
         if name in ("IntProgressModel", "FloatProgressModel"):
-            return (f'<label class="sw-progress">{label}<progress max="{s.get("max", 100)}" value="{s.get("value", 0)}">'
+            return (f'<label class="sw-progress">{label}<progress max="{s.get("max", 100)}" '
+                    f'value="{s.get("value", 0)}">'
                     f'</progress></label>')
         return ""  # layout and style models, and widgets with nothing to show
 
@@ -217,7 +222,8 @@ def output_html(output: dict) -> str:
     if output.get("output_type") == "stream":
         return f'<pre class="sw-stream">{html.escape("".join(output.get("text", "")))}</pre>'
     if output.get("output_type") == "error":
-        return f'<pre class="sw-stream">{html.escape(output.get("ename", ""))}: {html.escape(output.get("evalue", ""))}</pre>'
+        return (f'<pre class="sw-stream">{html.escape(output.get("ename", ""))}: '
+                f'{html.escape(output.get("evalue", ""))}</pre>')
     data = output.get("data", {})
     if "image/png" in data:
         alt = output.get("metadata", {}).get("image/png", {}).get("alt") or "".join(data.get("text/plain", ""))
@@ -363,7 +369,7 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
             cell["outputs"] = outputs
         elif cell["cell_type"] == "markdown":  # a link out of notebooks/ (../../INSTRUCTORS.md): to the repository
             repository_root = f"](https://github.com/{owner}/{name}/blob/main/"
-            cell["source"] = OUT_OF_NOTEBOOKS.sub(lambda _: repository_root, "".join(cell["source"]))
+            cell["source"] = OUT_OF_NOTEBOOKS.sub(lambda _, root=repository_root: root, "".join(cell["source"]))
             # the lesson time's ⏱ needs an emoji font many readers lack: the theme's own stopwatch icon instead
             cell["source"] = cell["source"].replace("⏱", TIMER)
     notebook.setdefault("metadata", {})["accumlib_site"] = {"stem": stem}
@@ -423,7 +429,8 @@ def build(out: Path, sphinx: list[str], data_folder: Path = ROOT / "build" / "si
         frames.mkdir()
         for png in (data["folder"] / "dashboards" / lang).glob("*.png"):
             shutil.copy(png, frames / png.name)
-    choices = "".join(f'<li><a lang="{code}" href="{code}/index.html">{html.escape(catalogue(code)("Gradient accumulation, seen and measured"))}'
+    choices = "".join(f'<li><a lang="{code}" href="{code}/index.html">'
+                      f'{html.escape(catalogue(code)("Gradient accumulation, seen and measured"))}'
                       f' ({html.escape(name)})</a></li>' for code, name in LANGUAGES.items())
     (out / "index.html").write_text(
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

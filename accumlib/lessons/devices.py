@@ -1,5 +1,5 @@
-"""The one device a lesson runs on, chosen once in its first code cell: `device = devices.choose()` (`from accumlib.lessons import devices`); every
-tensor, model and measurement of the lesson then uses `device`.
+"""The one device a lesson runs on, chosen once in its first code cell: `device = devices.choose()`
+(`from accumlib.lessons import devices`); every tensor, model and measurement of the lesson then uses `device`.
 
 The choice is `accumlib.devices.pick()`, the one `accumlib.train(device=None)` makes: the `ACCUMLIB_DEVICE`
 environment variable where it is set ("cpu", "cuda", "cuda:1", "mps"), else the first CUDA GPU where there is one,

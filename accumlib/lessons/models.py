@@ -61,7 +61,8 @@ def cnn(norm: str | None = None, channels: tuple[int, int] = (16, 32), classes: 
     """A small CNN for 1x8x8 digits; norm=None, "batch" (BatchNorm2d) or "group" (GroupNorm, 4 groups).
 
     channels: the output channels of its two convolutions (GroupNorm needs multiples of 4); a larger pair makes
-    each sample cost more arithmetic (cnn(channels=(64, 128)): about 15 times the multiply-adds of the default per sample).
+    each sample cost more arithmetic (cnn(channels=(64, 128)): about 15 times the multiply-adds of the default per
+    sample).
     """
     _validate.one_of("norm", norm, (None, "batch", "group"))
     if not isinstance(channels, (tuple, list)) or len(channels) != 2:
@@ -69,7 +70,8 @@ def cnn(norm: str | None = None, channels: tuple[int, int] = (16, 32), classes: 
     c1, c2 = (_validate.positive_int("channels", c) for c in channels)
     _validate.positive_int("classes", classes)
     if norm == "group" and (c1 % 4 or c2 % 4):
-        raise ValueError(f"channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), got {channels!r}")
+        raise ValueError(f"channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), "
+                         f"got {channels!r}")
     return nn.Sequential(
         nn.Conv2d(1, c1, 3, padding=1), _norm(norm, c1), nn.ReLU(),
         nn.Conv2d(c1, c2, 3, padding=1), _norm(norm, c2), nn.ReLU(), nn.MaxPool2d(2),

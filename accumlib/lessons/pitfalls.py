@@ -112,7 +112,8 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an integer, got {seed!r} of type {type(seed).__name__}")
     one_of("last_cycle", last_cycle, LAST_CYCLE_CHOICES)
-    switches = dict(divide=divide, zero_every_micro_batch=zero_every_micro_batch, zero_at_cycle_start=zero_at_cycle_start,
+    switches = dict(divide=divide, zero_every_micro_batch=zero_every_micro_batch,
+                    zero_at_cycle_start=zero_at_cycle_start,
                     step_every_micro_batch=step_every_micro_batch, scheduler_per_micro_batch=scheduler_per_micro_batch,
                     clip_per_micro_batch=clip_per_micro_batch, unscale_per_micro_batch=unscale_per_micro_batch,
                     update_per_micro_batch=update_per_micro_batch)
@@ -151,7 +152,7 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
         weights = loss_weights([len(idx) for idx in batches], accum_steps, last_cycle, divide)
         if last_cycle != "leak":
             zero_grad()
-        for i, (idx, weight) in enumerate(zip(batches, weights)):
+        for i, (idx, weight) in enumerate(zip(batches, weights, strict=True)):
             if zero_every_micro_batch or (zero_at_cycle_start and i % accum_steps == 0):
                 zero_grad()
             # fp16 autocast where the data is (the scaler's device: "cuda" on a GPU, "cpu" here)

@@ -252,7 +252,7 @@ def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budge
             continue
         ax.bar(labels, heights, bottom=bottoms, label=_(CATEGORY_LABELS.get(category, category)),
                color=STACK_COLOURS[i % len(STACK_COLOURS)], hatch=HATCHES[i % 5], edgecolor="white")
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     if budget_bytes is not None:
         ax.axhline(budget_bytes / MIB, color="black", linestyle="--",
                    label=_("card budget ({budget})").format(budget=mib(budget_bytes)))

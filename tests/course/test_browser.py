@@ -130,9 +130,9 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
         summary.scroll_into_view_if_needed()  # JupyterLab renders only the cells near the viewport
         try:
             page.locator(".widget-output img").first.wait_for(timeout=60_000)
-        except Exception:
+        except Exception as error:
             page.screenshot(path=lessons / "failure.png")
-            raise AssertionError(f"no dashboard figure; screenshot: {lessons / 'failure.png'}")
+            raise AssertionError(f"no dashboard figure; screenshot: {lessons / 'failure.png'}") from error
         move_accum_steps_and_see_redraw(page, 2, effective_batch=16, label="latest run, after your change:")
     finally:
         stop(lab)
@@ -177,7 +177,8 @@ LAYOUT = """(scope) => {
     const a = controls[i], b = controls[j];
     if (a.contains(b) || b.contains(a)) continue;
     const p = r(a), q = r(b);
-    if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1 && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
+    if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1
+        && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
       overlaps.push([a.textContent.slice(0, 30), b.textContent.slice(0, 30)]);
   }
   const clipped = controls.filter(e => {
@@ -276,9 +277,9 @@ def run_all_in_lab(page, url: str, shots: Path, name: str) -> None:
     menu(page, "Run", "Run All Cells")
     try:
         page.wait_for_function(ALL_RAN, timeout=300_000, polling=250)
-    except Exception:
+    except Exception as error:
         page.screenshot(path=str(shots / f"{name}-failure.png"))
-        raise AssertionError(f"{url}: not every cell ran; screenshot {shots / f'{name}-failure.png'}")
+        raise AssertionError(f"{url}: not every cell ran; screenshot {shots / f'{name}-failure.png'}") from error
     assert_no_errors(page)
 
 

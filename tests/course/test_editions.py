@@ -3,7 +3,8 @@
 Per lesson, each test names every cell it fails on: a code cell that differs from its English cell in more than its
 comments (compared token by token, comments left out), a markdown cell or code comment without a translation or with a
 stale or fuzzy one, a translated comment that keeps English words, Hindi text that is not mostly Devanagari, not NFC
-or uses a variant the glossary avoids, a glossary term without its English on its first use, a stored notebook that is not what the generator builds or not executed top to bottom.
+or uses a variant the glossary avoids, a glossary term without its English on its first use, a stored notebook that
+is not what the generator builds or not executed top to bottom.
 No kernel runs here: nbval runs both editions (`make test`). The last tests check the generator itself.
 """
 from __future__ import annotations
@@ -82,25 +83,29 @@ def code_differences(english_nb, hindi_nb, path: Path) -> list[str]:
     first = hindi_nb.cells[lead] if len(hindi_nb.cells) > lead else None
     if first is None or (first.id, first.cell_type, first.source, first.metadata.get("tags")) != (
             editions.LANGUAGE_TAG, "code", editions.language_source(LANGUAGE), [editions.LANGUAGE_TAG]):
-        found.append(f"{path.relative_to(ROOT)} cell {lead + 1}: not the language cell (id and tag {editions.LANGUAGE_TAG!r}, "
+        found.append(f"{path.relative_to(ROOT)} cell {lead + 1}: not the language cell "
+                     f"(id and tag {editions.LANGUAGE_TAG!r}, "
                      f"source {editions.language_source(LANGUAGE)!r})")
     theirs = [(i, c) for i, c in enumerate(hindi_nb.cells) if c.cell_type == "code" and c.id != editions.LANGUAGE_TAG]
     ours = editions.code_cells(english_nb)
-    for (index, cell), expected in zip(theirs, ours):
+    for (index, cell), expected in zip(theirs, ours, strict=False):  # a count mismatch is reported below
         mine = editions.cell_shape(cell)
         if (mine[:2], code_tokens(mine[2]), mine[3]) != (expected[:2], code_tokens(expected[2]), expected[3]):
             what = ("code (comments aside)" if code_tokens(mine[2]) != code_tokens(expected[2])
                     else "id" if mine[1] != expected[1] else "metadata")
-            found.append(f"{editions.cell_label(path, index, cell)}: its {what} differs from English cell {expected[1]}")
+            found.append(f"{editions.cell_label(path, index, cell)}: its {what} differs from English cell "
+                         f"{expected[1]}")
     if len(theirs) != len(ours):
-        found.append(f"{path.relative_to(ROOT)}: {len(theirs)} code cells besides the language cell, English has {len(ours)}")
+        found.append(f"{path.relative_to(ROOT)}: {len(theirs)} code cells besides the language cell, "
+                     f"English has {len(ours)}")
     return found
 
 
 def build_differences(built, stored, path: Path) -> list[str]:
     """Cells of the stored notebook that are not the generator's (type, id, source, metadata), in order."""
     found = [f"{editions.cell_label(path, i, cell)}: not what tools/editions.py builds here (run make translations)"
-             for i, (cell, expected) in enumerate(zip(stored.cells, built.cells))
+             # strict=False: the cells both have are compared; a count mismatch is reported below
+             for i, (cell, expected) in enumerate(zip(stored.cells, built.cells, strict=False))
              if editions.cell_shape(cell) != editions.cell_shape(expected)]
     if len(stored.cells) != len(built.cells):
         found.append(f"{path.relative_to(ROOT)}: {len(stored.cells)} cells, the generator builds {len(built.cells)}")

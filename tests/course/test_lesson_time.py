@@ -153,7 +153,8 @@ def test_a_quiz_cell_is_counted_from_its_call_when_its_output_does_not_say_and_a
     bank = lesson_time.question_bank()
     lesson_3 = [q["id"] for q in bank if q["lesson"] == 3]
     assert lesson_time.quiz_ids(code("quiz.check(lesson=3)"), bank) == lesson_3
-    assert lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order")'), bank) == ["when-to-step", "loop-order"]
+    assert (lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order")'), bank)
+            == ["when-to-step", "loop-order"])
     assert len(lesson_time.quiz_ids(code("quiz.check()"), bank)) == len(bank)
     assert lesson_time.quiz_ids(code("print(1)"), bank) == []
     with pytest.raises(ValueError, match="cannot be counted"):

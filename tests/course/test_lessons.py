@@ -114,7 +114,8 @@ def test_a_predict_question_comes_before_anything_that_answers_it(qid):
     found, each moved below its question: lesson 2's SGD and Adam, lesson 4's weights table, lesson 7's GroupNorm)."""
     for path in LESSONS:
         cells = nbformat.read(path, as_version=4).cells
-        asking = [i for i, cell in enumerate(cells) if cell.cell_type == "code" and f'quiz.predict("{qid}")' in cell.source]
+        asking = [i for i, cell in enumerate(cells)
+                  if cell.cell_type == "code" and f'quiz.predict("{qid}")' in cell.source]
         if not asking:
             continue
         above = [" ".join((cell.source + "".join(str(o.get("text", "")) for o in cell.get("outputs", []))).split())

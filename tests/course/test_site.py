@@ -43,7 +43,8 @@ def widget_figures(path: Path) -> int:
     count = sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     shown = {o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
-             for c in nb["cells"] for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
+             for c in nb["cells"] for o in c.get("outputs", [])
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
 
     def figures(ref):
         entry = state.get(ref.removeprefix("IPY_MODEL_"))
@@ -137,7 +138,8 @@ MEASURE = """() => {
     outputsWider: [...document.querySelectorAll('article div.cell_output')].filter(e =>
       e.getBoundingClientRect().right > doc.clientWidth + 1 || e.getBoundingClientRect().left < -1).length,
     // each figure's drawn size against its pixels: its smallest text (8 pt at 90 dpi: 10 px) is drawn at 10 px x this
-    figureScale: Math.min(1, ...figures.filter(i => i.naturalWidth > 0).map(i => i.getBoundingClientRect().width / i.naturalWidth)),
+    figureScale: Math.min(1, ...figures.filter(i => i.naturalWidth > 0)
+                                       .map(i => i.getBoundingClientRect().width / i.naturalWidth)),
     tables: document.querySelectorAll('article div.cell_output table').length,
     needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
     dashboards: document.querySelectorAll('.static-dashboard').length,
@@ -152,7 +154,8 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
 
     page = browser.new_page(viewport={"width": PHONE, "height": 844})
     outside = []
-    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(served) and not r.url.startswith("data:") else None)
+    page.on("request", lambda r: outside.append(r.url)
+            if not r.url.startswith(served) and not r.url.startswith("data:") else None)
     checked = 0
     for lang in EDITIONS:
         other = "hi" if lang == "en" else "en"

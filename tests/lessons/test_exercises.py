@@ -43,7 +43,8 @@ ALL = [exercise for group in exercises.BY_LESSON.values() for exercise in group]
 STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-division"],
                  "the_loop": ["step-every-micro-batch", "missing-division"],
                  "last_cycle": ["tail-divided-by-steps"], "memory_plan": ["does-not-fit"],
-                 "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"], "amp_loop": ["scaler-unused"],
+                 "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"],
+                 "amp_loop": ["scaler-unused"],
                  "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"],
                  "first_loop": ["your-turn"]}
 
@@ -285,14 +286,16 @@ def test_clip_after_unscale_names_each_mistake(step, names):
 def test_clip_after_step_is_told_to_clip_before_the_step():
     step = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
                         "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
-                        "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")
+                        "    scaler.step(optimizer)\n"
+                        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")
     text = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step")).text
     assert "before the step" in text and "Between scaler.unscale_(optimizer) and scaler.step(optimizer)" in text
 
 
 @pytest.mark.parametrize("loop, names", [
     # the review's wrong diagnoses of amp_loop: both were told to "multiply each micro-batch's loss by its share"
-    (AMP.replace("            scaler.step(optimizer)  #", "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
+    (AMP.replace("            scaler.step(optimizer)  #",
+                 "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
                  "0.5)\n            scaler.step(optimizer)  #"), ["gradient-rescaled"]),
     (AMP.replace("scaler.scale(loss).backward()", "scaler.scale(loss)\n        loss.backward()"),
      ["scale-not-backpropagated"]),
@@ -301,7 +304,8 @@ def test_clip_after_step_is_told_to_clip_before_the_step():
                  "        scaler.step(optimizer)\n        if (step + 1) % accum_steps == 0:  # once per step:\n"),
      ["step-every-micro-batch"]),
     # valid: an evaluation under no_grad after each step
-    (AMP.replace("            optimizer.zero_grad()", "            optimizer.zero_grad()\n            with torch.no_grad():\n"
+    (AMP.replace("            optimizer.zero_grad()",
+                 "            optimizer.zero_grad()\n            with torch.no_grad():\n"
                  "                model(x)"), []),
 ], ids=["clip-while-scaled", "backward-on-the-unscaled-loss", "scaler-step-every-micro-batch", "evaluates"])
 def test_amp_loop_names_what_the_gradient_shows_not_a_loss_weight(loop, names):
@@ -318,7 +322,8 @@ def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():
     assert f"unscaled it to norm {0.7 / 2**16:.2e}, 65536 times too small" in text
 
 
-ALWAYS_RESCALED = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n",
+ALWAYS_RESCALED = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  "
+                               "# clip the true gradient\n",
                                "    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])\n"
                                "    for p in model.parameters():\n        p.grad.mul_(max_norm / norm)  # always\n")
 
@@ -360,7 +365,8 @@ def test_an_input_in_another_dtype_is_explained_from_the_dtypes():
 
 def test_amp_loop_names_a_grad_scaler_of_its_own():
     # the review: told "The GradScaler is never used"
-    own = AMP.replace("    for step, (x, y)", "    scaler = torch.amp.GradScaler('cpu')  # its own\n    for step, (x, y)")
+    own = AMP.replace("    for step, (x, y)",
+                      "    scaler = torch.amp.GradScaler('cpu')  # its own\n    for step, (x, y)")
     result = exercises.amp_loop.verdict(defined(own, "accumulate"))
     assert result.names == ["own-scaler"], result.text
 
@@ -505,7 +511,8 @@ def test_the_prediction_is_compared_with_the_measurement():
     ("return 8, 8", "wrong-product"),  # hard-coded: right for 64 on 0.5 MiB only, and the checker asks for several
     ("return 8, effective_batch // 8", "smaller-than-needed"),  # a fixed size: 16 fits 96 on 1 MiB
     ("return effective_batch, 1", "does-not-fit"),
-    ("m = 1\n    while fits(m * 2) and effective_batch % (m * 2) == 0:\n        m *= 2\n    return m, effective_batch // m",
+    ("m = 1\n    while fits(m * 2) and effective_batch % (m * 2) == 0:\n        m *= 2\n"
+     "    return m, effective_batch // m",
      "smaller-than-needed"),  # powers of two only: 10 fits and divides 60, 4 is returned
     ("return fits(0)", "error"),  # fits() refuses sizes outside 1 .. effective_batch, in words
     ("return [1, 2, 3]", "not-a-pair"),
@@ -565,8 +572,9 @@ def cell(code: str, name: str):
 FOREVER = "    while True:\n        pass\n"
 LOOP_ARGS = "model, optimizer, loader, loss_fn, accum_steps"
 HARD_CODED_LOOP = LOOP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3")
-SEED_PATTERN = LOOP.replace("        loss = loss_fn", "        if step % accum_steps == 0:\n            optimizer.zero_grad()"
-                                                   "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn"
+SEED_PATTERN = LOOP.replace("        loss = loss_fn",
+                            "        if step % accum_steps == 0:\n            optimizer.zero_grad()"
+                            "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn"
                             ).replace("            optimizer.zero_grad()  # once per cycle, after the step\n", "")
 LAST = solution_without_check(exercises.last_cycle)
 FIRST = solution_without_check(exercises.first_loop)
@@ -585,7 +593,8 @@ def test_lesson_zero_never_states_the_step_condition_before_the_learner_writes_o
     try:
         _, names = run_cell(exercises.first_loop.stub.replace("exercises.first_loop.check", "print"))
         stub = exercises.first_loop.verdict(names["accumulate"])
-        always = exercises.first_loop.verdict(cell(FIRST.replace("(step + 1) % accum_steps == 0", "True"), "accumulate"))
+        always = exercises.first_loop.verdict(cell(FIRST.replace("(step + 1) % accum_steps == 0", "True"),
+                                                    "accumulate"))
         hint = io.StringIO()
         with contextlib.redirect_stdout(hint):
             exercises.first_loop.hint()
@@ -655,8 +664,8 @@ CASES = {
     "amp_loop": {
         "hard-coded": ((cell(AMP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3"), "accumulate"),),
                        ["not-general"]),
-        "no autocast": ((cell(AMP.replace("with torch.autocast(x.device.type, dtype=torch.float16):  # on the device x is on",
-                                          "if True:"), "accumulate"),), ["no-autocast"]),
+        "no autocast": ((cell(AMP.replace("with torch.autocast(x.device.type, dtype=torch.float16):  "
+                                          "# on the device x is on", "if True:"), "accumulate"),), ["no-autocast"]),
         "crashing": ((cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
                      ["error"]),
         "non-terminating": ((cell("def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n"
@@ -755,7 +764,7 @@ def test_every_exercise_meets_all_four_kinds_of_answer_and_the_table_of_verdicts
         assert {"hard-coded", "crashing", "non-terminating", "unusual valid"} <= set(CASES[name]), name
     print("\nexercise x case -> verdict")
     for name, cases in CASES.items():
-        for case, (answer, names) in cases.items():
+        for case, (_answer, names) in cases.items():
             result = verdict_of(name, case)
             shown = "right" if result.correct else ", ".join(result.names)
             assert shown == (", ".join(names) or "right"), (name, case, result.text)
@@ -823,7 +832,8 @@ def test_every_solution_prints_its_comments_in_the_course_language_and_its_code_
             finally:
                 accumlib.set_language("en")
             assert _tokens_without_comments(shown) == _tokens_without_comments(exercise.solution_code.rstrip() + "\n")
-            comments = [line.split("#", 1)[1] for line in shown.splitlines() if "  # " in line or line.lstrip().startswith("#")]
+            comments = [line.split("#", 1)[1] for line in shown.splitlines()
+                        if "  # " in line or line.lstrip().startswith("#")]
             assert comments, exercise.name
             for comment in comments:
                 assert hindi.devanagari_share(comment) > 0 and not hindi.untranslated(comment), (exercise.name, comment)

@@ -118,7 +118,7 @@ def test_classic_train_visits_the_same_micro_batches_in_the_same_order_as_accuml
 
     mine, theirs = recorded_inputs(classic), recorded_inputs(reference)
     assert len(mine) == len(theirs) == 50
-    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
 
 
 def test_on_step_sees_each_step_with_its_true_mean_loss_like_accumlib():
@@ -258,7 +258,7 @@ def test_bad_arguments_are_refused_before_any_weight_changes(bad, match):
 def test_logging_the_scaled_loss_shrinks_it_by_accum_steps():
     model, opt = fresh()
     log = pitfalls.classic_train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3)
-    for scaled, true in zip(log.scaled_losses, log.true_losses):
+    for scaled, true in zip(log.scaled_losses, log.true_losses, strict=True):
         assert scaled == pytest.approx(true / 3, rel=1e-12)
     histories = []
     for m, k in [(4, 3), (2, 6)]:

@@ -33,7 +33,7 @@ NO_DEVANAGARI = "DejaVu Sans"  # matplotlib's own font: Latin, Greek, Cyrillic, 
 def test_hindi_title_axis_label_and_legend_render_without_missing_glyphs(devanagari):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        figure = plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE))), HINDI_TITLE, "वैकल्पिक पाठ")
+        figure = plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE), strict=True)), HINDI_TITLE, "वैकल्पिक पाठ")
         figure.figure.axes[0].set_xlabel("देखे गए samples")
         png = figure.png()
     assert glyph_warnings(caught) == [] and png.startswith(b"\x89PNG")
@@ -47,7 +47,7 @@ def test_without_the_fallback_the_same_figure_misses_glyphs(devanagari, monkeypa
     monkeypatch.setattr(plots, "devanagari_font", lambda: NO_DEVANAGARI)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE))), HINDI_TITLE, "alt").png()
+        plots.loss_curves(dict(zip(HINDI_LEGEND, (CURVE, CURVE), strict=True)), HINDI_TITLE, "alt").png()
     assert glyph_warnings(caught)
 
 

@@ -64,7 +64,8 @@ def test_bank_is_valid_against_the_schema_and_broken_banks_are_not():
         "Hindi in the bank": lambda b: b["questions"][0].__setitem__("prompt", "हम बड़े batches क्यों चाहते हैं?"),
         "no lesson": lambda b: b["questions"][0].pop("lesson"),
         "a lesson past the quizzed ones": lambda b: b["questions"][0].__setitem__("lesson", 11),
-        "options on a number question": lambda b: first_of_kind(b, "number").__setitem__("options", first_of_kind(b, "choice")["options"]),
+        "options on a number question": lambda b: first_of_kind(b, "number").__setitem__(
+            "options", first_of_kind(b, "choice")["options"]),
         "a predict question without its run": lambda b: first_of_kind(b, "predict").pop("run"),
         "a run on a choice question": lambda b: first_of_kind(b, "choice").__setitem__("run", "memory_categories"),
         "an option without text": lambda b: first_of_kind(b, "choice")["options"][0].pop("text"),
@@ -91,12 +92,14 @@ def test_every_answer_is_an_option_ids_are_unique_and_runs_exist():
             assert q["answer"] not in causes and len(set(causes)) == len(causes), q["id"]
         else:
             assert q["answer"] in [o["id"] for o in q["options"]], q["id"]
-        assert ("run" in q) == (q["kind"] == "predict") and q.get("run", "classic_division_last_cycle") in experiments.RUNS
+        assert ("run" in q) == (q["kind"] == "predict")
+        assert q.get("run", "classic_division_last_cycle") in experiments.RUNS
 
 
 def test_each_lesson_has_a_quick_check_and_every_topic_a_question():
     assert {q["lesson"] for q in QUESTIONS} == set(range(1, 11))  # lesson 10: the end-of-course check's own
-    assert {q["topic"] for q in QUESTIONS} == set(schema()["properties"]["questions"]["items"]["properties"]["topic"]["enum"])
+    topics = schema()["properties"]["questions"]["items"]["properties"]["topic"]["enum"]
+    assert {q["topic"] for q in QUESTIONS} == set(topics)
     assert all(quiz.check(lesson=n).quiz.questions for n in range(1, 11))
 
 
@@ -183,7 +186,7 @@ def test_a_lesson_quick_check_asks_only_that_lesson_and_earlier_ones():
         quiz.check(lesson=11)
 
 
-# ------------------------------------------------------------------------------------------------ facts the runs confirm
+# -------------------------------------------------------------------------------------------- facts the runs confirm
 
 
 def test_classic_division_is_right_on_full_cycles_and_wrong_only_on_the_short_last_one():
@@ -273,7 +276,8 @@ def test_the_widget_checks_answers_and_moves_between_questions():
     assert not widget.submit().correct
     assert "That is not it" in widget.feedback.value and "<i>Hint:</i>" in widget.feedback.value
     widget.choices.value = "c"
-    assert widget.submit().correct and "answered 1 · right at the first try 0 · right in the end 1" in widget.progress.value
+    assert widget.submit().correct
+    assert "answered 1 · right at the first try 0 · right in the end 1" in widget.progress.value
     widget.go(1)
     assert widget.number.layout.display is None and widget.choices.layout.display == "none"
     widget.number.value = "many"
@@ -281,7 +285,8 @@ def test_the_widget_checks_answers_and_moves_between_questions():
     widget.number.value = "32"
     assert "process" in widget.submit().message
     widget.number.value = " 64 "
-    assert widget.submit().correct and "answered 2 · right at the first try 0 · right in the end 2" in widget.progress.value
+    assert widget.submit().correct
+    assert "answered 2 · right at the first try 0 · right in the end 2" in widget.progress.value
     widget.go(5)
     assert widget.index == 1
     widget.go(-1)
@@ -334,7 +339,8 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
 def test_the_whole_quiz_is_called_the_whole_quiz_and_a_lesson_check_a_quick_check():
     whole, lesson = quiz.QuizWidget(language="hi"), quiz.check(lesson=3, language="hi")
     assert whole.heading.value == "<h3>पूरी प्रश्नोत्तरी</h3>" and lesson.heading.value == "<h3>त्वरित जाँच</h3>"
-    assert whole._repr_mimebundle_()["text/plain"].startswith(f"पूरी प्रश्नोत्तरी (हिन्दी), {len(whole.quiz.questions)} प्रश्न:")
+    assert whole._repr_mimebundle_()["text/plain"].startswith(
+        f"पूरी प्रश्नोत्तरी (हिन्दी), {len(whole.quiz.questions)} प्रश्न:")
     assert quiz.check(language="en").heading.value == "<h3>The whole quiz</h3>"
 
 
@@ -381,7 +387,8 @@ def test_the_widget_in_hindi_shows_no_english_sentence():
 def test_every_quiz_string_has_a_good_hindi_translation():
     catalogs = _catalogs()
     texts = {message for message, _, _ in catalogs.quiz_messages()}
-    quiz_strings = {m.id for m in catalogs.template() if m.id and any(f.startswith("accumlib/lessons/quiz/") for f, _ in m.locations)}
+    quiz_strings = {m.id for m in catalogs.template()
+                    if m.id and any(f.startswith("accumlib/lessons/quiz/") for f, _ in m.locations)}
     assert texts <= quiz_strings and set(quiz.UI.values()) <= quiz_strings
     assert all(run_message in quiz_strings for _, run_message in experiments.RUNS.values())
     po = catalogs.read(catalogs.LOCALE / "hi" / "LC_MESSAGES" / "accumlib.po", "hi")
@@ -546,7 +553,7 @@ def test_simple_strategies_score_near_chance_for_every_learner(language):
         assert max(scores) <= 0.30 * choices, (name, scores)
 
 
-# ------------------------------------------------------------------------------------------------ the bank is not shared
+# -------------------------------------------------------------------------------------------- the bank is not shared
 
 
 def test_the_bank_and_the_questions_are_copies_a_learner_cannot_corrupt():
@@ -561,7 +568,7 @@ def test_the_bank_and_the_questions_are_copies_a_learner_cannot_corrupt():
     assert not other.answer("when-to-step", "a").correct
 
 
-# ------------------------------------------------------------------------------------------------ scores kept and exported
+# ------------------------------------------------------------------------------------------ scores kept and exported
 
 
 RESTART = """
@@ -579,8 +586,8 @@ def run_kernel(*answers, env_extra=None, tmp_path=None):
     """A fresh Python process (a kernel restart) that opens lesson 3's quick check and gives these answers."""
     import os
     env = {**os.environ, **(env_extra or {})}
-    done = subprocess.run([sys.executable, "-c", RESTART, *answers], capture_output=True, text=True, env=env, check=False,
-                          cwd=tmp_path, timeout=120)
+    done = subprocess.run([sys.executable, "-c", RESTART, *answers], capture_output=True, text=True, env=env,
+                          check=False, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -597,7 +604,8 @@ def test_the_first_try_survives_a_kernel_restart_for_each_learner(score_file, tm
     assert run_kernel(f"when-to-step={right}", env_extra={"ACCUMLIB_LEARNER": "ravi"}, tmp_path=tmp_path).endswith(
         "Score: 1 of 2 right at the first try, 1 of 2 in the end")
     kept = json.loads(score_file.read_text(encoding="utf-8"))["learners"]
-    assert kept == {"asha": {"when-to-step": [wrong, right], "effective-batch": [32.0]}, "ravi": {"when-to-step": [right]}}
+    assert kept == {"asha": {"when-to-step": [wrong, right], "effective-batch": [32.0]},
+                    "ravi": {"when-to-step": [right]}}
     assert not list(tmp_path.glob("*.partial"))  # written whole, then moved into place
 
 

@@ -9,7 +9,8 @@ def test_table_columns_line_up_by_display_width_in_devanagari():
     text = _format.table(["batch", "हिस्सा"], [["8", "ज़्यादा"], ["128", "कम"]])
     lines = text.splitlines()
     # every line's second column starts at the same display column
-    starts = [_format.width(line[:line.index(cell)]) for line, cell in zip(lines, ["हिस्सा", "ज़्यादा", "कम"])]
+    starts = [_format.width(line[:line.index(cell)])
+              for line, cell in zip(lines, ["हिस्सा", "ज़्यादा", "कम"], strict=True)]
     assert len(set(starts)) == 1
     assert lines[1].startswith("    8") and lines[2].startswith("  128")  # numbers right-aligned
     assert _format.width("ज़्यादा") == 5  # ज ़ ् य ा द ा: the nukta and the virama take no column, the ा signs do

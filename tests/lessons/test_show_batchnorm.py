@@ -1,5 +1,6 @@
-"""accumlib.lessons.show.batchnorm (lesson 7): every finding's wording follows the measurement it is given; measured on small
-runs of the lesson's BatchNorm CNN, and on hand-made results where a branch needs data the CNN does not give."""
+"""accumlib.lessons.show.batchnorm (lesson 7): every finding's wording follows the measurement it is given; measured
+on small runs of the lesson's BatchNorm CNN, and on hand-made results where a branch needs data the CNN does not
+give."""
 import dataclasses
 
 import pytest
@@ -47,15 +48,16 @@ def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale
 @pytest.fixture(scope="module")
 def splits():
     X64, Y64 = data.digits(dtype=torch.float64)
-    return batchnorm.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64), (X64[:256], Y64[:256]),
-                                           (X64[1024:1280], Y64[1024:1280]), effective_batch=32,
+    return batchnorm.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64),
+                                           (X64[:256], Y64[:256]), (X64[1024:1280], Y64[1024:1280]), effective_batch=32,
                                            micro_batch_sizes=(2, 32), epochs=1, updates=50)
 
 
 def test_micro_batches_print_the_confound_the_table_and_findings_that_follow_the_numbers(splits, capsys):
     findings = show.micro_batches(splits)
     out = capsys.readouterr().out
-    assert "Training updated the running statistics once per micro-batch: 128 times at 2 × 16, 8 times at 32 × 1." in out
+    assert ("Training updated the running statistics once per micro-batch: 128 times at 2 × 16, 8 times at "
+            "32 × 1.") in out
     assert f"after 50 updates a running average has moved {1 - 0.9 ** 50:.3%} of the way" in out
     errors = [o.settled.statistics_error_total for o in splits.batchnorm]
     assert findings.noisiest_smallest == (errors[0] == max(errors))
@@ -101,7 +103,7 @@ def _with_values(splits, errors, losses):
     rows = [dataclasses.replace(o, settled=dataclasses.replace(
                 o.settled, statistics_error=[batchnorm.LayerDeviation("1", e, 0.0)]),
                 reestimated=dataclasses.replace(o.reestimated, loss=loss))
-            for o, e, loss in zip(splits.batchnorm, errors, losses)]
+            for o, e, loss in zip(splits.batchnorm, errors, losses, strict=True)]
     return dataclasses.replace(splits, batchnorm=rows)
 
 
@@ -116,7 +118,8 @@ def test_over_seeds_calls_a_difference_a_finding_only_when_every_seed_agrees(spl
     assert (error.quantity, error.smaller, error.larger, error.same_sign) == ("statistics error", 2, 32, True)
     assert error.mean == pytest.approx(0.065) and error.spread == pytest.approx(0.005 * 2 ** 0.5)
     assert (loss.quantity, loss.same_sign) == ("re-estimated loss", True) and loss.mean == pytest.approx(0.035)
-    assert "statistics error, 2 × 16 minus 32 × 1: +0.065 ± 0.007, the same sign in all 2 seeds: 2 × 16 is higher." in out
+    assert ("statistics error, 2 × 16 minus 32 × 1: +0.065 ± 0.007, the same sign in all 2 seeds: 2 × 16 is "
+            "higher.") in out
     split_seeds = {**agree, 3: _with_values(splits, [0.05, 0.06], [0.29, 0.30])}
     found = show.over_seeds(split_seeds)
     out = capsys.readouterr().out

@@ -1,5 +1,6 @@
-"""accumlib.lessons.show.gradients (lesson 2): what an accumulated gradient is called follows what it measures: equal to the
-full-batch gradient, a multiple of it, or neither; gradient_gap's table; SGD against Adam without the division."""
+"""accumlib.lessons.show.gradients (lesson 2): what an accumulated gradient is called follows what it measures: equal
+to the full-batch gradient, a multiple of it, or neither; gradient_gap's table; SGD against Adam without the
+division."""
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ X, Y = data.digits(32, flat=True, dtype=torch.float64)
 
 def accumulate(model, divide: bool = True, zero_inside: bool = False) -> list[torch.Tensor]:
     model.zero_grad()
-    for xs, ys in zip(X.split(8), Y.split(8)):
+    for xs, ys in zip(X.split(8), Y.split(8), strict=True):
         if zero_inside:
             model.zero_grad()
         (LOSS(model(xs), ys) / (4 if divide else 1)).backward()
@@ -33,7 +34,8 @@ def full_batch(model):
 
 def test_compare_tells_equal_multiple_and_neither_apart(model, full_batch, capsys):
     equal = gradients.compare(accumulate(model), full_batch)
-    assert equal.equal and equal.ratio == pytest.approx(1) and "equals the full-batch gradient" in capsys.readouterr().out
+    assert equal.equal and equal.ratio == pytest.approx(1)
+    assert "equals the full-batch gradient" in capsys.readouterr().out
     four = gradients.compare(accumulate(model, divide=False), full_batch)
     assert not four.equal and four.proportional and four.ratio == pytest.approx(4)
     assert f"{four.largest_difference:.4f}" in capsys.readouterr().out.split("largest difference is ")[1]
@@ -114,7 +116,7 @@ def test_one_cycle_says_what_grad_holds_for_the_seeds_loop_and_its_two_mistakes(
     # both mistakes at once: neither the full-batch gradient nor the last micro-batch's share of it
     both = gradients.one_cycle(model, *digits, accum_steps=4, divide=False, zero_every_micro_batch=True)
     assert not both.proportional and "the last micro-batch's gradient alone" in capsys.readouterr().out
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(p.grad is None for p in model.parameters()) and next(model.parameters()).dtype == torch.float32
     with pytest.raises(ValueError, match="a multiple of accum_steps=3"):
         gradients.one_cycle(model, *digits, accum_steps=3)

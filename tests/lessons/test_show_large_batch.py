@@ -1,6 +1,7 @@
-"""accumlib.lessons.show.large_batch (lesson 1): the findings follow the measurements: which run wins per step and per sample,
-from which batch size on a step does not fit, what each step of an accumulating run really held."""
+"""accumlib.lessons.show.large_batch (lesson 1): the findings follow the measurements: which run wins per step and per
+sample, from which batch size on a step does not fit, what each step of an accumulating run really held."""
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def test_compare_batches_measures_per_step_and_per_sample(capsys):
     assert (found.small, found.large, found.samples) == (4, 32, 128)
     assert found.steps == {4: 32, 32: 4} and found.compared_steps == 4
     small_losses = [r.loss for r in runs[4]][:4]
-    assert found.jumps[4] == pytest.approx(sum(abs(b - a) for a, b in zip(small_losses, small_losses[1:])) / 3)
+    assert found.jumps[4] == pytest.approx(sum(abs(b - a) for a, b in itertools.pairwise(small_losses)) / 3)
     assert found.last_epoch_loss[32] == pytest.approx(sum(r.loss for r in runs[32] if r.epoch == 1) / 2)
     assert "first 4 steps" in out and "With 8 times as many steps" in out
     assert found.small_ends_lower and "the small batches end lower" in out
@@ -75,7 +76,8 @@ def test_memory_finding_names_the_first_size_that_does_not_fit(reports, capsys):
 
 def test_memory_finding_when_everything_or_nothing_fits(reports, capsys):
     everything = large_batch.memory_by_batch(reports, reports[-1].peak)
-    assert everything.first_too_large is None and "Every batch measured, up to 64 samples, fits" in capsys.readouterr().out
+    assert everything.first_too_large is None
+    assert "Every batch measured, up to 64 samples, fits" in capsys.readouterr().out
     nothing = large_batch.memory_by_batch(reports, reports[0].peak - 1)
     assert nothing.fitting == [] and "Not even a batch of 8 samples fits" in capsys.readouterr().out
 

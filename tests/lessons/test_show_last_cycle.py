@@ -1,5 +1,5 @@
-"""accumlib.lessons.show.last_cycle (lesson 4): the weights of a short last cycle, which treatments of it match one batch per
-cycle, and the weight of a token in a mean of means against a count over the cycle, all as measured."""
+"""accumlib.lessons.show.last_cycle (lesson 4): the weights of a short last cycle, which treatments of it match one
+batch per cycle, and the weight of a token in a mean of means against a count over the cycle, all as measured."""
 import pytest
 import torch
 
@@ -23,7 +23,8 @@ def test_weights_of_the_short_last_cycle(capsys):
     assert ("50 samples in micro-batches of at most 4: 13 micro-batches. They make 5 cycles of up to 3 "
             "micro-batches.") in out
     assert "\n    5              1        2  1/3                          1\n" in out
-    assert "its step gets 33% of the gradient one batch of those 2 samples gives; weighted by their samples, 100%." in out
+    assert ("its step gets 33% of the gradient one batch of those 2 samples gives; weighted by their samples, "
+            "100%.") in out
     last_cycle.weights([4, 4, 4, 4, 2], accum_steps=3)  # a last cycle of 4 and 2 samples: 4/6 and 2/6 of it
     out = capsys.readouterr().out
     assert "1/3, 1/3, 1/3" in out and "2/3, 1/3" in out and "its step gets 67% of the gradient" in out
@@ -69,7 +70,7 @@ def test_token_weights_of_the_first_cycle(capsys):
     out = capsys.readouterr().out
     counts = [data.count_tokens(part) for part in targets[:20].split(4)]
     # either way every token of the cycle together weighs 1; a mean of means gives tokens of a short micro-batch more
-    assert sum(n * w for n, w in zip(counts, found["mean"])) == pytest.approx(1)
+    assert sum(n * w for n, w in zip(counts, found["mean"], strict=True)) == pytest.approx(1)
     assert found["count"] == [1 / sum(counts)] * 5
     ratio = max(counts) / min(counts)
     assert f"({min(counts)} tokens) weighs {ratio:.1f} times as much as one of micro-batch" in out

@@ -1,5 +1,5 @@
-"""accumlib.lessons.show.loop (lesson 3): the findings follow the runs: the same weights or not, what a misplaced line did,
-and which micro-batches a step condition steps after."""
+"""accumlib.lessons.show.loop (lesson 3): the findings follow the runs: the same weights or not, what a misplaced line
+did, and which micro-batches a step condition steps after."""
 import pytest
 import torch
 
@@ -80,4 +80,4 @@ def test_zeroing_places_zeroing_at_the_cycles_start_trains_like_zeroing_after_th
     before = [p.detach().clone() for p in model.parameters()]
     assert loop.zeroing_places(model, (X, Y), micro_batch_size=4, accum_steps=3) == 0
     assert "the same weights after 4 steps, bit for bit" in capsys.readouterr().out
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -1,5 +1,5 @@
-"""accumlib.lessons.show.memory (lesson 5): what it says depends on the measured bytes; measured here with the lesson's models
-under FakeTensorMode (the same bytes as the CPU tracker, nothing computed)."""
+"""accumlib.lessons.show.memory (lesson 5): what it says depends on the measured bytes; measured here with the lesson's
+models under FakeTensorMode (the same bytes as the CPU tracker, nothing computed)."""
 import pytest
 import torch
 

@@ -1,5 +1,5 @@
-"""accumlib.lessons.show.once_per_step (lesson 8): its findings follow the measured runs, and the gradients it reports are
-the ones the optimizer steps really used."""
+"""accumlib.lessons.show.once_per_step (lesson 8): its findings follow the measured runs, and the gradients it reports
+are the ones the optimizer steps really used."""
 
 import pytest
 import torch

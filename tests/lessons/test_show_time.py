@@ -1,6 +1,6 @@
-"""accumlib.lessons.show.time (lesson 6): measured times differ from run to run, so everything printed must read the same
-after notebooks/sanitize.cfg masks the times (what nbval compares); the one sentence whose wording depends on the
-times is checked on both of its branches."""
+"""accumlib.lessons.show.time (lesson 6): measured times differ from run to run, so everything printed must read the
+same after notebooks/sanitize.cfg masks the times (what nbval compares); the one sentence whose wording depends on
+the times is checked on both of its branches."""
 import dataclasses
 import re
 from pathlib import Path
@@ -127,7 +127,8 @@ def test_cost_prints_the_same_once_times_are_masked_and_refuses_a_sweep_it_canno
 def test_steps_name_the_clock_of_the_device_they_ran_on(capsys):
     """Lesson 6 says the table names its clock: the thread's CPU time on one CPU thread, wall time on a GPU."""
     show.steps(decomposition(1e-3, 1e-4))
-    assert "Measured on cpu, 1 thread(s); the clock: the CPU time of the one thread that computes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Measured on cpu, 1 thread(s); the clock: the CPU time of the one thread that computes" in out
     show.steps(dataclasses.replace(decomposition(1e-3, 1e-4), device="cuda:0", clock=timing.WALL))
     assert "Measured on cuda:0, 1 thread(s); the clock: wall time (on a GPU: after waiting for the card" in \
         capsys.readouterr().out

@@ -42,7 +42,7 @@ def same(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b))
+        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b, strict=True))
     return a == b
 
 
@@ -58,8 +58,9 @@ REFUSED = [  # (an option accumulate_and_step refuses, its value)
 ]
 
 
-@pytest.mark.parametrize("name, value", REFUSED, ids=[f"{n}={v!r}"[:40] if " at 0x" not in repr(v) else f"{n}={type(v).__name__}"
-                                               for n, v in REFUSED])  # no address: xdist workers must agree
+@pytest.mark.parametrize("name, value", REFUSED,
+                         ids=[f"{n}={v!r}"[:40] if " at 0x" not in repr(v) else f"{n}={type(v).__name__}"
+                              for n, v in REFUSED])  # no address: xdist workers must agree
 def test_train_refuses_each_cycle_option_with_accumulate_and_steps_message_and_changes_nothing(name, value):
     model, optimizer = trained()
     before = snapshot(model, optimizer)
@@ -189,7 +190,10 @@ def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target()
     would count them twice), so its step peaks as the same step on (x, y) pairs does, byte for byte."""
     batches = [{"inputs": X[i:i + 8], "labels": Y[i:i + 8]} for i in range(0, 16, 8)]
     model, plain = OwnLoss(), linear()
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
     own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
     as_dicts = memory.check_cycle_fits(model, sgd(model), [(cycle.Inputs((), b), b) for b in batches], [0.5, 0.5],
                                        options=own, budget_bytes=2**40, what="", advice="")
@@ -250,7 +254,10 @@ def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget()
     """Its samples are not two tensors, so no (x, y) step can be measured before the run: each cycle is traced as
     it comes, before it changes anything (it was refused before)."""
     model = OwnLoss()
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
     own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
     batches = [{"inputs": X[i:i + 8], "labels": Y[i:i + 8]} for i in (0, 8)]
     peak = memory.check_cycle_fits(model, sgd(model), [(cycle.Inputs((), b), b) for b in batches], [0.5, 0.5],

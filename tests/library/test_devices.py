@@ -252,7 +252,8 @@ def test_bf16_is_offered_where_the_device_has_it(monkeypatch):
     for supported in (True, False):  # a T4 (compute capability 7.5) has no bf16, an A100 or H100 has
         asked = []
         monkeypatch.setattr(torch.cuda, "is_bf16_supported",
-                            lambda including_emulation=True, s=supported: asked.append(including_emulation) or s)
+                            lambda including_emulation=True, s=supported, asked=asked:
+                            asked.append(including_emulation) or s)
         assert library_devices.supports_bf16(torch.device("cuda")) is supported
         assert asked == [False]  # native kernels, not an emulation
     assert not library_devices.supports_bf16(torch.device("mps"))

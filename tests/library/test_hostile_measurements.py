@@ -134,7 +134,8 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "moved: updates 0": (lambda: batchnorm.running_average_moved(BN_NET, 0), ValueError, "updates"),
     "moved: no running statistics": (lambda: batchnorm.running_average_moved(NO_STATS, 3), ValueError, "model"),
     "evaluate: y shorter than x": (lambda: batchnorm.evaluate(BN_NET, X, Y[:3]), ValueError, "y"),
-    "evaluate: loss class": (lambda: batchnorm.evaluate(BN_NET, X, Y, loss_fn=nn.CrossEntropyLoss), TypeError, "loss_fn"),
+    "evaluate: loss class": (lambda: batchnorm.evaluate(BN_NET, X, Y, loss_fn=nn.CrossEntropyLoss), TypeError,
+                             "loss_fn"),
     "splits: effective batch larger than data": (lambda: splits(effective_batch=128, micro_batch_sizes=(2, 128)),
                                                   ValueError, "effective_batch"),
     "splits: epochs 0": (lambda: splits(epochs=0), ValueError, "epochs"),
@@ -174,7 +175,7 @@ def same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(u, v) for u, v in zip(a, b))
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(u, v) for u, v in zip(a, b, strict=True))
     return a == b
 
 

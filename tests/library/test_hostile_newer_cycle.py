@@ -61,12 +61,12 @@ def unchanged(before, model, optimizer) -> bool:
     same_model = before[0].keys() == after[0].keys() and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
     same_state = all(torch.equal(before[1][k][n], after[1][k][n]) if isinstance(before[1][k][n], torch.Tensor)
                      else before[1][k][n] == after[1][k][n] for k in before[1] for n in before[1][k])
-    same_grads = all(a[0] is b[0] and torch.equal(a[1], b[1]) for a, b in zip(before[2], after[2]))
+    same_grads = all(a[0] is b[0] and torch.equal(a[1], b[1]) for a, b in zip(before[2], after[2], strict=True))
     return same_model and same_state and same_grads
 
 
 def cycle(n=4):
-    return list(zip(X[:8 * n].split(8), Y[:8 * n].split(8)))
+    return list(zip(X[:8 * n].split(8), Y[:8 * n].split(8), strict=True))
 
 
 def raising_at(i, raise_):
@@ -168,7 +168,7 @@ def test_valid_weights_in_every_numeric_form_give_the_same_step():
         # float32 model: a weight held as float32, float64 or a Python float is the same 0.25 (exact in binary), so
         # the gradients and the step are equal; a float64 0-d weight makes the loss's sum float64, which differs
         # from the float32 sum by float32 rounding (relative 2**-24 per addition, 4 of them)
-        assert all(torch.equal(a, b) for a, b in zip(weights, results[0][1]))
+        assert all(torch.equal(a, b) for a, b in zip(weights, results[0][1], strict=True))
         assert loss == pytest.approx(results[0][0], rel=4 * 2**-24)
 
 
@@ -233,10 +233,11 @@ def small():
 @pytest.mark.parametrize("optimizer_class", torch_optimizers(), ids=lambda c: c.__name__)
 def test_every_optimizer_in_torch_optim_is_measured_as_it_trains(optimizer_class):
     if optimizer_class is torch.optim.Muon:  # Muon takes 2-D weights only: the biases go to another optimizer
-        build = lambda model: optimizer_class([p for p in model.parameters() if p.dim() == 2], lr=0.02)
+        def build(model):
+            return optimizer_class([p for p in model.parameters() if p.dim() == 2], lr=0.02)
     else:
-        build = lambda model: optimizer_class(model.parameters(), **({"lr": 0.01} if optimizer_class is
-                                                                      torch.optim.SGD else {}))
+        def build(model):
+            return optimizer_class(model.parameters(), **({"lr": 0.01} if optimizer_class is torch.optim.SGD else {}))
     model = small()
     if optimizer_class is torch.optim.SparseAdam:  # it refuses dense gradients: in training and measuring alike
         with pytest.raises((RuntimeError, ValueError), match="dense"):
@@ -304,7 +305,10 @@ def test_an_untraceable_forward_on_the_meta_device_is_refused_naming_its_line():
 
 def test_a_plan_at_its_exact_boundary_with_adam_trains_within_it():
     model = models.cnn(norm="batch")
-    adam = lambda m: torch.optim.Adam(m.parameters(), lr=0.01)
+
+    def adam(m):
+        return torch.optim.Adam(m.parameters(), lr=0.01)
+
     loose = memory.fit_batch(model, (X[:1], Y[:1]), 16, 10**9, optimizer=adam(model))
     wanted = memory.measure_step(model, X[:4], Y[:4], optimizer=adam(model), accum_steps=4).peak
     plan = memory.fit_batch(model, (X[:1], Y[:1]), 16, wanted, optimizer=adam(model))  # the exact boundary

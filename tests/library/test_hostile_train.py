@@ -37,7 +37,7 @@ def same(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b))
+        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b, strict=True))
     return a == b
 
 
@@ -282,7 +282,7 @@ def test_a_models_own_broken_loss_is_named_as_the_models_not_as_loss_fn(kind, er
     with pytest.raises(error) as refused:
         accumlib.train(model, batches, optimizer, accum_steps=2, device="cpu")
     assert str(refused.value).startswith(f"the model's own loss ({where}; no loss_fn was given) {message}")
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values(), strict=True))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ def test_accumulation_equals_full_batch_in_float64(m, k, n):
     assert max_param_diff(accumulated, full) <= 1e-10
     assert [r.samples for r in h1] == [r.samples for r in h2]
     assert h1[-1].samples_seen == 2 * n
-    for a, b in zip(h1, h2):
+    for a, b in zip(h1, h2, strict=True):
         assert a.loss == pytest.approx(b.loss, abs=1e-12)  # unscaled: independent of accum_steps
 
 
@@ -58,7 +58,8 @@ def test_steps_normalisation_is_measurably_wrong_on_an_incomplete_last_cycle():
     classic, _ = run(4, 3, 50, epochs=1, normalize="steps")
     assert max_param_diff(exact, full) <= 1e-10
     assert max_param_diff(classic, full) > 1e-3
-    divisible_classic, _ = run(4, 3, 48, epochs=1, normalize="steps")  # no incomplete cycle: the classic recipe is exact
+    # no incomplete cycle: the classic recipe is exact
+    divisible_classic, _ = run(4, 3, 48, epochs=1, normalize="steps")
     divisible_full, _ = run(12, 1, 48, epochs=1)
     assert max_param_diff(divisible_classic, divisible_full) <= 1e-10
 
@@ -84,7 +85,7 @@ def test_gradient_gap_proves_the_trick_and_leaves_the_model_alone():
     full_grad_max = max(g.abs().max().item() for g in torch.autograd.grad(loss(model(x), y), model.parameters()))
     assert without_division == pytest.approx(3 * full_grad_max, rel=1e-9)  # 4x the gradient: off by 3x
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 class Counting(torch.optim.lr_scheduler.StepLR):
@@ -325,13 +326,13 @@ def test_the_cycle_function_takes_exactly_one_full_batch_step():
     optimizer.step()
     model = models.mlp(dtype=torch.float64)
     result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                                          list(zip(x.split(16), y.split(16))), [0.25] * 4)
+                                          list(zip(x.split(16), y.split(16), strict=True)), [0.25] * 4)
     assert max_param_diff(model, full) <= 1e-14
     assert result.loss == pytest.approx(loss.item(), abs=1e-14) and result.grad_norm == pytest.approx(norm, rel=1e-12)
     assert (result.lr, result.skipped) == (0.5, False)
     with pytest.raises(ValueError, match="loss_weights has 3 values but micro_batches has 4"):
         accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                                     list(zip(x.split(16), y.split(16))), [1 / 3] * 3)
+                                     list(zip(x.split(16), y.split(16), strict=True)), [1 / 3] * 3)
 
 
 def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(monkeypatch):
@@ -352,11 +353,11 @@ def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(mon
             monkeypatch.setattr(torch, "stack", stack_on_one_device_only)
         model = models.mlp(dtype=torch.float64)
         result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                                              list(zip(x.split(8), y.split(8))), [0.25] * 4)
+                                              list(zip(x.split(8), y.split(8), strict=True)), [0.25] * 4)
         results[split] = (result, [p.detach().clone() for p in model.parameters()])
     assert len(stacks) == 2 and stacks[0] == stacks[1] > 1  # the loss and the norms, tried, then moved and stacked
     assert results[True][0] == results[False][0] and not results[True][0].skipped
-    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
+    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1], strict=True))
 
 
 def test_steps_normalisation_records_the_loss_it_differentiates():
@@ -499,7 +500,8 @@ def test_parameter_gap_never_hides_a_nan():
 
 def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_nothing_in_the_norm():
     """A parameter the loss does not depend on (no .grad) beside the model's: untouched, and the norm is the
-    model's alone. (An optimizer holding none of the model's parameters is refused: tests/test_hostile_newer_cycle.py.)"""
+    model's alone. (An optimizer holding none of the model's parameters is refused:
+    tests/test_hostile_newer_cycle.py.)"""
     model = models.mlp(dtype=torch.float64)
     unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     twin = copy.deepcopy(model)
@@ -525,12 +527,12 @@ def test_the_cycles_seeded_backward_gives_the_six_line_recipes_gradient_bit_for_
     model, reference = models.cnn(seed=3).to(dtype), models.cnn(seed=3).to(dtype)
     result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batches, weights)
     losses = []
-    for (xs, ys), w in zip(micro_batches, weights):
+    for (xs, ys), w in zip(micro_batches, weights, strict=True):
         weighted = torch.nn.functional.cross_entropy(reference(xs), ys) * w
         losses.append(weighted.item())
         weighted.backward()
     torch.optim.SGD(reference.parameters(), lr=1.0).step()
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(), strict=True))
     assert result.loss == pytest.approx(math.fsum(losses), rel=6 * torch.finfo(dtype).eps)
 
 
@@ -588,8 +590,8 @@ def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_cha
                        loss_fn=torch.nn.functional.cross_entropy, count=counted)
     assert "loss_reduction='mean'" in str(refused.value) and "loss_reduction='sum'" in str(refused.value)
     after = (model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
-    assert all(torch.equal(a, b) for a, b in zip(before[1], after[1]))
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(before[1], after[1], strict=True))
     assert identical(before[2], after[2])  # the step counts and moments, bit for bit
     # the model's own loss needs none: it is a mean
     accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
@@ -620,7 +622,7 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
     overflow and skip), the model and .grad left as they were; a finite cycle steps as without a scaler."""
     x, y = X64[:16].clone(), Y64[:16].clone()
     y[5] = 99
-    micro_batches = list(zip(x.split(8), y.split(8)))
+    micro_batches = list(zip(x.split(8), y.split(8), strict=True))
     model = models.mlp(dtype=torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     before = copy.deepcopy(model.state_dict())
@@ -631,8 +633,8 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
     y[5] = 0
     reference = copy.deepcopy(model)
     accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
-                                 list(zip(x.split(8), y.split(8))), [0.5, 0.5])
-    result = accumlib.accumulate_and_step(model, optimizer, list(zip(x.split(8), y.split(8))), [0.5, 0.5],
+                                 list(zip(x.split(8), y.split(8), strict=True)), [0.5, 0.5])
+    result = accumlib.accumulate_and_step(model, optimizer, list(zip(x.split(8), y.split(8), strict=True)), [0.5, 0.5],
                                           scaler=torch.amp.GradScaler("cpu", enabled=False))
     assert not result.skipped and max_param_diff(model, reference) == 0
 
@@ -659,7 +661,7 @@ def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
     assert [r.skipped for r in history] == [False, True, False, False, False]
     assert optimizer.calls == [True] * 4 and max_param_diff(model, plain) == 0
     optimizer.calls = []
-    accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y64[:8].split(4))), [0.5, 0.5])
+    accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y64[:8].split(4), strict=True)), [0.5, 0.5])
     assert optimizer.calls == [True] and all(p.grad is None for p in model.parameters())
 
 
@@ -674,7 +676,7 @@ def test_a_batch_of_0_rows_adds_nothing_mid_cycle_and_at_the_end():
     """A filtering collate_fn's 0-row batch: mid-cycle, the cycle is the step on its other batches, bit for bit (not
     a skipped step); at the end, its cycle has nothing to learn: recorded as empty, not stepped, no error."""
     X, y = X64[:18, :6], Y64[:18] % 3
-    batches = list(zip(X.split(3), y.split(3)))
+    batches = list(zip(X.split(3), y.split(3), strict=True))
     none = (X[:0], y[:0])
     model, history = linear_run([batches[0], none, batches[1]], 3)
     others, _ = linear_run(batches[:2], 2)
@@ -695,7 +697,7 @@ def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
     """A weight-0 micro-batch whose loss is NaN does not poison the cycle (it is not run: the step on the others,
     bit for bit); all weights 0: nothing run or changed, the result says empty."""
     x, y = X64[:12], Y64[:12]
-    micro_batches = list(zip(x.split(4), y.split(4)))
+    micro_batches = list(zip(x.split(4), y.split(4), strict=True))
     model, reference = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
     calls = []
 

@@ -57,9 +57,9 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "accumlib").rglob("*")
                if path.is_file() and "__pycache__" not in path.parts}
-    assert {"accumlib/lessons/quiz/__init__.py", "accumlib/lessons/quiz/questions.json", "accumlib/lessons/digits.bin.gz",
-            "accumlib/locale/hi/LC_MESSAGES/accumlib.mo", "accumlib/lessons/fonts/Lohit-Devanagari.ttf",
-            "accumlib/lessons/fonts/OFL.txt"} <= sources
+    assert {"accumlib/lessons/quiz/__init__.py", "accumlib/lessons/quiz/questions.json",
+            "accumlib/lessons/digits.bin.gz", "accumlib/locale/hi/LC_MESSAGES/accumlib.mo",
+            "accumlib/lessons/fonts/Lohit-Devanagari.ttf", "accumlib/lessons/fonts/OFL.txt"} <= sources
     assert sources - shipped == set()
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
     requirements = [line.split(":", 1)[1].strip() for line in info.decode().splitlines()

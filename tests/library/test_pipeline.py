@@ -250,7 +250,7 @@ def test_batches_of_any_sizes_are_weighted_by_their_samples():
     sizes = [5, 2, 4, 1, 3, 6]
     X, y = torch.randn(sum(sizes), 6, generator=generator, dtype=torch.float64), torch.randint(0, 3, (21,),
                                                                                                generator=generator)
-    batches = list(zip(torch.split(X, sizes), torch.split(y, sizes)))
+    batches = list(zip(torch.split(X, sizes), torch.split(y, sizes), strict=True))
 
     def model():
         torch.manual_seed(5)
@@ -260,7 +260,7 @@ def test_batches_of_any_sizes_are_weighted_by_their_samples():
     history = accumlib.train(trained, batches, torch.optim.SGD(trained.parameters(), lr=0.5), accum_steps=4)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
     for first in (0, 4):
-        xs, ys = zip(*batches[first:first + 4])
+        xs, ys = zip(*batches[first:first + 4], strict=True)
         optimizer.zero_grad()
         nn.functional.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
         optimizer.step()
@@ -597,7 +597,8 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch; a list that is
     empty or holds a bad item) stops, and the others stop at the same cycle with a message that says which process
     failed and why, instead of waiting for it in an all-reduce (or gloo's "Connection closed by peer")."""
-    run_on_two_processes(REFUSING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)  # both exit: none waits
+    # both exit: none waits
+    run_on_two_processes(REFUSING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
     bad_item = ("TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
                 "inputs, or a dict of model inputs, got None of type NoneType")
@@ -606,7 +607,8 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     stops = ". This process (rank 0) stops with it, before this step changes anything"
     no_batch = ("ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
                 "ValueError: data gave this process (rank 1) no batch while another process has some")
-    scalar = "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be counted"
+    scalar = ("TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be "
+              "counted")
     expected = {"bad batch": (failed.format(step=2) + scalar + stops, scalar),
                 "no batch": no_batch, "list: empty": no_batch,
                 "loader error": (failed.format(step=2) + "OSError: the disk went away" + stops,
@@ -766,10 +768,10 @@ def test_count_and_loss_fn_get_the_micro_batch_s_target_for_every_batch_shape(sh
     targets = [b if isinstance(b, dict) else b[1] for b in batches]
     for seen in (counted, losses):
         assert len(seen) == 4
-        for got, target in zip(seen, targets):
+        for got, target in zip(seen, targets, strict=True):
             assert type(got) is type(target)
             assert all(torch.equal(a, b) for a, b in zip(*(t.values() if isinstance(t, dict) else [t]
-                                                           for t in (got, target))))
+                                                           for t in (got, target)), strict=True))
     reference = full_batch_reference(TinyCausalLM(), [ITEMS[:12]])
     assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
 

@@ -72,7 +72,10 @@ def test_the_snapshot_copies_batchnorms_statistics_and_not_a_large_buffer():
     """The peak with a 1 MiB buffer is the peak without it plus the buffer itself: no copy of it is made per
     cycle. With BatchNorm, its running statistics (2 x 32 floats and a count) are copied, and counted."""
     small, large = Masked(size=16), Masked(size=512)
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
     grown = (trained_peaks(large, sgd(large), 8, 4)[0] - trained_peaks(small, sgd(small), 8, 4)[0])
     assert grown == (512 * 512 - 16 * 16) * 4  # the buffer once, as it is held
     plain = batchnorm()
@@ -149,7 +152,10 @@ def test_the_measurements_move_the_data_to_the_models_device():
     weight, x = mode.from_tensor(on_meta.linear.weight), mode.from_tensor(X[:8])
     with mode, pytest.raises(FakeTensorDeviceMismatchError):
         nn.functional.linear(x, weight)  # what a measurement that forgot to move its data would meet
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
     expected = memory.measure_step(on_cpu, X[:8], Y[:8], optimizer=sgd(on_cpu), accum_steps=4, fake=True).peak
     assert memory.measure_step(on_meta, X[:8], Y[:8], optimizer=sgd(on_meta), accum_steps=4, fake=True).peak == expected
     assert memory.check_fits(on_meta, sgd(on_meta), X[:8], Y[:8], loss_fn=None, accum_steps=4,
@@ -173,7 +179,7 @@ def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
         calls = []
         real = ddp.no_sync
         ddp.no_sync = lambda: calls.append(None) or real()
-        micro_batches = list(zip(X[:12].split(4), Y[:12].split(4)))
+        micro_batches = list(zip(X[:12].split(4), Y[:12].split(4), strict=True))
         result = accumlib.accumulate_and_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.1),
                                               micro_batches, [1 / 3] * 3)
         reference = accumlib.accumulate_and_step(plain, torch.optim.SGD(plain.parameters(), lr=0.1), micro_batches,
@@ -192,8 +198,11 @@ def test_a_measurement_watches_its_own_threads_cycles_only():
 
     phases = []
     model = batchnorm()
-    run = lambda: accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                               [(X[:8], Y[:8]), (X[8:16], Y[8:16])], [0.5, 0.5])
+
+    def run():
+        accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                     [(X[:8], Y[:8]), (X[8:16], Y[8:16])], [0.5, 0.5])
+
     with cycle.watched(lambda phase, model=None: phases.append(phase)):
         thread = threading.Thread(target=run)
         thread.start()
@@ -287,9 +296,9 @@ def test_a_skipped_cycle_gives_back_each_grad_it_found_none_or_not():
     model = batchnorm()
     params = list(model.parameters())
     found = [torch.full_like(p, 0.25) if i % 2 else None for i, p in enumerate(params)]
-    for p, grad in zip(params, found):
+    for p, grad in zip(params, found, strict=True):
         p.grad = grad
     bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
     assert accumlib.accumulate_and_step(model, torch.optim.SGD(params, lr=0.1), bad, [0.5, 0.5]).skipped
-    assert all(p.grad is grad for p, grad in zip(params, found))
+    assert all(p.grad is grad for p, grad in zip(params, found, strict=True))
     assert all(torch.equal(grad, torch.full_like(grad, 0.25)) for grad in found if grad is not None)

@@ -53,7 +53,7 @@ def check(model, optimizer, records) -> int:
     """The model is the uninterrupted run's after len(records) steps, and Adam counted exactly that many."""
     applied = len(records)
     assert [r.step for r in records] == list(range(1, applied + 1))
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), REFERENCE[applied])), applied
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), REFERENCE[applied], strict=True)), applied
     counts = {float(state["step"]) for state in optimizer.state.values()} or {0.0}
     assert counts == {float(applied)}, (counts, applied)  # a torn step: the count advanced, the weights not
     return applied
@@ -239,8 +239,8 @@ def test_a_sigint_inside_a_direct_accumulate_and_step_arrives_after_the_whole_st
     model, optimizer, scheduler = build()
     optimizer.register_step_pre_hook(lambda *args: interrupt())
     with pytest.raises(KeyboardInterrupt):
-        accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y[:8].split(4))), [0.5, 0.5],
-                                     scheduler=scheduler)
+        accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y[:8].split(4), strict=True)),
+                                     [0.5, 0.5], scheduler=scheduler)
     assert check(model, optimizer, [accumlib.StepRecord(1, 0, 8, 2, 8, 0.0, 0.0, None, 1.0, None)]) == 1
     assert scheduler.last_epoch == 1  # the scheduler stepped too: the unit was not cut
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler given back

@@ -44,7 +44,7 @@ def same(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b))
+        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b, strict=True))
     return a == b
 
 
@@ -95,7 +95,8 @@ def test_sys_maxsize_itself_is_a_count_a_run_can_use():
     assert same(weights, expected_weights) and records == expected_records and len(records) == 3
 
 
-@pytest.mark.parametrize("value", [10 ** 400, -(10 ** 400), float("inf"), float("nan")], ids=["1e400", "-1e400", "inf", "nan"])
+@pytest.mark.parametrize("value", [10 ** 400, -(10 ** 400), float("inf"), float("nan")],
+                         ids=["1e400", "-1e400", "inf", "nan"])
 def test_a_clip_norm_past_floats_range_is_refused_by_name(value):
     with pytest.raises(ValueError, match=r"^clip_grad_norm must be a positive, finite number, got "):
         cycle.CycleOptions(clip_grad_norm=value)

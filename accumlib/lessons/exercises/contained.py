@@ -181,7 +181,8 @@ def run(work: Callable[[], dict], *, check_limit: float, on_progress: Callable[[
     {"kind": "overtime", "progress": the last progress report or None} (check_limit seconds of wall time), or
     {"kind": "ended", "code": exit status or None, "signal": signal number or None} (the child ended without a
     verdict), or {"kind": "crashed", "error": a type name, "message": ...} (the check itself failed, or the pipe
-    carried what the check did not write). on_progress gets the latest progress report at most once per PROGRESS_EVERY seconds.
+    carried what the check did not write). on_progress gets the latest progress report at most once per
+    PROGRESS_EVERY seconds.
     """
     global _fork_works, _local_progress
     if _fork_works:

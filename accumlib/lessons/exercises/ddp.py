@@ -61,8 +61,8 @@ def ddp_findings(fp: Fingerprint) -> list[Finding]:
         return [Finding("no-sync-missing", _(
             "DDP all-reduces the gradients after every micro-batch: {allreduces} all-reduces for {steps} steps, where "
             "one per step is enough. The sum comes out the same (all-reducing is linear), but each extra all-reduce "
-            "is time spent sending gradients between processes. Run every micro-batch but the last of each cycle inside "
-            "with model.no_sync():, its forward pass included.").format(allreduces=len(synced),
+            "is time spent sending gradients between processes. Run every micro-batch but the last of each cycle "
+            "inside with model.no_sync():, its forward pass included.").format(allreduces=len(synced),
                                                                          steps=len(fp.readings)))]
     for reading in fp.readings:
         window = [j for j in synced if j in reading.fresh]

@@ -456,7 +456,8 @@ class Fingerprint:
         solution = torch.linalg.lstsq(basis, gradient.unsqueeze(1)).solution.squeeze(1)
         size = gradient.norm().item()
         residual = (gradient - basis @ solution).norm().item() / size if size else 0.0
-        return Reading(number, fresh, earlier, dict(zip(candidates, solution.tolist())), residual, gradient)
+        return Reading(number, fresh, earlier, dict(zip(candidates, solution.tolist(), strict=True)), residual,
+                       gradient)
 
     def full_batch_gradient(self, cycle: list[int]) -> torch.Tensor:
         """The gradient of one batch made of the whole cycle, at the initial weights."""
@@ -469,7 +470,7 @@ class Fingerprint:
     def gradient_gap(self) -> float:
         """Largest |step gradient - full-batch gradient of its cycle|, when the steps match the cycles one to one."""
         return max((r.gradient - self.full_batch_gradient(cycle)).abs().max().item()
-                   for r, cycle in zip(self.readings, self.reference.cycles))
+                   for r, cycle in zip(self.readings, self.reference.cycles, strict=True))
 
 
 def _close(value: float, target: float) -> bool:
@@ -617,12 +618,12 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
     if leaked:
         findings.add("leaked-tail", ngettext(
             "The micro-batch left over at the end of epoch {epoch} leaks into the first step of epoch {next_epoch} "
-            "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches, 1 of them from "
-            "epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end of each epoch.",
+            "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches, 1 of them "
+            "from epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end of each epoch.",
             "The {count} micro-batches left over at the end of epoch {epoch} leak into the first step of epoch "
             "{next_epoch} (step {step}): nothing steps or zeroes their gradient, so that step holds {held} "
-            "micro-batches, {count} of them from epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end "
-            "of each epoch.", len(leaked)).format(
+            "micro-batches, {count} of them from epoch {epoch} (its gradient is off by {error:.0%}). Step the last "
+            "cycle at the end of each epoch.", len(leaked)).format(
                 count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1, step=r.number,
                 held=len(leaked) + len([j for j in inner if j in nonzero]),
                 error=_relative_error(fp, r)))

@@ -59,7 +59,7 @@ exercises.scale_loss.check(scale_loss)
         def gradient() -> torch.Tensor:
             return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
 
-        for xs, ys in zip(X.split(problem.micro_batch_size), y.split(problem.micro_batch_size)):
+        for xs, ys in zip(X.split(problem.micro_batch_size), y.split(problem.micro_batch_size), strict=True):
             before = gradient()
             try:
                 scaled = call_with(scale_loss, {"loss": loss_fn(model(xs), ys), "accum_steps": k})
@@ -110,8 +110,8 @@ exercises.scale_loss.check(scale_loss)
                         "accum_steps, not by the number {accum_steps}.").format(
                             accum_steps=k, other=other.accum_steps, ratio=ratio))])
             return right(_("The {accum_steps} scaled micro-batch gradients add up to the full-batch gradient of the "
-                           "{samples} samples (largest difference {gap:.1e}), and so they do with accum_steps = {one} and "
-                           "{two}.").format(accum_steps=k, samples=problem.samples, gap=gap,
+                           "{samples} samples (largest difference {gap:.1e}), and so they do with accum_steps = {one} "
+                           "and {two}.").format(accum_steps=k, samples=problem.samples, gap=gap,
                                             one=self.other_problems[0].accum_steps,
                                             two=self.other_problems[1].accum_steps))
         if accumulated.abs().max().item() == 0:

@@ -147,7 +147,8 @@ exercises.batchnorm_split.check(choose_split)
         m, k = (whole_number(v) for v in answer)
         if m is None or k is None or m < 1 or k < 1:
             return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers of at "
-                                           "least 1: (micro_batch_size, accum_steps).").format(value=Shown(tuple(answer))))
+                                           "least 1: (micro_batch_size, accum_steps).").format(
+                                               value=Shown(tuple(answer))))
         if m * k != batch:
             return Finding("wrong-product", _(
                 "For an effective batch of {batch}, choose_split returned micro_batch_size={m} and accum_steps={k}: "
@@ -167,8 +168,8 @@ exercises.batchnorm_split.check(choose_split)
                 "For an effective batch of {batch} on a card of {card} bytes, micro-batches of {m} fit, but so do "
                 "micro-batches of {best}, which divide {batch} too. BatchNorm normalises with the statistics of each "
                 "micro-batch: measured on {batch} digits, micro-batches of {m} stray {yours:.3f} from the whole "
-                "batch's statistics, micro-batches of {best} {largest:.3f}. Return the largest size that divides the effective "
-                "batch and fits.").format(batch=batch, card=_bytes(budget), m=m, best=best, yours=yours,
+                "batch's statistics, micro-batches of {best} {largest:.3f}. Return the largest size that divides the "
+                "effective batch and fits.").format(batch=batch, card=_bytes(budget), m=m, best=best, yours=yours,
                                           largest=largest))
         return None
 

@@ -12,8 +12,8 @@ import torch
 
 from ...i18n import N_, _, ngettext
 from .core import Finding
-from .fingerprint import (CLOSE, EXACT, NO_GRAD, ZERO, Fingerprint, Problem, Reading, Recording, call_with, error_finding,
-                          loop_findings, loss_fn)
+from .fingerprint import (CLOSE, EXACT, NO_GRAD, ZERO, Fingerprint, Problem, Reading, Recording, call_with,
+                          error_finding, loop_findings, loss_fn)
 from .loops import LoopExercise
 
 # What PyTorch's GradScaler raises, by the start of its message: (finding name, what it means)
@@ -58,7 +58,7 @@ def rescaled(fp: Fingerprint) -> tuple[Reading, float] | None:
     ref = fp.reference
     if len(fp.readings) != len(ref.cycles):
         return None
-    for reading, cycle in zip(fp.readings, ref.cycles):
+    for reading, cycle in zip(fp.readings, ref.cycles, strict=True):
         counted = {j for j, c in reading.coefficients.items() if abs(c) > ZERO}
         if reading.residual > CLOSE or counted != set(cycle):
             continue
@@ -204,7 +204,7 @@ exercises.amp_loop.check(accumulate)
         rec = fp.recording
         if rec.error is not None:
             return scaler
-        outside = [number for number, (dtype, j) in enumerate(zip(rec.autocast, rec.forwards), 1)
+        outside = [number for number, (dtype, j) in enumerate(zip(rec.autocast, rec.forwards, strict=True), 1)
                    if dtype is None and j != NO_GRAD]  # an evaluation under no_grad may run in any precision
         if outside:
             scaler.append(Finding("no-autocast", ngettext(
@@ -324,7 +324,7 @@ exercises.clip_after_unscale.check(optimizer_step)
         if findings:
             return findings
         scale = fp.recording.scaler.get_scale()
-        for reading, cycle in zip(fp.readings, fp.reference.cycles):
+        for reading, cycle in zip(fp.readings, fp.reference.cycles, strict=True):
             full = fp.full_batch_gradient(cycle)
             clipped = clip(full, self.max_norm)
             norm = reading.gradient.norm().item()
@@ -364,7 +364,7 @@ exercises.clip_after_unscale.check(optimizer_step)
                  "difference {weight_gap:.1e}).").format(
                      steps=len(fp.readings), max_norm=self.max_norm, lr=self.problem.lr, weight_gap=weight_gap,
                      gradient_gap=max((r.gradient - clip(fp.full_batch_gradient(c), self.max_norm)).abs().max().item()
-                                      for r, c in zip(fp.readings, fp.reference.cycles)))
+                                      for r, c in zip(fp.readings, fp.reference.cycles, strict=True)))
 
 
 amp_loop = AmpLoop()

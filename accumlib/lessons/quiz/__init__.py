@@ -100,7 +100,7 @@ def _places(seed) -> dict[str, int]:
     start = rng.randrange(4)  # which places get the one extra when the count is not a multiple of 4
     places = [(start + i) % 4 for i in range(len(ids))]
     rng.shuffle(places)
-    return dict(zip(ids, places))
+    return dict(zip(ids, places, strict=True))
 
 
 @lru_cache(maxsize=None)
@@ -151,7 +151,8 @@ def select(ids=None, lesson: int | None = None) -> list[dict]:
         chosen = [q for q in questions.values()
                   if lesson is None or (q["lesson"] == lesson and q["kind"] != "predict")]
         if not chosen:
-            raise ValueError(_("lesson: no question belongs to lesson {number}; lessons with questions: {numbers}").format(
+            raise ValueError(_("lesson: no question belongs to lesson {number}; lessons with questions: "
+                               "{numbers}").format(
                 number=lesson, numbers=sorted({q["lesson"] for q in questions.values()})))
         return copy.deepcopy(chosen)
     if isinstance(ids, str) or not isinstance(ids, (list, tuple)):

@@ -155,7 +155,7 @@ def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> M
                 "not the furthest from those of the held-out digits: error {small_error:.3f}, against "
                 "{large_error:.3f} from micro-batches of {large}.").format(**values))
     losses = [o.reestimated.loss for o in bn]
-    falls = all(a >= b for a, b in zip(losses, losses[1:]))
+    falls = all(a >= b for a, b in itertools.pairwise(losses))
     path = " → ".join(f"{o.reestimated.loss:.3f} ({o.micro_batch_size})" for o in bn)
     if falls:
         print(_("Weights: re-estimated on the same training digits, the held-out loss still falls as the micro-batch "
@@ -247,7 +247,7 @@ def over_seeds(results: dict, precision: str = "float64") -> list[SeedDifference
     found = []
     for quantity in values:
         for small, large in pairs:
-            differences = [a - b for a, b in zip(values[quantity][small], values[quantity][large])]
+            differences = [a - b for a, b in zip(values[quantity][small], values[quantity][large], strict=True)]
             mean, spread = _mean_spread(differences)
             same = all(d > 0 for d in differences) or all(d < 0 for d in differences)
             found.append(SeedDifference(quantity, small, large, mean, spread, same))
@@ -268,7 +268,7 @@ def skipped_cycle(skipped: bool, before: dict[str, tuple], after: dict[str, tupl
     """A cycle `accumlib.accumulate_and_step` skipped (a NaN): are the BatchNorm running statistics as they were
     before it? before/after: layer -> (running_mean, running_var), copies taken around the call. Returns it."""
     kept = before.keys() == after.keys() and all(
-        torch.equal(a, b) for layer in before for a, b in zip(before[layer], after[layer]))
+        torch.equal(a, b) for layer in before for a, b in zip(before[layer], after[layer], strict=True))
     if not skipped:
         print(_("The cycle was not skipped: its loss and gradient were finite."))
     elif kept:

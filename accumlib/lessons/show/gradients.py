@@ -33,7 +33,8 @@ class GradientComparison:
 
 def _compared(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tensor]) -> GradientComparison:
     """An accumulated gradient against the full-batch gradient (one tensor per parameter, same order)."""
-    if len(accumulated) != len(full_batch) or any(a.shape != f.shape for a, f in zip(accumulated, full_batch)):
+    if len(accumulated) != len(full_batch) or any(a.shape != f.shape
+                                                  for a, f in zip(accumulated, full_batch, strict=True)):
         raise ValueError(f"accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
                          f"{[tuple(a.shape) for a in accumulated]} and {[tuple(f.shape) for f in full_batch]}")
     a = torch.cat([g.detach().flatten().double() for g in accumulated])
@@ -87,7 +88,7 @@ def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_st
     params = [p for p in model.parameters() if p.requires_grad]
     full_batch = torch.autograd.grad(loss_fn(model(X), y), params)
     model.zero_grad()
-    for x_micro, y_micro in zip(X.chunk(accum_steps), y.chunk(accum_steps)):  # the seed's loop, one cycle
+    for x_micro, y_micro in zip(X.chunk(accum_steps), y.chunk(accum_steps), strict=True):  # the seed's loop, one cycle
         if zero_every_micro_batch:
             model.zero_grad()
         loss = loss_fn(model(x_micro), y_micro)
@@ -99,7 +100,7 @@ def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_st
 
     def last_alone() -> bool:  # whether .grad is what backward() of the last micro-batch alone gives
         last = torch.autograd.grad(loss_fn(model(X[-micro:]), y[-micro:]) / (accum_steps if divide else 1), params)
-        return max((a - b).abs().max().item() for a, b in zip(accumulated, last)) <= bound
+        return max((a - b).abs().max().item() for a, b in zip(accumulated, last, strict=True)) <= bound
 
     if result.equal:
         print(_("{count} backward() calls added up in .grad: the full-batch gradient, up to float rounding "
@@ -188,9 +189,11 @@ def logged_losses(log, histories: dict[tuple[int, int], object], *, accum_steps:
     """
     print_table([_("micro-batch"), _("logged: loss / accum_steps"), _("true loss")],
                 [[str(i + 1), f"{scaled:.4f}", f"{true:.4f}"]
-                 for i, (scaled, true) in enumerate(zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps]))])
+                 for i, (scaled, true) in enumerate(zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps],
+                                                        strict=True))])
     mean = math.fsum(log.true_losses[:accum_steps]) / accum_steps
-    print(_("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(mean=mean))
+    print(_("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(
+        mean=mean))
     for (micro_batch_size, steps), history in histories.items():
         print(_("accumlib.train, micro_batch_size={micro_batch_size}, accum_steps={accum_steps}: step 1's loss "
                 "{loss:.4f}").format(micro_batch_size=micro_batch_size, accum_steps=steps, loss=history[0].loss))

@@ -2,6 +2,7 @@
 memory of a step against the batch and the card's budget, and a first run with accumulation under that budget."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -37,7 +38,7 @@ class BatchComparison:
 
 def _mean_jump(losses: Sequence[float]) -> float:
     """Mean absolute change of the loss from one step to the next (nats)."""
-    return sum(abs(b - a) for a, b in zip(losses, losses[1:])) / (len(losses) - 1)
+    return sum(abs(b - a) for a, b in itertools.pairwise(losses)) / (len(losses) - 1)
 
 
 def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
@@ -119,14 +120,14 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief
     reports = sorted(reports, key=lambda r: r.micro_batch_size)
     sizes = [r.micro_batch_size for r in reports]
     peaks = [r.peak for r in reports]
-    fitting = [size for size, peak in zip(sizes, peaks) if peak <= budget_bytes]
+    fitting = [size for size, peak in zip(sizes, peaks, strict=True) if peak <= budget_bytes]
     card = plots.mib(budget_bytes)
     yes, no = _("yes"), _("no")
     if not brief:
         print_table([_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"),
                      _("fits {card}?").format(card=card)],
                     [[size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
-                     for size, r in zip(sizes, reports)])
+                     for size, r in zip(sizes, reports, strict=True)])
     first_too_large = None
     if len(fitting) == len(sizes):
         finding = _("Every batch measured, up to {largest} samples, fits the {card} card.").format(

@@ -102,11 +102,12 @@ def token_weights(targets: torch.Tensor, micro_batch_size: int, accum_steps: int
     if 0 in counts:
         raise ValueError(f"targets: a micro-batch of the first cycle has no token (tokens per micro-batch: {counts})")
     total = sum(counts)
-    by_mean = [len(part) / len(cycle) / n for part, n in zip(micro, counts)]
+    by_mean = [len(part) / len(cycle) / n for part, n in zip(micro, counts, strict=True)]
     by_count = [1 / total] * len(micro)
     print_table([_("micro-batch"), _("tokens"), _("weight of a token, mean of means"),
                  _("weight of a token, by the cycle's tokens")],
-                [[i + 1, n, f"{a:.4f}", f"{b:.4f}"] for i, (n, a, b) in enumerate(zip(counts, by_mean, by_count))])
+                [[i + 1, n, f"{a:.4f}", f"{b:.4f}"]
+                 for i, (n, a, b) in enumerate(zip(counts, by_mean, by_count, strict=True))])
     most, least = counts.index(max(counts)), counts.index(min(counts))
     print(_("Averaging means, a token of micro-batch {few_at} ({few} tokens) weighs {ratio:.1f} times as much as one "
             "of micro-batch {many_at} ({many} tokens). Counted over the cycle's {total} tokens, every token weighs the "

@@ -3,6 +3,7 @@ micro-batches a step condition steps after; for lesson 0, the two places to zero
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Mapping, Sequence
 
 import torch
@@ -74,7 +75,7 @@ def misplaced(runs: Mapping[str, tuple[torch.nn.Module, Sequence[ClassicStep]]],
                      f"{0:.1e}" if gaps[name] == 0 else rounding_or_gap(gaps[name], ROUNDING)])
     print_table([_("loop"), _("optimizer steps"), _("micro-batches in a step's gradient"),
                  _("weight difference from accumlib.train")], rows)
-    for name, (model, steps) in runs.items():
+    for name, (_model, steps) in runs.items():
         held = max(step.micro_batches for step in steps)
         if gaps[name] == 0:
             continue  # exactly the same weights: its row (0.0e+00) says so, a line would repeat it
@@ -112,11 +113,12 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
         if any(not 0 <= s < micro_batches for s in steps) or steps != sorted(set(steps)):
             raise ValueError(f"steps_at[{condition!r}] must list increasing step values from 0 to {micro_batches - 1}, "
                              f"got {steps}")
-        held = [now - before for before, now in zip([-1, *steps], steps)]
+        held = [now - before for before, now in itertools.pairwise([-1, *steps])]
         left = micro_batches - 1 - steps[-1] if steps else micro_batches
         held_by[condition] = held
         rows.append([condition, ", ".join(str(s + 1) for s in steps), ", ".join(map(str, held)), left])
-    print_table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"), _("not stepped in this epoch")], rows)
+    print_table([_("condition"), _("steps after micro-batch"), _("micro-batches per step"),
+                 _("not stepped in this epoch")], rows)
     for condition, held in held_by.items():
         left = micro_batches - sum(held)
         if held and held[0] != accum_steps:

@@ -163,7 +163,8 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
         shrinks=", ".join(category_name(c) for c in shrinks) or _("nothing"),
         stays=", ".join(category_name(c) for c in stays) or _("nothing"),
         grows=", ".join(category_name(c) for c in grows) or _("nothing"))
-    plot = figure(plots.memory_stack({label: r.categories() for label, r in zip(labels, reports)}, title, alt))
+    plot = figure(plots.memory_stack({label: r.categories() for label, r in zip(labels, reports, strict=True)}, title,
+                                     alt))
     return CategoryChanges(shrinks, stays, grows, unused, varies, peak_ratio, plot)
 
 

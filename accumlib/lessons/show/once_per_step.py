@@ -93,7 +93,8 @@ def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> di
                 how=labels[key], message=pytorch_says(message)))
     if reached is None:
         finding = _("With the scheduler stepped after every micro-batch, the learning rate never falls to {low:.3f}, "
-                    "the last learning rate of the schedule stepped once per optimizer step (step {slow}).").format(low=last, slow=steps)
+                    "the last learning rate of the schedule stepped once per optimizer step (step {slow}).").format(
+                        low=last, slow=steps)
     elif max(fast[reached:]) > fast[reached]:
         finding = _("With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
                     "{fast} instead of step {slow}, then climbs back to {peak:.3f}.").format(

@@ -40,7 +40,8 @@ def _lines(labels: list[str], texts: list[str]) -> str:
     times never sit in padded columns: their width changes from run to run, and the padding would then differ where
     the times themselves are masked."""
     widest = max(width(label) for label in labels)
-    return "\n".join(f"  {label}{' ' * (widest - width(label))}  {text}" for label, text in zip(labels, texts))
+    return "\n".join(f"  {label}{' ' * (widest - width(label))}  {text}"
+                     for label, text in zip(labels, texts, strict=True))
 
 
 def steps(decomposition: TimeDecomposition) -> list[float]:
@@ -54,7 +55,7 @@ def steps(decomposition: TimeDecomposition) -> list[float]:
     print(_("Time per effective batch of {batch} samples, micro-batch × accum_steps (against {first}):").format(
         **names))
     print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
-                 [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios)]))
+                 [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios, strict=True)]))
     print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
         ratio=_times(ratios[-1]), **names))
     print(_("Measured on {device}, {threads} thread(s); the clock: {clock}.").format(
