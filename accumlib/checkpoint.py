@@ -93,10 +93,10 @@ def _bare(model: torch.nn.Module) -> torch.nn.Module:
 class WholeState:
     """The model-and-optimizer part of a checkpoint as whole state dicts inside the file: one process, or DDP, where
     every process holds the same weights. `Checkpoint` uses only these four methods and `collective`, so a sharded
-    model (FSDP2) plugs in a form of its own (`_parts` chooses it, or `Checkpoint(parts=...)`): its `state` saves each process's shards with
-    `torch.distributed.checkpoint` into a folder of that step beside the file and returns the folder's name for the
-    file, `problem` checks that name, `load` reads the shards back; `collective = True` makes every process call
-    `state` (here only process 0 does)."""
+    model (FSDP2) plugs in a form of its own (`_parts` chooses it, or `Checkpoint(parts=...)`): its `state` saves each
+    process's shards with `torch.distributed.checkpoint` into a folder of that step beside the file and returns the
+    folder's name for the file, `problem` checks that name, `load` reads the shards back; `collective = True` makes
+    every process call `state` (here only process 0 does)."""
 
     collective = False
 

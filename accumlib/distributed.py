@@ -2,11 +2,12 @@
 
 `launch` starts one fresh Python process (not forked from the caller, so a Jupyter kernel stays out of it) that
 imports torch, reads the job and forks `world_size` ranks from it, so they share its pages instead of each
-importing torch again (on Linux; on macOS and Windows each rank is a fresh process). Each rank gets the rendezvous environment torchrun would give it: RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT, on loopback only. They form one gloo process group and run each `DDPRun` of the job in
-turn: every process trains DistributedDataParallel(builder()) (or, with `wrap="fsdp2"`, builder() sharded with
-FSDP2's `fully_shard`) with `accumlib.train`, while a DDP communication hook counts the gradient all-reduces of each
-optimizer step. Rank 0's results come back; when one rank fails the others are stopped and its error is raised.
+importing torch again (on Linux; on macOS and Windows each rank is a fresh process). Each rank gets the rendezvous
+environment torchrun would give it: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, on loopback only. They form one gloo
+process group and run each `DDPRun` of the job in turn: every process trains DistributedDataParallel(builder()) (or,
+with `wrap="fsdp2"`, builder() sharded with FSDP2's `fully_shard`) with `accumlib.train`, while a DDP communication hook
+counts the gradient all-reduces of each optimizer step. Rank 0's results come back; when one rank fails the others are
+stopped and its error is raised.
 The job's file is signed (HMAC-SHA256) with a key launch() gives only its own processes, in their environment:
 `python -m accumlib.distributed FOLDER` refuses a folder launch() did not write before unpickling anything in it.
 `compare_no_sync` and `compare_fsdp2` are lesson 9's jobs (one run with and one without `no_sync()`; one under DDP
@@ -184,7 +185,7 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
         results = torch.load(job / "result.pt", weights_only=True)  # numbers, tuples and tensors: nothing runs
     return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, wrap=run.wrap,
                       **{**result, "memory": tuple(MemoryReport(**report) for report in result["memory"])})
-            for run, result in zip(runs, results)]
+            for run, result in zip(runs, results, strict=True)]
 
 
 _PREFIX = "accumlib-ddp-"  # the job folders' names in the temporary folder

@@ -296,7 +296,8 @@ class MemoryReport:
         return {name: getattr(self, name.replace(" ", "_")) for name in CATEGORIES}
 
 
-MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(f"    {name}: {definition}.\n" for name, definition in CATEGORY_DEFINITIONS.items())
+MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(f"    {name}: {definition}.\n"
+                                                                  for name, definition in CATEGORY_DEFINITIONS.items())
 
 
 def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn.Module,
@@ -311,7 +312,7 @@ def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn
     trainable = [p for p in copied.parameters() if p.requires_grad]
     if optimizer is None:
         return torch.optim.SGD(trainable, lr=0.1)
-    copies = {id(o): c for o, c in zip(original.parameters(), copied.parameters())}
+    copies = {id(o): c for o, c in zip(original.parameters(), copied.parameters(), strict=True)}
     groups = [{**{k: v for k, v in group.items() if k != "params"},
                "params": [copies[id(p)] for p in group["params"] if id(p) in copies and copies[id(p)].requires_grad]}
               for group in optimizer.param_groups]

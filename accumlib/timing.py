@@ -174,7 +174,7 @@ def _least_squares(sizes: list[int], seconds: list[float]) -> tuple[float, float
     """(intercept, slope) of the ordinary least-squares line through the points (size, seconds)."""
     mean_size, mean_seconds = statistics.fmean(sizes), statistics.fmean(seconds)
     spread = sum((s - mean_size) ** 2 for s in sizes)
-    slope = sum((s - mean_size) * (t - mean_seconds) for s, t in zip(sizes, seconds)) / spread
+    slope = sum((s - mean_size) * (t - mean_seconds) for s, t in zip(sizes, seconds, strict=True)) / spread
     return mean_seconds - slope * mean_size, slope
 
 
@@ -186,10 +186,10 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
 
     data: (X, y) with at least effective_batch samples; every step trains on X[:effective_batch] split into
     accum_steps micro-batches of effective_batch // accum_steps (each must divide effective_batch; two or more
-    distinct micro-batch sizes are needed for the fit). The loop is the hand-written recipe
-    as `train` runs it (`accumulate_and_step`, each pass weighted 1/accum_steps) on a copy of `model` (left untouched, as is the global random state); optimizer_fn
-    and loss_fn as for `time_config`. Rounds of one step per split, in alternating order (ABBA...) so that
-    drift of the machine hits every split alike: `warmup` untimed rounds, then `repeats` timed ones.
+    distinct micro-batch sizes are needed for the fit). The loop is the hand-written recipe as `train` runs it
+    (`accumulate_and_step`, each pass weighted 1/accum_steps) on a copy of `model` (left untouched, as is the global
+    random state); optimizer_fn and loss_fn as for `time_config`. Rounds of one step per split, in alternating order
+    (ABBA...) so that drift of the machine hits every split alike: `warmup` untimed rounds, then `repeats` timed ones.
     threads: CPU threads torch computes with during the measurement (restored afterwards); None keeps the current
     setting. The clock: with one thread on the CPU (the default), the CPU time of the thread that computes
     (`time.thread_time`), which other programs on a shared machine cannot inflate (on an idle machine it equals
@@ -222,7 +222,7 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     model, optimizer = _copy_with_optimizer(model, optimizer_fn)
     model.to(device)
     X, y = X[:effective_batch].to(device), y[:effective_batch].to(device)
-    batches = {k: list(zip(X.split(effective_batch // k), y.split(effective_batch // k))) for k in splits}
+    batches = {k: list(zip(X.split(effective_batch // k), y.split(effective_batch // k), strict=True)) for k in splits}
     clock = THREAD_CPU if device.type == "cpu" and threads == 1 else WALL
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -237,9 +237,10 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     overhead, per_sample = _least_squares(sizes, medians)
     step_cost = statistics.median(optimizer_seconds)
     return TimeDecomposition(
-        device=str(device), clock=clock, threads=threads, effective_batch=effective_batch, overhead_seconds=overhead, seconds_per_sample=per_sample,
-        optimizer_seconds=step_cost,
-        passes=tuple(PassTiming(m, t, overhead + per_sample * m, tuple(passes[m])) for m, t in zip(sizes, medians)),
+        device=str(device), clock=clock, threads=threads, effective_batch=effective_batch, overhead_seconds=overhead,
+        seconds_per_sample=per_sample, optimizer_seconds=step_cost,
+        passes=tuple(PassTiming(m, t, overhead + per_sample * m, tuple(passes[m]))
+                     for m, t in zip(sizes, medians, strict=True)),
         steps=tuple(StepTiming(k, effective_batch // k, statistics.median(steps[k]),
                                k * (overhead + per_sample * (effective_batch // k)) + step_cost, k * overhead,
                                per_sample * effective_batch, tuple(steps[k])) for k in splits))
@@ -259,20 +260,21 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
     optimizer_seconds: list[float] = []
     for round_ in range(warmup + repeats):
         for k in splits if round_ % 2 == 0 else splits[::-1]:
-            clock: list[tuple[str, float]] = []
+            marks: list[tuple[str, float]] = []
 
-            def mark(phase: str, model=None) -> None:  # the cycle's watcher: the clock as each part begins
+            def mark(phase: str, model=None, marks=marks) -> None:  # the cycle's watcher: the clock as each part begins
                 sync()
-                clock.append((phase, clock_now()))
+                marks.append((phase, clock_now()))
 
             with cycle.watched(mark):
                 cycle._cycle(model, optimizer, batches[k], [1 / k] * k, options)  # train's cycle
             if round_ < warmup:
                 continue
-            starts = [t for phase, t in clock if phase in ("forward", "read")]  # a pass ends where the next begins
-            passes[len(batches[k][0][0])] += [b - a for a, b in zip(starts, starts[1:])]
-            times = dict(clock)  # "start", "read" and "end" occur once
-            zeroing = clock[1][1] - times["start"]  # .grad set aside, buffers copied: before the first "forward"
+            starts = [t for phase, t in marks if phase in ("forward", "read")]  # a pass ends where the next begins
+            # consecutive pairs: one pass fewer than starts
+            passes[len(batches[k][0][0])] += [b - a for a, b in zip(starts, starts[1:], strict=False)]
+            times = dict(marks)  # "start", "read" and "end" occur once
+            zeroing = marks[1][1] - times["start"]  # .grad set aside, buffers copied: before the first "forward"
             optimizer_seconds.append(times["end"] - times["read"] + zeroing)  # the norm, the read, the step
             steps[k].append(times["end"] - times["start"])
     return passes, steps, optimizer_seconds

@@ -29,8 +29,8 @@ The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUML
 8. one device: accumlib.train(device=None) honours ACCUMLIB_DEVICE; the quiz experiments, the three dashboards'
    computations and the exercise checkers that measure run on the device without a device mismatch.
 9. examples: examples/causal_lm.py (DDP and FSDP2) and examples/image_batchnorm.py (DDP, FSDP2, SyncBatchNorm)
-   started by torchrun on the GPUs (one process per GPU, at most 2) with nccl; each must exit 0 and say what it
-   checks (the LM: every process holds the same weights). On the CPU, tests/library/test_torchrun.py runs them with gloo.
+   started by torchrun on the GPUs (one process per GPU, at most 2) with nccl; each must exit 0 and say what it checks
+   (the LM: every process holds the same weights). On the CPU, tests/library/test_torchrun.py runs them with gloo.
 """
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ def _section(qualname: str, obj) -> str:
 
 def render() -> str:
     parts = ["# API reference\n",
-             "Generated from the docstrings by `tools/api_docs.py`; `tests/course/test_api_docs.py` fails when it is stale.\n"]
+             "Generated from the docstrings by `tools/api_docs.py`; `tests/course/test_api_docs.py` fails when it is "
+             "stale.\n"]
     seen: set[int] = set()
     for name in MODULES:
         module = importlib.import_module(name)

@@ -15,10 +15,10 @@ come, msgstr their translations, line for line; nothing else of a code cell is t
 the previous msgid (`#| msgid`, as GNU msgmerge --previous writes it, so PO editors show what changed), and drops
 deleted cells (a translation whose cell moved to another lesson, or was re-created with the same text, follows it).
 
-A generated notebook is the English one with every markdown cell and every code comment translated, the rest of
-every code and raw cell unchanged (tests/course/test_editions.py compares the code's tokens without its comments), and one
-code cell on top, tagged `language`, that calls `accumlib.set_language(...)`. A cell whose translation is missing,
-fuzzy or stale keeps its English text (gettext's rule: never show a translation of text
+A generated notebook is the English one with every markdown cell and every code comment translated, the rest of every
+code and raw cell unchanged (tests/course/test_editions.py compares the code's tokens without its comments), and one
+code cell on top, tagged `language`, that calls `accumlib.set_language(...)`. A cell whose translation is missing, fuzzy
+or stale keeps its English text (gettext's rule: never show a translation of text
 that has changed); `status` and tests/course/test_editions.py name every such cell. The last lesson of an edition
 ends with one more markdown cell, its word list (id `word-list`): every term of translations/glossary.tsv in the
 edition's language with its English, generated at build time. Relative links between lessons stay

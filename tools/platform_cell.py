@@ -7,8 +7,8 @@ The cell follows fast.ai's book: it tests for the platform's directory (/content
 does nothing anywhere else, so local runs, Binder and nbval are unchanged (its stored output is empty). There, when
 `import accumlib` would fail, it installs accumlib itself without its dependencies, and of the lessons' stack only
 what is missing or older than the lowest version the lessons run with: torch 2.13, matplotlib 3.10 and ipywidgets
-7.7 (Colab's 3.10 and 7.7 are kept: tests/library/test_package.py runs lesson 0, a dashboard and the quiz with them; Hindi
-figures on 3.10 warn how to upgrade, accumlib.lessons.plots). Where it upgrades a package this process has already
+7.7 (Colab's 3.10 and 7.7 are kept: tests/library/test_package.py runs lesson 0, a dashboard and the quiz with them;
+Hindi figures on 3.10 warn how to upgrade, accumlib.lessons.plots). Where it upgrades a package this process has already
 imported it says that the runtime needs a restart. $ACCUMLIB_INSTALL replaces accumlib's requirement (a fork, a
 wheel). The cell has the id and tag "platform-setup", and the tag "remove-cell" (the website leaves it out); its
 outputs and execution count are cleared.

@@ -297,7 +297,7 @@ class Dashboard:
             job.check()
             with _one_thread():
                 figures, finding = self.compute(job.run.settings, job)
-            rendered = {id(figure): output for figure, output in zip(self.plots, self._outputs)}
+            rendered = {id(figure): output for figure, output in zip(self.plots, self._outputs, strict=True)}
             outputs = tuple(rendered.get(id(figure)) or figure.output() for figure in figures)
         except StopTraining:
             job.run.outcome = "cancelled"
@@ -371,7 +371,10 @@ class Dashboard:
         return bundle
 
 
-def _digits(n: int | None = None, flat: bool = False, device: torch.device = torch.device("cpu")):
+_CPU = torch.device("cpu")
+
+
+def _digits(n: int | None = None, flat: bool = False, device: torch.device = _CPU):
     """The first n digits on `device`, copied from the cache for each caller: a dashboard (or a learner) that
     changes its tensors in place leaves every other dashboard's digits as they are."""
     return tuple(t.clone() for t in _cached_digits(n, flat, device))
@@ -384,7 +387,8 @@ def _cached_digits(n: int | None, flat: bool, device: torch.device):
 
 class LossDashboard(Dashboard):
     """Loss curves of (micro-batch, accum_steps) against one batch of the effective size on the same samples, drawn
-    live; switches put the classic bugs into the loop (accumlib.lessons.pitfalls.classic_train) or BatchNorm into the model.
+    live; switches put the classic bugs into the loop (accumlib.lessons.pitfalls.classic_train) or BatchNorm into the
+    model.
 
     The full batch is one batch of micro_batch_size x accum_steps samples (of all `samples` when the effective
     batch is larger), trained with accumlib.train. The accumulated run uses accumlib.train while every bug is off.
@@ -486,7 +490,7 @@ class LossDashboard(Dashboard):
                                  "Training {accum_steps} micro-batches of {micro_batch_size}: {samples_seen} samples "
                                  "seen so far …", k).format(accum_steps=k, micro_batch_size=m,
                                                            samples_seen=curve["samples_seen"][-1])
-                job.draw([plots.loss_curves(dict(zip(labels, (reference, curve))), title, title)])
+                job.draw([plots.loss_curves(dict(zip(labels, (reference, curve), strict=True)), title, title)])
                 drawn = time.perf_counter()
                 next_draw[0] = drawn + max(self.redraw_seconds, 2 * (drawn - now))
 
@@ -503,7 +507,8 @@ class LossDashboard(Dashboard):
             batch=full, accum_steps=k, micro_batch_size=m, finding=title)
         finite = [loss for loss in accumulated["loss"] if math.isfinite(loss)]
         logy = len(finite) < len(accumulated["loss"]) or max(finite) > 2 * max(reference["loss"])
-        return [plots.loss_curves(dict(zip(labels, (reference, accumulated))), title, alt, logy=logy)], finding
+        curves = dict(zip(labels, (reference, accumulated), strict=True))
+        return [plots.loss_curves(curves, title, alt, logy=logy)], finding
 
     def _labels(self, m: int, k: int, full: int, buggy: bool) -> tuple[str, str]:
         """Legend labels: the full batch, and the accumulated run (correct, or with the bugs switched on)."""
@@ -544,7 +549,7 @@ class LossDashboard(Dashboard):
                              "{final:.3f} (full-batch reference {reference:.3f})",
                              "{steps} optimizer steps against {reference_steps} for the full batch; final loss "
                              "{final:.3f} (full-batch reference {reference:.3f})", steps).format(**values))
-        values["gap"] = max(abs(a - b) for a, b in zip(losses, reference_losses))
+        values["gap"] = max(abs(a - b) for a, b in zip(losses, reference_losses, strict=True))
         steps_line = ngettext("{steps} optimizer step; final loss {final:.3f} (full-batch reference {reference:.3f})",
                               "{steps} optimizer steps; final loss {final:.3f} (full-batch reference {reference:.3f})",
                               steps).format(**values)

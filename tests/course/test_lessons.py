@@ -1,8 +1,8 @@
 """Issue 11 section 2, checked on the stored English lessons: one lesson per idea, at most about 700 words of prose
-(the time cell that tools/lesson_time.py writes left out: tests/course/test_lesson_time.py checks the times), the lesson's
-exercise in a cell tagged `exercise` that calls its checker, and the lesson's own quick check as the last cell;
-lesson 0, the whole idea in ten minutes, ends instead with a cell that links every other lesson. Each failure names
-the notebook."""
+(the time cell that tools/lesson_time.py writes left out: tests/course/test_lesson_time.py checks the times), the
+lesson's exercise in a cell tagged `exercise` that calls its checker, and the lesson's own quick check as the last cell;
+lesson 0, the whole idea in ten minutes, ends instead with a cell that links every other lesson. Each failure names the
+notebook."""
 import re
 from pathlib import Path
 

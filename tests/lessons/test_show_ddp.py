@@ -1,5 +1,5 @@
-"""accumlib.lessons.show.ddp (lesson 9): the effective batch and the all-reduce findings follow the numbers they are given,
-and the progress bar follows the job's reports. (The DDP job itself is tested in tests/test_distributed.py.)"""
+"""accumlib.lessons.show.ddp (lesson 9): the effective batch and the all-reduce findings follow the numbers they are
+given, and the progress bar follows the job's reports. (The DDP job itself is tested in tests/test_distributed.py.)"""
 import pytest
 import torch
 

@@ -79,8 +79,9 @@ def test_how_far_a_running_average_moves_is_measured_with_the_layers_own_momentu
 def splits():
     # float64 so that the comparisons below hold on every CPU; 512 digits, 3 epochs: 24 optimizer steps per run
     X64, Y64 = data.digits(dtype=torch.float64)
-    return batchnorm.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64), (X64[:512], Y64[:512]),
-                                           (X64[1024:], Y64[1024:]), effective_batch=64, micro_batch_sizes=(64, 2, 8),
+    return batchnorm.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64),
+                                           (X64[:512], Y64[:512]), (X64[1024:], Y64[1024:]), effective_batch=64,
+                                           micro_batch_sizes=(64, 2, 8),
                                            epochs=3, updates=100)
 
 

@@ -321,7 +321,7 @@ def test_the_job_folder_of_a_launcher_that_is_gone_is_collected_by_the_next_laun
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                            check=True)
     folders = {name: tmp_path / f"accumlib-ddp-{name}" for name in ("gone", "alive", "no pid", "other name")}
-    for name, folder in folders.items():
+    for folder in folders.values():
         folder.mkdir()
         (folder / "job.pt").write_bytes(b"the job")
     (folders["gone"] / "launcher.pid").write_text(ended.stdout.strip())  # a process that has ended and been reaped

@@ -38,7 +38,7 @@ def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps
     reports = {(m, k): memory.measure_step(net, X[:m], Y[:m], optimizer=adam, accum_steps=k)
                for m, k in [(8, 1), (64, 1), (8, 8)]}
     full_gradient = 4 * sum(p.numel() for p in net.parameters())
-    for (m, k), r in reports.items():
+    for r in reports.values():
         assert r.parameters == full_gradient
         assert r.optimizer_state == 2 * full_gradient + 4 * len(list(net.parameters()))  # exp_avg, exp_avg_sq, step
         assert 0 < r.gradients <= full_gradient  # at the peak, never more than one gradient
@@ -49,7 +49,8 @@ def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps
 
 def test_peak_of_accumulation_is_that_of_one_micro_batch_not_the_effective_batch():
     net = models.cnn()
-    small, accumulated, big = (memory.measure_step(net, X[:m], Y[:m], accum_steps=k) for m, k in [(16, 1), (16, 8), (128, 1)])
+    small, accumulated, big = (memory.measure_step(net, X[:m], Y[:m], accum_steps=k)
+                               for m, k in [(16, 1), (16, 8), (128, 1)])
     assert accumulated.peak <= 1.1 * small.peak
     assert big.peak > 2.5 * accumulated.peak
 
@@ -98,8 +99,8 @@ def test_a_model_on_the_meta_device_is_measured_without_weights():
 
 @pytest.mark.parametrize("m,k", [(1, 1), (1, 4), (8, 1), (64, 4)])
 def test_categories_are_what_was_alive_at_the_peak_and_add_up_to_it(m, k):
-    r = memory.measure_step(models.cnn(norm="batch"), X[:m], Y[:m], optimizer=torch.optim.Adam(models.cnn().parameters()),
-                            accum_steps=k)
+    r = memory.measure_step(models.cnn(norm="batch"), X[:m], Y[:m],
+                            optimizer=torch.optim.Adam(models.cnn().parameters()), accum_steps=k)
     assert list(r.categories()) == list(memory.CATEGORIES) == list(memory.category_definitions())
     assert all(value >= 0 for value in r.categories().values())
     assert sum(r.categories().values()) == r.peak  # the tracker's own peak, not a sum by definition
@@ -175,8 +176,8 @@ def test_a_plan_with_adam_counts_its_state_and_fits_under_train():
     adam = torch.optim.Adam(net.parameters())
     sgd_plan = memory.fit_batch(net, (X[:1], Y[:1]), 128, 2**19)
     adam_plan = memory.fit_batch(net, (X[:1], Y[:1]), 128, 2**19, optimizer=adam)
-    assert adam_plan.peak_bytes > memory.measure_step(net, X[:adam_plan.micro_batch_size], Y[:adam_plan.micro_batch_size],
-                                                      accum_steps=adam_plan.accum_steps).peak
+    m = adam_plan.micro_batch_size
+    assert adam_plan.peak_bytes > memory.measure_step(net, X[:m], Y[:m], accum_steps=adam_plan.accum_steps).peak
     assert adam_plan.micro_batch_size <= sgd_plan.micro_batch_size
     assert len(train_quickly(net, adam, adam_plan)) == 1
 
@@ -205,7 +206,7 @@ def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch
     assert isinstance(info.value, torch.OutOfMemoryError)
     assert info.value.available_bytes == budget and info.value.needed_bytes > budget
     assert f"{budget:,} bytes" in str(info.value)
-    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     history = accumlib.train(net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget,
                              measure_memory=True)
     assert len(history) == 4
@@ -240,8 +241,8 @@ def test_an_optimizer_of_the_head_alone_keeps_state_for_the_head_alone():
     assert report.optimizer_state == 2 * head_bytes + 2 * 4  # two moments and a step count per head parameter
     assert report.gradients == head_bytes  # frozen parameters get no gradient
     body_trains_too = models.cnn()  # an optimizer of the head on an unfrozen model: backward still fills every .grad
-    both = memory.measure_step(body_trains_too, X[:8], Y[:8], optimizer=torch.optim.Adam(body_trains_too[-1].parameters()),
-                               accum_steps=2)
+    both = memory.measure_step(body_trains_too, X[:8], Y[:8],
+                               optimizer=torch.optim.Adam(body_trains_too[-1].parameters()), accum_steps=2)
     assert both.optimizer_state == report.optimizer_state and both.gradients == both.parameters
 
 
@@ -342,8 +343,8 @@ for view in (False, True):
     traced, module = (memory.check_fits(m, optimizer, X[:4], Y[:4], accum_steps=3, budget_bytes=2 ** 30)
                       for m in (model, model.module))
     out[f"peak, view={view}"] = traced.peak
-    out[f"view={view}"] = (traced.peak - module.peak, traced.gradients - module.gradients,
-                           sum(map(int, str(model._get_ddp_logging_data()["bucket_sizes"]).split(","))) if not view else 0)
+    reported = 0 if view else sum(map(int, str(model._get_ddp_logging_data()["bucket_sizes"]).split(",")))
+    out[f"view={view}"] = (traced.peak - module.peak, traced.gradients - module.gradients, reported)
 model = build()
 before = [t.clone() for t in model.module.state_dict().values()]
 try:

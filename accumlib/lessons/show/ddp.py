@@ -83,7 +83,7 @@ def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
     print_table([_("optimizer step"), _("micro-batches per process"), _("all-reduces without no_sync()"),
                  _("with no_sync()")],
                 [[str(step), str(micro), str(a), str(b)] for step, (micro, a, b) in
-                 enumerate(zip(without.micro_batches, without.allreduces, with_no_sync.allreduces), 1)])
+                 enumerate(zip(without.micro_batches, without.allreduces, with_no_sync.allreduces, strict=True), 1)])
     steps = without.steps
     if without.allreduces == without.micro_batches and len(set(without.micro_batches)) > 1:
         print(_("Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
@@ -98,8 +98,9 @@ def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
                                                                                     steps=steps))
     if set(with_no_sync.allreduces) == {1}:
         print(_("With no_sync(), one all-reduce per step, in the backward() of the cycle's last micro-batch: {total} "
-                "for {steps} steps, {saved} fewer.").format(total=with_no_sync.allreduce_calls, steps=steps,
-                                                            saved=without.allreduce_calls - with_no_sync.allreduce_calls))
+                "for {steps} steps, {saved} fewer.").format(
+            total=with_no_sync.allreduce_calls, steps=steps,
+            saved=without.allreduce_calls - with_no_sync.allreduce_calls))
     else:
         print(_("With no_sync(): {total} all-reduces for {steps} steps.").format(total=with_no_sync.allreduce_calls,
                                                                                  steps=steps))
