@@ -152,13 +152,17 @@ def code_lines(cell) -> int:
     return sum(1 for line in cell.source.splitlines() if line.strip())
 
 
+TEXT_FORMS = {"text/plain", "text/html"}  # a figure (image/png) or a widget (its view) is not read as text
+
+
 def printed_words(cell) -> int:
-    """Words a code cell's stored outputs show as text: streams, and results with nothing but text/plain."""
+    """Words a code cell's stored outputs show as text: streams, and results shown as text: nothing but text/plain,
+    or a measured table (text/plain with its HTML form, accumlib.lessons.show's TableView): a learner reads it."""
     words = 0
     for output in cell.outputs:
         if output.output_type == "stream":
             words += len(output.text.split())
-        elif output.output_type in ("execute_result", "display_data") and set(output.data) == {"text/plain"}:
+        elif output.output_type in ("execute_result", "display_data") and set(output.data) <= TEXT_FORMS:
             words += len(output.data["text/plain"].split())
     return words
 
