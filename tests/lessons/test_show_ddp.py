@@ -122,14 +122,14 @@ def test_memory_per_process_a_column_per_process_and_the_findings_from_the_bytes
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["bytes", "per", "process", "DDP,", "process", "0", "DDP,", "process", "1", "FSDP2,",
                                 "process", "0", "FSDP2,", "process", "1"]
-    assert [line.split()[-4:] for line in lines[1:6]] == [["300", "300", "150", "150"], ["600", "600", "400", "400"],
+    assert [line.split()[-4:] for line in lines[1:6]] == [["300", "300", "150", "150"], ["600", "600", "400*", "400*"],
                                                          ["0", "0", "0", "0"], ["100", "100", "250*", "250*"],
                                                          ["1,000", "1,000", "800*", "800*"]]
     assert len({len(line) for line in lines[:6]}) == 1  # every column right-aligned, the marked ones too
     assert lines[6] == ("Under DDP every process holds all the weights (300 bytes); under FSDP2 each holds its shard, "
                         "1/2 of them (150 bytes).")
     assert lines[7] == "The busiest process's peak is lower under FSDP2: 800* bytes against 1,000 under DDP."
-    assert lines[8].startswith("* Under FSDP2 the peak, and so the rest of the step, moves from run to run")
+    assert lines[8].startswith("* Under FSDP2 the peak, and with it the gradients alive at that moment and the rest")
 
 
 def test_memory_per_process_states_uneven_shards_and_a_peak_that_is_not_lower_plainly(capsys):
