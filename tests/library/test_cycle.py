@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
+from states import same, snapshot
 
 import accumlib
 from accumlib import batchnorm, cycle, memory, timing
@@ -28,22 +29,6 @@ def trained():
     accumlib.train(model, (X[:16], Y[:16]), optimizer, micro_batch_size=8, accum_steps=1, device="cpu")
     model[0].weight.grad = torch.ones_like(model[0].weight)
     return model, optimizer
-
-
-def snapshot(model, optimizer):
-    return ([t.clone() for t in model.state_dict().values()],
-            [None if p.grad is None else p.grad.clone() for p in model.parameters()],
-            copy.deepcopy(optimizer.state_dict()))
-
-
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b, strict=True))
-    return a == b
 
 
 other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
