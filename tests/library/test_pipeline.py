@@ -548,7 +548,8 @@ def test_two_processes_resumed_equal_the_uninterrupted_run(two_processes):
     assert accumlib.parameter_gap(resumed["state"], two_processes["DataLoader"]["state"]) == 0.0
 
 
-REFUSING_WORKER = '''
+# the start of a 2-process gloo worker given (accumlib's folder, its output, the case): both workers below
+WORKER_START = '''
 import gc, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -559,6 +560,8 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, case = dist.get_rank(), sys.argv[3]
 torch.manual_seed(0)
+'''
+REFUSING_WORKER = WORKER_START + '''\
 good = [(torch.randn(2, 6), torch.zeros(2, dtype=torch.long)) for _ in range(4)]
 if rank == 1:  # the other process's data is as rank 0's but for what the case breaks
     scalar = (torch.zeros(()), torch.zeros(()))  # a batch without a batch dimension: refused as its cycle comes
@@ -790,17 +793,7 @@ def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
     assert accumlib.parameter_gap(old, run(lambda labels: (labels[:, 1:] != IGNORE).sum())) == 0
 
 
-FAILING_WORKER = '''
-import gc, sys
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-sys.path.insert(0, sys.argv[1])
-import accumlib
-
-torch.set_num_threads(1)
-dist.init_process_group("gloo")
-rank, case = dist.get_rank(), sys.argv[3]
-torch.manual_seed(0)
+FAILING_WORKER = WORKER_START + '''\
 batches = [(torch.randn(2, 6, dtype=torch.float64), torch.zeros(2, dtype=torch.long)) for _ in range(6)]
 calls = {}
 

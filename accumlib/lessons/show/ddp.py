@@ -107,12 +107,17 @@ def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
     return {False: without.allreduces, True: with_no_sync.allreduces}
 
 
+def _gaps(results: dict, single) -> tuple[dict, int]:
+    """Each run's largest weight difference from `single` (by the runs' keys), and the runs' effective batch."""
+    gaps = {key: parameter_gap(result.state, single) for key, result in results.items()}
+    result = next(iter(results.values()))
+    return gaps, result.micro_batch_size * result.accum_steps * result.world_size
+
+
 def same_weights(results: dict, single) -> dict[bool, float]:
     """Each DDP run's final weights against one process that trained on whole effective batches (`single`, a
     model or state dict); prints the largest differences and returns {no_sync: difference}."""
-    gaps = {no_sync: parameter_gap(result.state, single) for no_sync, result in results.items()}
-    result = results[True]
-    batch = result.micro_batch_size * result.accum_steps * result.world_size
+    gaps, batch = _gaps(results, single)
     if all(gap <= FLOAT64_ROUNDING for gap in gaps.values()):  # the bound, not the digits: they vary with the CPU
         print(_("Without no_sync() and with it, the DDP run ends with the weights of one process trained on batches "
                 "of {batch}: they differ by at most {gap:.1e} (float64 rounding).").format(batch=batch,
@@ -128,9 +133,7 @@ def fsdp2_weights(results: dict, single) -> dict[str, float]:
     """The DDP run's and the FSDP2 run's final weights (`distributed.compare_fsdp2`) against one process that
     trained on whole effective batches (`single`, a model or state dict); prints the finding, returns
     {"ddp": difference, "fsdp2": difference}."""
-    gaps = {wrap: parameter_gap(result.state, single) for wrap, result in results.items()}
-    result = results["fsdp2"]
-    batch = result.micro_batch_size * result.accum_steps * result.world_size
+    gaps, batch = _gaps(results, single)
     if all(gap <= FLOAT64_ROUNDING for gap in gaps.values()):  # the bound, not the digits: they vary with the CPU
         print(_("Under FSDP2, as under DDP, the processes end with the weights of one process trained on batches of "
                 "{batch}: they differ by at most {gap:.1e} (float64 rounding).").format(batch=batch,
