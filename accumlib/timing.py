@@ -37,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from . import _validate, cycle, memory
 from .i18n import _
 from .loop import train
+from .measured_step import explained_failure
 
 THREAD_CPU = "CPU time of the computing thread (time.thread_time)"
 WALL = "wall time (time.perf_counter)"
@@ -227,7 +228,7 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with torch.random.fork_rng(devices=[]), memory.explained_failure(X, y):  # dropout: the caller's RNG stays
+        with torch.random.fork_rng(devices=[]), explained_failure(X, y):  # dropout: the caller's RNG stays
             passes, steps, optimizer_seconds = _timed_rounds(model, optimizer, batches, loss_fn, warmup, repeats,
                                                              device, clock)
     finally:

@@ -13,7 +13,7 @@ The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUML
    (torch.cuda.max_memory_allocated) for the same model, batch and optimizer; the allocator's bytes include its
    rounding to 512-byte blocks and cuBLAS/cuDNN workspaces, the CUDA context is in neither.
 3. fit_batch: the plan for an effective batch of 512 under a 32 MiB budget, trained with memory_budget= (on CUDA
-   a real cap, as the budget is at least memory.CUDA_CAP_MINIMUM: torch.cuda.set_per_process_memory_fraction),
+   a real cap, as the budget is at least budget.CUDA_CAP_MINIMUM: torch.cuda.set_per_process_memory_fraction),
    and the next larger micro-batch refused.
 4. amp: fp16 autocast with a GradScaler and bf16 autocast without one (where the device supports bf16), against
    float32: every logged loss finite, steps the scaler skipped, final loss.
@@ -134,7 +134,7 @@ def allocator_against_tracker(device: torch.device, options) -> tuple[str, list[
 def fit_batch_under_a_real_cap(device: torch.device, options) -> tuple[str, list[str]]:
     """fit_batch's plan for 512 samples per step in 32 MiB, trained under that budget; the next size refused."""
     X, y = data.digits(512)
-    budget = 32 * MIB  # at least memory.CUDA_CAP_MINIMUM (20 MiB): a cap a real card can honour
+    budget = 32 * MIB  # at least budget.CUDA_CAP_MINIMUM (20 MiB): a cap a real card can honour
 
     def build():  # a wider CNN: one batch of 512 needs more than the budget, so the plan accumulates
         return models.cnn(channels=(64, 128))

@@ -3,9 +3,9 @@
     python tools/api_docs.py          write docs/api.md
     python tools/api_docs.py --check  exit 1 when docs/api.md is stale (tests/course/test_api_docs.py does the same)
 
-One section per public name of `accumlib.__all__` (and of the public modules an engineer imports: memory, timing,
-batchnorm, distributed, sharded, devices): its signature and its docstring as written. The website shows the file as
-its library section's reference (tools/site.py).
+One section per public name of `accumlib.__all__` (and of the public modules an engineer imports: memory and its
+rooms tracker, measured_step and budget, timing, batchnorm, distributed, sharded, devices): its signature and its
+docstring as written. The website shows the file as its library section's reference (tools/site.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "api.md"
-MODULES = ["accumlib", "accumlib.memory", "accumlib.timing", "accumlib.batchnorm", "accumlib.distributed",
-           "accumlib.sharded", "accumlib.devices"]
+MODULES = ["accumlib", "accumlib.memory", "accumlib.tracker", "accumlib.measured_step", "accumlib.budget",
+           "accumlib.timing", "accumlib.batchnorm", "accumlib.distributed", "accumlib.sharded", "accumlib.devices"]
 
 
 def _public(module) -> list[str]:
@@ -74,7 +74,7 @@ def render() -> str:
         sections = []
         for public in _public(module):
             obj = getattr(module, public)
-            if id(obj) in seen or inspect.ismodule(obj):
+            if id(obj) in seen or inspect.ismodule(obj) or not callable(obj):  # a value has no docstring of its own
                 continue
             seen.add(id(obj))
             sections.append(_section(f"{name}.{public}", obj))

@@ -293,11 +293,11 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
 def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refusal_leaves_it_there(monkeypatch):
     # train(device="cuda") on a model still on the CPU: memory_budget's check must trace the step as CUDA runs it
     # (each block as the allocator rounds it), not with the CPU's bytes, and a refusal must leave the model on the
-    # CPU, untouched. Autograd on a fake CUDA tensor aborts a CPU build, so the trace stops at memory._measure: a
+    # CPU, untouched. Autograd on a fake CUDA tensor aborts a CPU build, so the trace stops at tracing._measure: a
     # spy records where the traced copy and its micro-batches are, and answers with a peak over the budget.
     import dataclasses
 
-    from accumlib import loop, memory
+    from accumlib import loop, memory, tracing
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
                               torch.nn.Linear(64, 64))
     net[3].weight = net[0].weight  # a shared weight stays one parameter in the copy (the optimizer's mapping)
@@ -314,7 +314,7 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
                          id(p) for p in model.parameters()}))
         return dataclasses.replace(report, peak=2**40)
 
-    monkeypatch.setattr(memory, "_measure", spy)
+    monkeypatch.setattr(tracing, "_measure", spy)
     monkeypatch.setattr(loop, "_device", torch.device)  # a machine with a GPU (this CPU build cannot hold one)
     with pytest.raises(memory.OutOfMemory, match="the budget is 1,048,576 bytes"):
         accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, device="cuda", memory_budget=2**20)

@@ -163,7 +163,7 @@ def test_memory_per_process_under_fsdp2(tmp_path):
     below that peak before any weight changes, and trains above it, saying that a real step measured it."""
     found = standalone(tmp_path, "fsdp2", "memory")["memory"]
     # a process's peak can move on a busy CPU (58,240 bytes seen under load, cause not yet found; gloo's thread
-    # frees no counted storage since memory._collective): at most the largest unit's whole gradient, the first
+    # frees no counted storage since tracker._collective): at most the largest unit's whole gradient, the first
     # Linear's 64 x 512 + 512 floats
     collective = job.UNIT_BYTES
     for name in ("fsdp2", "fsdp2 every"):

@@ -160,7 +160,7 @@ def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
     measured itself with `measure_step`): a table of bytes, one column per process of each run, and the findings
     on the weights and the peak. FSDP2's peak and the gradients alive at it are marked "*": they can move from
     run to run on a busy CPU (by one layer's gradient, measured under load; the backend's own frees no longer move
-    them: `memory._collective`).
+    them: `tracker._collective`).
     Returns {"ddp": peaks by rank, "fsdp2": peaks by rank}."""
     columns = [(wrap, rank, report) for wrap in ("ddp", "fsdp2") for rank, report in enumerate(results[wrap].memory)]
     if not all(results[wrap].memory for wrap in ("ddp", "fsdp2")):

@@ -1,13 +1,13 @@
-"""What a simulated small card means on CUDA (issue 20), tested without a GPU: the allocator's 512-byte blocks in
-the live-tensor count (fake 'cuda' storages, which FakeTensorMode makes in this CPU build), and cuda_budget's hard
-cap with torch.cuda mocked (every call it makes recorded). Only benchmarks/gpu_check.py on a GPU confirms that the
-real allocator behaves so; these tests pin what accumlib asks of it."""
+"""accumlib.budget: what a simulated small card means on CUDA (issue 20), tested without a GPU: the allocator's
+512-byte blocks in the live-tensor count (fake 'cuda' storages, which FakeTensorMode makes in this CPU build), and
+cuda_budget's hard cap with torch.cuda mocked (every call it makes recorded). Only benchmarks/gpu_check.py on a GPU
+confirms that the real allocator behaves so; these tests pin what accumlib asks of it."""
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from accumlib import memory
+from accumlib import budget, memory, tracker as tracking
 
 MIB = 2**20
 
@@ -19,7 +19,7 @@ def test_a_cuda_storage_counts_the_allocators_512_byte_blocks_and_a_cpu_one_its_
             tensors = [torch.empty(n, device=device) for n in sizes]
             counts = []
             for t in tensors:
-                tracker = memory.LiveTensorBytes()
+                tracker = tracking.LiveTensorBytes()
                 tracker.track([t, t])  # a storage is counted once (slicing a fake cuda tensor needs CUDA)
                 counts.append(tracker.current)
         assert counts == expected, device
@@ -43,7 +43,7 @@ class FakeCuda:
             "get_per_process_memory_fraction": lambda device=None: self.fraction,
         }.items():
             monkeypatch.setattr(torch.cuda, name, value)
-        monkeypatch.setattr(memory, "_take_workspaces", lambda device: setattr(self, "workspaces",
+        monkeypatch.setattr(budget, "_take_workspaces", lambda device: setattr(self, "workspaces",
                                                                                self.workspaces + 1))
 
     def set_fraction(self, fraction, device=None):
@@ -54,7 +54,7 @@ class FakeCuda:
 CUDA = torch.device("cuda")
 
 
-@pytest.mark.parametrize("budget", [512 * 1024, 2 * MIB, memory.CUDA_CAP_MINIMUM - 1])
+@pytest.mark.parametrize("budget", [512 * 1024, 2 * MIB, budget.CUDA_CAP_MINIMUM - 1])
 def test_a_budget_below_the_allocators_granularity_is_not_a_hard_cap(monkeypatch, budget):
     # lessons 1 and 5's cards (2 MiB, 0.5 MiB): check_fits's trace alone enforces them; a cap there would refuse
     # steps the trace found within the budget (a 2 MiB segment, cuBLAS's workspace)
