@@ -215,3 +215,21 @@ def optimizer_or_none(name: str, value):
                            "accumulated step has none: use an optimizer such as SGD or Adam").format(
             name=name, type=type(value).__name__))
     return value
+
+
+def optimizer_fn(name: str, value, *, lr: float):
+    """Return `value` if it can be a function from parameters to an optimizer (callable, not an optimizer itself);
+    the refusal shows one, with SGD at learning rate `lr`."""
+    if not callable(value) or isinstance(value, torch.optim.Optimizer):
+        raise TypeError(_("{name} must be a function from parameters to an optimizer, e.g. lambda params: "
+                          "torch.optim.SGD(params, lr={lr}), got {type}").format(name=name, lr=lr,
+                                                                                type=type(value).__name__))
+    return value
+
+
+def made_optimizer(name: str, optimizer):
+    """Return what the function `name` made if it is a torch.optim.Optimizer."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(_("{name} must return a torch.optim.Optimizer, returned {type}").format(
+            name=name, type=type(optimizer).__name__))
+    return optimizer

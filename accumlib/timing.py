@@ -75,16 +75,9 @@ def _timing_device(model: torch.nn.Module, device) -> torch.device:
 
 def _copy_with_optimizer(model, optimizer_fn) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """A copy of `model` and optimizer_fn(its parameters), checked to be an Optimizer."""
-    if not callable(optimizer_fn) or isinstance(optimizer_fn, torch.optim.Optimizer):
-        raise TypeError(_("optimizer_fn must be a function from parameters to an optimizer, e.g. lambda params: "
-                          "torch.optim.SGD(params, lr={lr}), got {type}").format(lr=0.01,
-                                                                                type=type(optimizer_fn).__name__))
+    optimizer_fn = _validate.optimizer_fn("optimizer_fn", optimizer_fn, lr=0.01)
     model = copy.deepcopy(model)
-    optimizer = optimizer_fn(model.parameters())
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(_("optimizer_fn must return a torch.optim.Optimizer, returned {type}").format(
-            type=type(optimizer).__name__))
-    return model, optimizer
+    return model, _validate.made_optimizer("optimizer_fn", optimizer_fn(model.parameters()))
 
 
 def time_config(model: torch.nn.Module, data, *, micro_batch_size: int, accum_steps: int,

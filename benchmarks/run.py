@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 import accumlib
-from accumlib import distributed, loop, memory
+from accumlib import loop, memory
 from accumlib.timing import HostReads
-from accumlib.lessons import data, models, widgets
+from accumlib.lessons import data, ddp_lab, models, widgets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbval_suites  # noqa: E402  (benchmarks/nbval_suites.py: the notebook suite before and after the Hindi edition)
@@ -267,7 +267,7 @@ def ddp_job_seconds() -> float:
     """Wall seconds of lesson 9's DDP job: compare_no_sync with 2 processes, 100 digits, 4 x 3 x 2, 2 epochs."""
     X, y = data.digits(100, flat=True, dtype=torch.float64)
     started = time.perf_counter()
-    distributed.compare_no_sync(functools.partial(models.mlp, dtype=torch.float64), (X, y), micro_batch_size=4,
+    ddp_lab.compare_no_sync(functools.partial(models.mlp, dtype=torch.float64), (X, y), micro_batch_size=4,
                                 accum_steps=3, epochs=2)
     return time.perf_counter() - started
 

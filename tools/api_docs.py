@@ -4,7 +4,7 @@
     python tools/api_docs.py --check  exit 1 when docs/api.md is stale (tests/course/test_api_docs.py does the same)
 
 One section per public name of `accumlib.__all__` (and of the public modules an engineer imports: memory and its
-rooms tracker, measured_step and budget, timing, batchnorm, distributed, sharded, devices): its signature and its
+rooms tracker, measured_step and budget, timing, batchnorm, sharded, devices): its signature and its
 docstring as written. The website shows the file as its library section's reference (tools/site.py).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "api.md"
 MODULES = ["accumlib", "accumlib.memory", "accumlib.tracker", "accumlib.measured_step", "accumlib.budget",
-           "accumlib.timing", "accumlib.batchnorm", "accumlib.distributed", "accumlib.sharded", "accumlib.devices"]
+           "accumlib.timing", "accumlib.batchnorm", "accumlib.sharded", "accumlib.devices"]
 
 
 def _public(module) -> list[str]:

@@ -32,7 +32,7 @@ import traitlets
 from IPython.display import display
 
 from .. import batchnorm, devices, memory
-from . import data, models, pitfalls, plots
+from . import batchnorm_lab, data, models, pitfalls, plots
 from ._view import view_bundle
 from .._validate import as_integer, boolean, non_negative_int, positive_int, positive_number
 from ..i18n import N_, _, ngettext
@@ -758,7 +758,8 @@ class BatchNormDashboard(Dashboard):
 
     def _running_statistics(self, m: int, job: _Job) -> tuple[plots.Plot, str]:
         job.check()
-        collected = self._held_out_loss(batchnorm.collect_running_stats(self.model, self.X, m, updates=self.UPDATES))
+        collected = self._held_out_loss(batchnorm_lab.collect_running_stats(self.model, self.X, m,
+                                                                            updates=self.UPDATES))
         values = dict(micro_batch_size=m, samples=self.samples, held_out=self.HELD_OUT, updates=self.UPDATES,
                       collected=collected, reestimated=self._reestimated_loss)
         title = _("Eval-mode loss on {held_out} held-out digits: {collected:.3f} with running statistics from "

@@ -8,7 +8,7 @@ import torch
 
 import accumlib
 from accumlib import batchnorm
-from accumlib.lessons import data, models
+from accumlib.lessons import batchnorm_lab, data, models
 from accumlib.batchnorm import LayerDeviation
 from accumlib.lessons.show import batchnorm as show
 
@@ -34,7 +34,7 @@ def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale
     net = models.cnn(norm="batch")
     gaps = {name: accumlib.gradient_gap(model, torch.nn.functional.cross_entropy, X[:64], Y[:64], 8)
             for name, model in (("BatchNorm", net), ("GroupNorm", batchnorm.to_groupnorm(net)))}
-    size = batchnorm.gradient_size(net, torch.nn.functional.cross_entropy, X[:64], Y[:64])
+    size = batchnorm_lab.gradient_size(net, torch.nn.functional.cross_entropy, X[:64], Y[:64])
     assert show.gradient_gaps(gaps, micro_batch_size=8, accum_steps=8, gradient_size=size) == {
         "BatchNorm": False, "GroupNorm": True}
     out = capsys.readouterr().out
@@ -48,9 +48,9 @@ def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale
 @pytest.fixture(scope="module")
 def splits():
     X64, Y64 = data.digits(dtype=torch.float64)
-    return batchnorm.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64),
-                                           (X64[:256], Y64[:256]), (X64[1024:1280], Y64[1024:1280]), effective_batch=32,
-                                           micro_batch_sizes=(2, 32), epochs=1, updates=50)
+    return batchnorm_lab.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64),
+                                               (X64[:256], Y64[:256]), (X64[1024:1280], Y64[1024:1280]),
+                                               effective_batch=32, micro_batch_sizes=(2, 32), epochs=1, updates=50)
 
 
 def test_micro_batches_print_the_confound_the_table_and_findings_that_follow_the_numbers(splits, capsys):

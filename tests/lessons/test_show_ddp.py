@@ -1,11 +1,12 @@
 """accumlib.lessons.show.ddp (lesson 9): the effective batch and the all-reduce findings follow the numbers they are
-given, and the progress bar follows the job's reports. (The DDP job itself is tested in tests/test_distributed.py.)"""
+given, and the progress bar follows the job's reports. (The DDP job itself is tested in
+tests/lessons/test_ddp_lab.py.)"""
 import pytest
 import torch
 
 from accumlib.lessons import models
 from accumlib import MemoryReport
-from accumlib.distributed import DDPResult
+from accumlib.lessons.ddp_lab import DDPResult
 from accumlib.lessons.show import ddp
 
 

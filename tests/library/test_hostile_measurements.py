@@ -43,13 +43,6 @@ def decomposed(**kwargs):
     return timing.decompose_time(arguments.pop("model"), arguments.pop("data"), **arguments)
 
 
-def splits(**kwargs):
-    arguments = {"model": BN_NET, "data": (X, Y), "held_out": (X, Y), "effective_batch": 8, "micro_batch_sizes": (2, 8),
-                 **kwargs}
-    return batchnorm.compare_micro_batches(arguments.pop("model"), arguments.pop("data"), arguments.pop("held_out"),
-                                           **arguments)
-
-
 CASES = {  # id: (call, error type, the parameter its message must name)
     "fit: empty example": (lambda: fit(example_batch=(X[:0], Y[:0])), ValueError, "example_batch"),
     "fit: dict example": (lambda: fit(example_batch={"input_ids": X[:1], "labels": Y[:1]}), TypeError, "example_batch"),
@@ -122,8 +115,6 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "deviation: x a list": (lambda: batchnorm.micro_batch_deviation(BN_NET, X.tolist(), 4), TypeError, "x"),
     "deviation: micro-batch larger than x": (lambda: batchnorm.micro_batch_deviation(BN_NET, X, 65), ValueError,
                                              "micro_batch_size"),
-    "collect: batch larger than x": (lambda: batchnorm.collect_running_stats(BN_NET, X, 128), ValueError, "batch_size"),
-    "collect: updates 0": (lambda: batchnorm.collect_running_stats(BN_NET, X, 4, updates=0), ValueError, "updates"),
     "reestimate: no BatchNorm": (lambda: batchnorm.reestimate(NET, X), ValueError, "model"),
     "reestimate: batch_size 0": (lambda: batchnorm.reestimate(BN_NET, X, 0), ValueError, "batch_size"),
     "reestimate: batch larger than x": (lambda: batchnorm.reestimate(BN_NET, X, 100), ValueError, "batch_size"),
@@ -131,22 +122,9 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "error: no running statistics": (lambda: batchnorm.running_stats_error(NO_STATS, X), ValueError, "model"),
     "divergence: reference without BatchNorm": (lambda: batchnorm.running_stats_divergence(BN_NET, NET), ValueError,
                                                 "reference"),
-    "moved: updates 0": (lambda: batchnorm.running_average_moved(BN_NET, 0), ValueError, "updates"),
-    "moved: no running statistics": (lambda: batchnorm.running_average_moved(NO_STATS, 3), ValueError, "model"),
     "evaluate: y shorter than x": (lambda: batchnorm.evaluate(BN_NET, X, Y[:3]), ValueError, "y"),
     "evaluate: loss class": (lambda: batchnorm.evaluate(BN_NET, X, Y, loss_fn=nn.CrossEntropyLoss), TypeError,
                              "loss_fn"),
-    "splits: effective batch larger than data": (lambda: splits(effective_batch=128, micro_batch_sizes=(2, 128)),
-                                                  ValueError, "effective_batch"),
-    "splits: epochs 0": (lambda: splits(epochs=0), ValueError, "epochs"),
-    "splits: dict data": (lambda: splits(data={"x": X}), TypeError, "data"),
-    "splits: an optimizer instead of a function": (lambda: splits(optimizer_fn=ADAM), TypeError, "optimizer_fn"),
-    "splits: model without BatchNorm": (lambda: splits(model=NET), ValueError, "model"),
-    "splits: dict held-out data": (lambda: splits(held_out={"x": X}), TypeError, "held_out"),
-    "splits: groups not dividing the channels": (lambda: splits(groups=5), ValueError, "groups"),
-    "splits: updates 0": (lambda: splits(updates=0), ValueError, "updates"),
-    "splits: a size not dividing the effective batch": (lambda: splits(micro_batch_sizes=(3, 8)), ValueError,
-                                                         "micro_batch_sizes"),
     "groupnorm: no BatchNorm": (lambda: batchnorm.to_groupnorm(NET), ValueError, "model"),
     "groupnorm: groups 0": (lambda: batchnorm.to_groupnorm(BN_NET, groups=0), ValueError, "groups"),
     "cnn: unknown norm": (lambda: models.cnn(norm="bn"), ValueError, "norm"),

@@ -24,6 +24,17 @@ def test_import_accumlib_imports_none_of_the_lesson_stack():
     assert done.stdout.strip() == "[]"
 
 
+def test_no_library_module_imports_lesson_code():
+    """Every module of the library (accumlib/*.py) imported: no accumlib.lessons module comes with it (the lessons'
+    experiments, BatchNorm's and DDP's, live there and the library never reaches up to them)."""
+    code = ("import importlib, pkgutil, sys, accumlib\n"
+            "for info in pkgutil.iter_modules(accumlib.__path__):\n"
+            "    if info.name != 'lessons': importlib.import_module('accumlib.' + info.name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('accumlib.lessons')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 @pytest.mark.parametrize("language", ["en", "hi"])
 @pytest.mark.parametrize("hidden", ["matplotlib", "ipywidgets", "IPython"])
 def test_the_lessons_without_their_extra_say_how_to_install_it(hidden, language):
@@ -106,7 +117,7 @@ def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
     dependencies = str(Path(torch.__file__).parents[1])  # torch and the lesson stack, never the source tree
     code = "\n".join([
         f"import sys; sys.path[:0] = [{str(target)!r}, {dependencies!r}]",
-        "import json, accumlib, accumlib.lessons.quiz, accumlib.distributed",
+        "import json, accumlib, accumlib.lessons.quiz, accumlib.lessons.ddp_lab",
         "from importlib import resources",
         "from accumlib import i18n; from accumlib.lessons import data",
         f"assert accumlib.__file__.startswith({str(target)!r}), accumlib.__file__",

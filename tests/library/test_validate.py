@@ -161,3 +161,16 @@ def test_count_returning_a_numpy_number_counts_as_the_python_number(kind):
     weights, records = run(kind)
     expected_weights, expected_records = run(int)
     assert same(weights, expected_weights) and records == expected_records
+
+
+def test_an_optimizer_fn_is_one_check_with_one_message_for_every_caller():
+    """timing's and the BatchNorm experiment's optimizer_fn share _validate's two checks: an optimizer passed
+    instead of a function, and a function that makes no optimizer, each refused naming the parameter."""
+    sgd = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"^optimizer_fn must be a function from parameters to an optimizer, e\.g\. "
+                                        r"lambda params: torch\.optim\.SGD\(params, lr=0\.01\), got SGD$"):
+        accumlib.time_config(nn.Linear(6, 3), (X, Y), micro_batch_size=2, accum_steps=2, optimizer_fn=sgd)
+    with pytest.raises(TypeError, match=r"^optimizer_fn must return a torch\.optim\.Optimizer, returned list$"):
+        accumlib.time_config(nn.Linear(6, 3), (X, Y), micro_batch_size=2, accum_steps=2, optimizer_fn=list)
+    assert _validate.optimizer_fn("make", torch.optim.SGD, lr=0.5) is torch.optim.SGD
+    assert _validate.made_optimizer("make", sgd) is sgd

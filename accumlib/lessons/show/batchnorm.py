@@ -1,6 +1,6 @@
 """Lesson 7 (watch BatchNorm): what BatchNorm sees in a micro-batch, why accumulation stops being exact, and what
 micro-batches of each size and each remedy do on held-out data, with the running-statistic updates held equal
-(`accumlib.batchnorm`).
+(`accumlib.batchnorm`, and lesson 7's experiment, `accumlib.lessons.batchnorm_lab`).
 
 Deviations are relative (a mean's difference over the reference's standard deviation, a variance's difference
 over the reference variance, averaged over channels); `batchnorm.total` adds a layer list's mean and variance parts.
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import plots
-from ...batchnorm import LayerDeviation, MicroBatchComparison, total
+from ..batchnorm_lab import MicroBatchComparison
+from ...batchnorm import LayerDeviation, total
 from ...i18n import _
 from ._format import figure, print_table
 from .memory import split
@@ -72,7 +73,7 @@ def gradient_gaps(gaps: dict[str, float], micro_batch_size: int, accum_steps: in
                   precision: str = "float32") -> dict[str, bool]:
     """For each model (label -> `accumlib.gradient_gap` over accum_steps micro-batches of micro_batch_size): is the
     accumulated gradient the full batch's up to rounding in `precision` (`ROUNDING`)? gradient_size, the largest
-    entry of the full batch's gradient (`batchnorm.gradient_size`), gives the scale. Prints one line each."""
+    entry of the full batch's gradient (`batchnorm_lab.gradient_size`), gives the scale. Prints one line each."""
     rounding = ROUNDING[precision]
     exact = {}
     print(_("Largest difference between the gradient of {accum_steps} accumulated micro-batches of {micro} and the "
@@ -114,9 +115,9 @@ class MicroBatchFindings:
 
 def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> MicroBatchFindings:
     """BatchNorm trained at one effective batch in micro-batches of each size, GroupNorm beside it
-    (`batchnorm.compare_micro_batches`): the confound held equal, a table, and one finding per question."""
+    (`batchnorm_lab.compare_micro_batches`): the confound held equal, a table, and one finding per question."""
     if not isinstance(result, MicroBatchComparison):
-        raise TypeError(f"result must be a MicroBatchComparison (batchnorm.compare_micro_batches), got "
+        raise TypeError(f"result must be a MicroBatchComparison (batchnorm_lab.compare_micro_batches), got "
                         f"{type(result).__name__}")
     rounding = ROUNDING[precision]
     bn, gn = result.batchnorm, result.groupnorm
@@ -220,7 +221,7 @@ def over_seeds(results: dict, precision: str = "float64") -> list[SeedDifference
     if not isinstance(results, dict) or len(results) < 2 or not all(
             isinstance(r, MicroBatchComparison) for r in results.values()):
         raise TypeError(f"results must be a dict of two or more seeds -> MicroBatchComparison "
-                        f"(batchnorm.compare_micro_batches), got {results!r:.200}")
+                        f"(batchnorm_lab.compare_micro_batches), got {results!r:.200}")
     runs = list(results.values())
     sizes = [o.micro_batch_size for o in runs[0].batchnorm]
     if any([o.micro_batch_size for o in r.batchnorm] != sizes for r in runs):

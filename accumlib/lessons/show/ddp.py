@@ -1,7 +1,7 @@
 """Lesson 9: accumulation across processes. The effective batch of a DDP run, a progress bar for the DDP job, the
 all-reduces of every optimizer step with and without `no_sync()`, and the weights against one process.
 
-The runs themselves are `accumlib.distributed`'s (`compare_no_sync`): these functions only print what they did.
+The runs themselves are `accumlib.lessons.ddp_lab`'s (`compare_no_sync`): these functions only print what they did.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def effective_batch(*, micro_batch_size: int, accum_steps: int, processes: int, 
 
 
 class ProgressBar:
-    """`on_progress` for `distributed.compare_no_sync` and friends: a bar with the job's optimizer steps, shown at
+    """`on_progress` for `ddp_lab.compare_no_sync` and friends: a bar with the job's optimizer steps, shown at
     the first report (the job reports 0 of its total steps as it starts its processes). Its text view (what nbval
     stores) is the state it was shown in, so it is the same on every run."""
 
@@ -71,7 +71,7 @@ def progress_bar() -> ProgressBar:
 def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
     """The gradient all-reduces of every optimizer step, without and with `no_sync()`.
 
-    results: {False: DDPResult, True: DDPResult} of the same training (`distributed.compare_no_sync`). Prints one
+    results: {False: DDPResult, True: DDPResult} of the same training (`ddp_lab.compare_no_sync`). Prints one
     row per optimizer step (the micro-batches each process ran, the all-reduces of each run) and the finding.
     Returns {no_sync: all-reduces per step}.
     """
@@ -130,7 +130,7 @@ def same_weights(results: dict, single) -> dict[bool, float]:
 
 
 def fsdp2_weights(results: dict, single) -> dict[str, float]:
-    """The DDP run's and the FSDP2 run's final weights (`distributed.compare_fsdp2`) against one process that
+    """The DDP run's and the FSDP2 run's final weights (`ddp_lab.compare_fsdp2`) against one process that
     trained on whole effective batches (`single`, a model or state dict); prints the finding, returns
     {"ddp": difference, "fsdp2": difference}."""
     gaps, batch = _gaps(results, single)
@@ -156,7 +156,7 @@ def _moving(wrap: str, nbytes: int) -> str:
 
 
 def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
-    """What each process holds in one step under DDP and under FSDP2 (`distributed.compare_fsdp2`: every process
+    """What each process holds in one step under DDP and under FSDP2 (`ddp_lab.compare_fsdp2`: every process
     measured itself with `measure_step`): a table of bytes, one column per process of each run, and the findings
     on the weights and the peak. FSDP2's peak and the gradients alive at it are marked "*": they can move from
     run to run on a busy CPU (by one layer's gradient, measured under load; the backend's own frees no longer move

@@ -15,18 +15,17 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import distributed
-from accumlib.lessons import data, models
+from accumlib.lessons import data, ddp_lab, models
 
 X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 4 cycles of 4 x 3 x 2 = 24, then 4 samples
 TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last cycle shards 5 + 4 samples
 MLP = functools.partial(models.mlp, dtype=torch.float64)
 SEQUENCE = functools.partial(models.sequence_model, dtype=torch.float64)
 BY_COUNT = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", count=data.count_tokens)
-RUNS = [distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
-        distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
-        distributed.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
-        distributed.DDPRun(MLP, (X[:96], Y[:96]), 4, 3, epochs=2,
+RUNS = [ddp_lab.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
+        ddp_lab.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
+        ddp_lab.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
+        ddp_lab.DDPRun(MLP, (X[:96], Y[:96]), 4, 3, epochs=2,
                            train_options=dict(normalize="steps", check_gradients=False))]
 
 
@@ -43,7 +42,7 @@ def job_processes(launcher: int) -> dict[int, list[int]]:
             command = (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"accumlib.distributed" in command:
+        if b"accumlib.lessons.ddp_lab" in command:
             parents[int(entry.name)] = parent
     return {pid: [rank for rank, up in parents.items() if up == pid] for pid, up in parents.items() if up == launcher}
 
@@ -64,7 +63,7 @@ def job():
             seen.update({rank: memory(rank) for ranks in job_processes(os.getpid()).values() for rank in ranks})
 
     started = time.perf_counter()
-    results = distributed.launch(RUNS, world_size=2, on_progress=on_progress)
+    results = ddp_lab.launch(RUNS, world_size=2, on_progress=on_progress)
     return results, progress, time.perf_counter() - started, seen
 
 
@@ -113,7 +112,7 @@ def test_fsdp2_trains_as_ddp_and_one_process_and_each_process_measures_what_it_h
     in float64, and each process's measure_step (taken in the job, before training) is what it holds: under DDP the
     one-process step plus DDP's gradient bucket, under FSDP2 half the weights (the 64-64-10 MLP's rows split
     evenly); the measurement, a real step under FSDP2, is undone (the weights still match)."""
-    results = distributed.compare_fsdp2(MLP, (X, Y), micro_batch_size=4, accum_steps=3, epochs=2)
+    results = ddp_lab.compare_fsdp2(MLP, (X, Y), micro_batch_size=4, accum_steps=3, epochs=2)
     single, history = one_process(MLP, (X, Y), 24, 1)
     weights = sum(p.numel() * p.element_size() for p in single.parameters())
     alone = accumlib.measure_step(MLP(), X[:4], Y[:4], optimizer=torch.optim.SGD(single.parameters(), lr=0.5),
@@ -140,7 +139,7 @@ def test_progress_reaches_every_step_of_every_run_in_order(job):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not distributed._FORK, reason="the ranks are forked on Linux only (fresh processes elsewhere)")
+@pytest.mark.skipif(not ddp_lab._FORK, reason="the ranks are forked on Linux only (fresh processes elsewhere)")
 def test_the_ranks_share_the_pages_of_their_parent(job):
     """The ranks are forked from one process that imported torch, torch._dynamo (DistributedDataParallel imports
     it) and the job: its pages stay shared, and each rank's own pages are what training writes. Measured here: about
@@ -160,7 +159,7 @@ def test_a_failing_process_stops_the_job_at_once_with_its_error():
                                               "if __import__('os').environ['RANK'] == '0' else 1 / 0")
     started = time.perf_counter()
     with pytest.raises(RuntimeError) as info:
-        distributed.run_ddp(fails_on_rank_1, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2)
+        ddp_lab.run_ddp(fails_on_rank_1, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2)
     assert time.perf_counter() - started < 60  # gloo's own timeout would be 30 minutes
     message = str(info.value)
     assert "ZeroDivisionError: division by zero" in message and "exit codes [" in message
@@ -170,12 +169,12 @@ def test_a_failing_process_stops_the_job_at_once_with_its_error():
 
 LAUNCHER = """
 import functools, os
-from accumlib import distributed
+from accumlib.lessons import ddp_lab
 from accumlib.lessons import data
 
 stuck = functools.partial(eval, "__import__('time').sleep(600)")  # every rank hangs in its builder
 print(os.getpid(), flush=True)
-distributed.run_ddp(stuck, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2, timeout=600)
+ddp_lab.run_ddp(stuck, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2, timeout=600)
 """
 
 
@@ -186,7 +185,7 @@ def test_the_job_ends_with_the_process_that_launched_it():
     (in their builders here; in a collective they would wait for gloo's 30-minute timeout), so neither the progress
     pipe nor gloo tells them: the job's parent sees its launcher has gone and stops them."""
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE,
-                                env={**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1])})
+                                env={**os.environ, "PYTHONPATH": str(Path(ddp_lab.__file__).parents[2])})
     try:
         assert int(launcher.stdout.readline()) == launcher.pid
         deadline = time.monotonic() + 60
@@ -224,7 +223,7 @@ def running(pid: int) -> bool:
 def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
     arguments = dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change
     with pytest.raises(error) as info:
-        distributed.DDPRun(**arguments)
+        ddp_lab.DDPRun(**arguments)
     assert all(name in str(info.value) for name in names)
 
 
@@ -237,7 +236,7 @@ def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
 ])
 def test_bad_jobs_are_refused_before_any_process_starts(arguments, error, names):
     with pytest.raises(error) as info:
-        distributed.launch(**(dict(runs=RUNS[:1]) | arguments))
+        ddp_lab.launch(**(dict(runs=RUNS[:1]) | arguments))
     assert all(name in str(info.value) for name in names)
 
 
@@ -262,9 +261,10 @@ def nested_builder():
     (dict(train_options=dict(loss_fn=lambda out, y: out.sum())), "train_options['loss_fn']", "is a lambda"),
 ])
 def test_a_function_the_jobs_processes_cannot_import_is_refused_before_any_process_starts(change, name, words):
-    """Before: the job failed with "Can't get attribute 'main_builder' on <module 'accumlib.distributed'>"."""
+    """Before: the job failed with "Can't get attribute 'main_builder' on <module 'accumlib.distributed'>" (now
+    accumlib.lessons.ddp_lab)."""
     with pytest.raises(TypeError) as refused:
-        distributed.DDPRun(**(dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change))
+        ddp_lab.DDPRun(**(dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change))
     message = str(refused.value)
     assert message.startswith(f"{name}=") and words in message and "define it" in message and "module" in message
 
@@ -283,7 +283,7 @@ class Payload:
 @pytest.mark.parametrize("case", ["no signature", "another key's signature", "no key", "changed after signing",
                                   "signed with the job's key"])
 def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_path, case):
-    """`python -m accumlib.distributed FOLDER` unpickles a job.pt only when it carries the signature of the key
+    """`python -m accumlib.lessons.ddp_lab FOLDER` unpickles a job.pt only when it carries the signature of the key
     launch() gives its own processes (an HMAC of the file): a planted folder's pickle never runs."""
     import hmac
 
@@ -292,23 +292,23 @@ def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_p
     torch.save([Payload(marker)], job / "job.pt")
     ours, theirs = "ab" * 32, "cd" * 32
     pickled = (job / "job.pt").read_bytes()
-    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(distributed.__file__).parents[1])}
-    env.pop(distributed._KEY, None)
+    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(ddp_lab.__file__).parents[2])}
+    env.pop(ddp_lab._KEY, None)
     if case != "no signature":
         (job / "job.sig").write_text(hmac.new(bytes.fromhex(theirs if case == "another key's signature" else ours),
                                               pickled, "sha256").hexdigest())
     if case != "no key":
-        env[distributed._KEY] = ours
+        env[ddp_lab._KEY] = ours
     if case == "changed after signing":
         (job / "job.pt").write_bytes(pickled + b"\0")
-    done = subprocess.run([sys.executable, "-m", "accumlib.distributed", str(job)], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "accumlib.lessons.ddp_lab", str(job)], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     if case == "signed with the job's key":  # the control: what launch() writes is unpickled, payload and all
         assert marker.read_text() == "it ran"
         return
     assert done.returncode != 0 and not marker.exists()
-    assert (f"PermissionError: {job} is not a job that accumlib.distributed.launch() started: its job.pt is not "
-            f"signed with the key launch() gives its own processes ({distributed._KEY})") in done.stderr
+    assert (f"PermissionError: {job} is not a job that accumlib.lessons.ddp_lab.launch() started: its job.pt is not "
+            f"signed with the key launch() gives its own processes ({ddp_lab._KEY})") in done.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX: a process is probed with os.kill(pid, 0)")
@@ -328,6 +328,6 @@ def test_the_job_folder_of_a_launcher_that_is_gone_is_collected_by_the_next_laun
     (folders["alive"] / "launcher.pid").write_text(str(os.getpid()))
     folders["other name"].rename(tmp_path / "other-name")
     (tmp_path / "other-name" / "launcher.pid").write_text(ended.stdout.strip())
-    distributed._collect_stale()
+    ddp_lab._collect_stale()
     assert not folders["gone"].exists()
     assert folders["alive"].exists() and folders["no pid"].exists() and (tmp_path / "other-name").exists()

@@ -1,4 +1,4 @@
-"""Accumulation across processes, for real: DistributedDataParallel or FSDP2 on the CPU with the gloo backend.
+"""Lesson 9's lab: accumulation across processes, for real: DistributedDataParallel or FSDP2 on the CPU with gloo.
 
 `launch` starts one fresh Python process (not forked from the caller, so a Jupyter kernel stays out of it) that
 imports torch, reads the job and forks `world_size` ranks from it, so they share its pages instead of each
@@ -9,7 +9,7 @@ with `wrap="fsdp2"`, builder() sharded with FSDP2's `fully_shard`) with `accumli
 counts the gradient all-reduces of each optimizer step. Rank 0's results come back; when one rank fails the others are
 stopped and its error is raised.
 The job's file is signed (HMAC-SHA256) with a key launch() gives only its own processes, in their environment:
-`python -m accumlib.distributed FOLDER` refuses a folder launch() did not write before unpickling anything in it.
+`python -m accumlib.lessons.ddp_lab FOLDER` refuses a folder launch() did not write before unpickling anything in it.
 `compare_no_sync` and `compare_fsdp2` are lesson 9's jobs (one run with and one without `no_sync()`; one under DDP
 and one under FSDP2, each process's memory measured), `run_ddp` a single run.
 """
@@ -43,9 +43,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ._validate import Shown, boolean, function, one_of, positive_int, positive_number
-from .i18n import _
-from .memory import MemoryReport, measure_step
+from .._validate import Shown, boolean, function, one_of, positive_int, positive_number
+from ..i18n import _
+from ..memory import MemoryReport, measure_step
 
 WRAPS = ("ddp", "fsdp2")  # how a DDPRun's processes hold the model: DistributedDataParallel, or FSDP2's fully_shard
 
@@ -257,7 +257,7 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
     (`_start_rank`: fresh processes where fork() is not safe).
     Returns (exit codes by rank, the processes' stderr together).
     """
-    package_root = str(Path(__file__).resolve().parents[1])  # the processes import this very accumlib
+    package_root = str(Path(__file__).resolve().parents[2])  # the processes import this very accumlib
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), _KEY: key,
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
@@ -359,7 +359,7 @@ def _measured_memory(model: torch.nn.Module, run: DDPRun, optimizer) -> tuple[di
 
 def _train_rank(run: DDPRun) -> dict:
     """This process's share of one run; its DDP or FSDP objects die when it returns."""
-    from .loop import train
+    from ..loop import train
 
     model = _wrapped(run.builder(), run.wrap)
     counter = {"calls": 0}
@@ -467,8 +467,8 @@ def _read_job(job: Path) -> list:
     except ValueError:  # a key that is no hex
         valid = False
     if not valid:
-        raise PermissionError(_("{folder} is not a job that accumlib.distributed.launch() started: its job.pt is not "
-                                "signed with the key launch() gives its own processes ({key}); it is not unpickled "
+        raise PermissionError(_("{folder} is not a job that accumlib.lessons.ddp_lab.launch() started: its job.pt is "
+                                "not signed with the key launch() gives its own processes ({key}); it is not unpickled "
                                 "(that would run its code). Start DDP jobs with launch()").format(
                                     folder=job, key=_KEY))
     return torch.load(io.BytesIO(pickled), weights_only=False, map_location="cpu")
