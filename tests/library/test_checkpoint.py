@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import accumlib
-from accumlib import checkpoint as checkpoints
+from accumlib import checkpoint as checkpoints, checkpoint_parts
 
 generator = torch.Generator().manual_seed(0)
 X = torch.randn(40, 5, generator=generator, dtype=torch.float64)
@@ -440,27 +440,6 @@ def test_the_refusal_speaks_hindi(tmp_path):
     assert any("\u0900" <= c <= "\u097f" for c in str(refusal.value))  # Devanagari
 
 
-def test_the_random_states_go_into_the_file_as_tensors_and_numbers_and_come_back():
-    """NumPy's and Python's states are not pickled objects: they are turned into tensors and numbers, and back."""
-    seed_everything(4)
-    np.random.randn()  # a cached Gaussian in NumPy's state, too
-    states = checkpoints._random_states()
-    expected = random_states(), np.random.randn(), random.random(), torch.rand(1)
-    seed_everything(5)
-    checkpoints._set_random_states(torch.load(_round_trip(states), weights_only=True))
-    assert same_random_states(random_states(), expected[0])
-    assert (np.random.randn(), random.random(), torch.rand(1)) == expected[1:]
-
-
-def _round_trip(value):
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    buffer.seek(0)
-    return buffer
-
-
 WORKER = """
 import gc, os, sys
 import torch, torch.distributed as dist
@@ -626,7 +605,7 @@ def test_skipped_steps_in_a_row_are_counted_across_the_stop(tmp_path):
     )
 
 
-class SideFile(checkpoints.WholeState):
+class SideFile(checkpoint_parts.WholeState):
     """A model-and-optimizer form of its own, as a sharded one would be: the states in a file of their own beside
     the checkpoint, which names it."""
 
@@ -645,7 +624,7 @@ class SideFile(checkpoints.WholeState):
 def test_the_model_and_optimizer_part_is_a_seam_another_form_plugs_into(uninterrupted, tmp_path, monkeypatch):
     """accumlib.checkpoint.Checkpoint reaches the model's and optimizer's states only through its `parts`
     (WholeState's methods): a form that keeps them elsewhere resumes bit for bit too."""
-    monkeypatch.setattr(checkpoints, "WholeState", SideFile)
+    monkeypatch.setattr(checkpoint_parts, "WholeState", SideFile)  # the form _parts chooses for a model
     path = tmp_path / "run.pt"
     model, optimizer, scheduler = build(1)
     model.side = str(tmp_path / "side")
