@@ -20,9 +20,9 @@ from .budget import OutOfMemory, cuda_budget
 from .i18n import _
 from .measured_step import MemoryReport, _leaves, explained_failure
 from .tracing import _measure_cycle
-from .tracker import CATEGORIES, category_definitions, step_peak
+from .tracker import CATEGORIES, step_peak
 
-__all__ = ["measure_step", "MemoryReport", "CATEGORIES", "category_definitions", "check_fits", "check_cycle_fits",
+__all__ = ["measure_step", "MemoryReport", "CATEGORIES", "check_fits", "check_cycle_fits",
            "measured_cycle_peak", "fit_batch", "FitPlan", "MAX_TARGET_BATCH", "batch_of", "resolve_device",
            "OutOfMemory", "cuda_budget", "step_peak"]
 

@@ -54,10 +54,6 @@ class TimingReport:
     def effective_batch(self) -> int:
         return self.micro_batch_size * self.accum_steps
 
-    @property
-    def samples_per_second(self) -> float:
-        return self.effective_batch / self.seconds_per_step
-
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
     """SGD with lr=0.01 (the default of `time_config` and `decompose_time`)."""
@@ -157,11 +153,6 @@ class TimeDecomposition:
     def overhead_share(self, micro_batch_size: int) -> float:
         """Fraction (0..1) of one pass of micro_batch_size samples that is the fixed overhead, by the fit."""
         return self.overhead_seconds / self.pass_seconds(micro_batch_size)
-
-    @property
-    def break_even_micro_batch(self) -> float:
-        """Samples per pass at which per-sample compute equals the fixed overhead (overhead / per-sample)."""
-        return self.overhead_seconds / self.seconds_per_sample
 
 
 def _least_squares(sizes: list[int], seconds: list[float]) -> tuple[float, float]:

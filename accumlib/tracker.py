@@ -5,10 +5,10 @@ runs: byte-exact and identical from run to run, unlike process RSS. Under FakeTe
 without computing anything (`measure_step(..., fake=True)`), fast enough for "does this fit?" questions.
 
 Every storage alive at the moment of the peak is put in one category (`CATEGORIES`, defined one line each in
-`MemoryReport` and by `category_definitions()`), so the categories add up to the peak. A storage is named by the
-part of the step that created it (forward pass, backward pass, optimizer step) and then by what it turns out to
-be (saved for backward, a parameter's gradient, optimizer state); tensors that existed before the step (weights,
-the micro-batch, `.grad`, optimizer state) keep their own names.
+`MemoryReport`), so the categories add up to the peak. A storage is named by the part of the step that created it
+(forward pass, backward pass, optimizer step) and then by what it turns out to be (saved for backward, a parameter's
+gradient, optimizer state); tensors that existed before the step (weights, the micro-batch, `.grad`, optimizer
+state) keep their own names.
 """
 from __future__ import annotations
 
@@ -23,41 +23,35 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from . import budget, cycle, sharded
 from .budget import allocation_bytes
-from .i18n import N_, _
 
 # What each category holds (one line each); the order is that of the stacked bars: first what the model fixes,
 # then what one micro-batch brings.
 CATEGORY_DEFINITIONS = {
-    "parameters": N_("the model's weights and buffers (BatchNorm's running statistics, a registered mask); fixed "
-                     "by the model"),
-    "gradients": N_("the .grad of every trainable parameter, summed over the micro-batches of the step; fixed by "
-                    "the model (during a step's first backward pass only the part built so far)"),
-    "incoming gradients": N_("a parameter's gradient from the current micro-batch, computed by backward() and not "
-                             "yet added into .grad: from the second micro-batch of a step on, at most the size of "
-                             "the model (with one micro-batch per step it becomes .grad itself)"),
-    "optimizer state": N_("what the optimizer keeps between steps (Adam: two moments per parameter and a step "
-                          "count; plain SGD: nothing); fixed by the model"),
-    "optimizer temporaries": N_("tensors optimizer.step() creates and frees while it updates the weights; "
-                                "fixed by the model"),
-    "inputs": N_("the micro-batch itself (x and y); proportional to the micro-batch"),
-    "activations": N_("intermediate results of the forward pass saved for backward() (the input batch and the "
-                      "weights are counted under their own names); proportional to the micro-batch"),
-    "activation gradients": N_("gradients with respect to the activations, which backward() computes layer by "
-                               "layer on its way to the parameters; proportional to the micro-batch"),
-    "other": N_("everything else alive at the peak: results of the forward pass that backward() does not need "
-                "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
-                "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
-                "rounding and workspaces"),
+    "parameters": "the model's weights and buffers (BatchNorm's running statistics, a registered mask); fixed "
+                  "by the model",
+    "gradients": "the .grad of every trainable parameter, summed over the micro-batches of the step; fixed by "
+                 "the model (during a step's first backward pass only the part built so far)",
+    "incoming gradients": "a parameter's gradient from the current micro-batch, computed by backward() and not "
+                          "yet added into .grad: from the second micro-batch of a step on, at most the size of "
+                          "the model (with one micro-batch per step it becomes .grad itself)",
+    "optimizer state": "what the optimizer keeps between steps (Adam: two moments per parameter and a step "
+                       "count; plain SGD: nothing); fixed by the model",
+    "optimizer temporaries": "tensors optimizer.step() creates and frees while it updates the weights; "
+                             "fixed by the model",
+    "inputs": "the micro-batch itself (x and y); proportional to the micro-batch",
+    "activations": "intermediate results of the forward pass saved for backward() (the input batch and the "
+                   "weights are counted under their own names); proportional to the micro-batch",
+    "activation gradients": "gradients with respect to the activations, which backward() computes layer by "
+                            "layer on its way to the parameters; proportional to the micro-batch",
+    "other": "everything else alive at the peak: results of the forward pass that backward() does not need "
+             "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
+             "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
+             "rounding and workspaces",
 }
 CATEGORIES = tuple(CATEGORY_DEFINITIONS)
 
 # The category of a storage created during each phase of a step, until it turns out to be something more specific.
 _CREATED_IN = {"forward": "other", "backward": "activation gradients", "step": "optimizer temporaries"}
-
-
-def category_definitions() -> dict[str, str]:
-    """Category -> its one-line definition, in the current language (see `MemoryReport`)."""
-    return {name: _(definition) for name, definition in CATEGORY_DEFINITIONS.items()}
 
 
 class _Storage:
