@@ -12,7 +12,7 @@ from torch import nn
 
 import accumlib
 from accumlib import memory, timing
-from accumlib.lessons import data
+from builders import data
 
 X, Y = data.digits(96, flat=True)
 
