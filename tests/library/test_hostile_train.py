@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import accumlib
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(48)  # 48 samples, micro-batch 4 x accum_steps 2: 6 optimizer steps per epoch
 
