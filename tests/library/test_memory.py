@@ -4,7 +4,7 @@ import torch
 
 import accumlib
 from accumlib import memory
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)
