@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import data, models
+from builders import data, models
 
 X64, Y64 = data.digits(flat=True, dtype=torch.float64)
 
