@@ -16,7 +16,7 @@ import torch
 
 import accumlib
 from accumlib import distributed
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(100, flat=True, dtype=torch.float64)  # 100 = 4 cycles of 4 x 3 x 2 = 24, then 4 samples
 TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last cycle shards 5 + 4 samples
@@ -28,6 +28,16 @@ RUNS = [distributed.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
         distributed.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
         distributed.DDPRun(MLP, (X[:96], Y[:96]), 4, 3, epochs=2,
                            train_options=dict(normalize="steps", check_gradients=False))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def builders_importable():
+    """The job's processes import the builders (tests/library/builders) by module and name, as they would a user's
+    module: this folder is on their PYTHONPATH."""
+    here = str(Path(__file__).resolve().parent)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+        yield
 
 
 PROC = Path("/proc/self/smaps_rollup").exists()  # Linux: what the processes hold and who started whom
@@ -156,7 +166,7 @@ def test_the_ranks_share_the_pages_of_their_parent(job):
 @pytest.mark.slow
 def test_a_failing_process_stops_the_job_at_once_with_its_error():
     """Rank 1's builder fails; rank 0 waits for it in DDP's first broadcast and is stopped, not left hanging."""
-    fails_on_rank_1 = functools.partial(eval, "__import__('accumlib.lessons.models').lessons.models.mlp() "
+    fails_on_rank_1 = functools.partial(eval, "__import__('torch').nn.Linear(64, 10) "
                                               "if __import__('os').environ['RANK'] == '0' else 1 / 0")
     started = time.perf_counter()
     with pytest.raises(RuntimeError) as info:
@@ -169,13 +179,13 @@ def test_a_failing_process_stops_the_job_at_once_with_its_error():
 
 
 LAUNCHER = """
-import functools, os
+import functools, os, torch
 from accumlib import distributed
-from accumlib.lessons import data
 
 stuck = functools.partial(eval, "__import__('time').sleep(600)")  # every rank hangs in its builder
 print(os.getpid(), flush=True)
-distributed.run_ddp(stuck, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2, timeout=600)
+distributed.run_ddp(stuck, (torch.zeros(40, 64), torch.zeros(40, dtype=torch.long)), micro_batch_size=4, accum_steps=2,
+                    timeout=600)
 """
 
 
