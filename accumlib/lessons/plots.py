@@ -23,6 +23,7 @@ import base64
 import contextlib
 import functools
 import io
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,7 +256,7 @@ def _finish(ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = Tru
     ax.set_title(title, fontsize=TITLE_SIZE, y=1.0, pad=6 + offset_height * 72)  # fixed: no search at each draw
     top = PAD + measure.box(title, TITLE_SIZE)[1] + 6 / 72 + offset_height
     bottom = PAD + legend_height + below + PAD
-    height = top + AXES_HEIGHT + bottom
+    height = math.ceil((top + AXES_HEIGHT + bottom) * DPI) / DPI  # whole pixels
     figure.set_size_inches(WIDTH, height)
     if handles:
         legend.set_bbox_to_anchor((0.5, PAD / height), transform=figure.transFigure)
