@@ -162,6 +162,9 @@ def _figure():
     return figure, figure.subplots()
 
 
+GLUED = ("×", "=", "+", "−", "/")  # operators kept on the line of the numbers they join
+
+
 class _Measure:
     """Sizes of text in inches, measured with the figure's renderer and the fonts of `drawing()` (no drawing)."""
 
@@ -179,9 +182,16 @@ class _Measure:
         return extent.width / DPI, extent.height / DPI
 
     def wrap(self, text: str, inches: float, size: float) -> str:
-        """`text` broken at spaces into lines at most `inches` wide (a word wider than that on a line of its own)."""
-        lines, line = [], ""
+        """`text` broken at spaces into lines at most `inches` wide (a word wider than that on a line of its own),
+        never beside an operator: "64 × 1" stays on one line."""
+        words = []
         for word in text.split(" "):
+            if words and (word in GLUED or words[-1].endswith(GLUED)):
+                words[-1] = f"{words[-1]} {word}"
+            else:
+                words.append(word)
+        lines, line = [], ""
+        for word in words:
             longer = f"{line} {word}" if line else word
             if line and self.width(longer, size) > inches:
                 lines.append(line)
