@@ -178,7 +178,7 @@ def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
     page.on("request", lambda r: outside.append(r.url)
             if not r.url.startswith(served) and not r.url.startswith("data:") else None)
     checked = 0
-    smallest_figure_text = []
+    smallest_figure_text, small = [], {}  # every figure's smallest text (px); the pages with one under 9 px
     for lang in EDITIONS:
         other = "hi" if lang == "en" else "en"
         for stem in [*notebooks(lang), "index"]:
@@ -189,9 +189,9 @@ def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
             assert m["scrollWidth"] <= m["clientWidth"], (where, m["scrollWidth"], m["wide"])
             assert m["outputsWider"] == 0 and m["scrolled"] == [], (where, m["scrolled"])
             sizes = [figure_text_px(site, served, figure) for figure in m["figureSizes"]]
-            assert None not in sizes, f"{where}: a figure without its font size: drawn before plots.py recorded it"
-            assert min(sizes, default=9) >= 9, (where, sizes)  # figure text: 9 px at least
-            smallest_figure_text.append(min(sizes, default=float("inf")))
+            if None in sizes or min(sizes, default=9) < 9:  # figure text: 9 px at least
+                small[where] = sizes
+            smallest_figure_text += [size for size in sizes if size is not None]
             assert m["switch"] == [f"../{other}/{stem}.html"], where
             urllib.request.urlopen(f"{served}/{other}/{stem}.html").close()  # the other edition's page exists
             if stem == "index":
@@ -211,7 +211,9 @@ def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
             assert m["needsKernel"] == m["dashboards"], where
             checked += 1
     assert checked == len(notebooks("en")) + len(notebooks("hi"))
-    print(f"smallest figure text at {PHONE} px: {min(smallest_figure_text):.1f} px")
+    print(f"smallest figure text at {PHONE} px: {min(smallest_figure_text):.2f} px")
+    # None: a figure without its font size, drawn before plots.py recorded it (execute its notebook again)
+    assert small == {}, small
     assert outside == [], outside[:5]  # every request went to the site itself
 
 
@@ -238,21 +240,26 @@ def test_search_finds_a_lesson_in_each_edition(served, browser):
 
 
 def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
-    """Screenshots to look at (build/screenshots/): the Hindi lesson 7 and the English dashboards page."""
+    """Screenshots to look at (build/screenshots/): lesson 7 in both editions (its top and its first figure) and the
+    dashboards pages."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for width in (PHONE, DESKTOP):
-        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 900})
-        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("dashboards", "en/dashboards.html"),
-                           ("hi-dashboards", "hi/dashboards.html")):
+        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 800})
+        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("en-lesson", "en/07_batchnorm.html"),
+                           ("dashboards", "en/dashboards.html"), ("hi-dashboards", "hi/dashboards.html")):
             page.goto(f"{served}/{path}", wait_until="load")
             page.evaluate("document.fonts.ready")
             page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}.png"))
+            figure = page.locator("article div.cell_output img.lesson-figure").first
+            if "lesson" in name and figure.count():
+                figure.scroll_into_view_if_needed()
+                page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-figure.png"))
             dashboard = page.locator(".static-dashboard").first
             if dashboard.count():
                 dashboard.scroll_into_view_if_needed()
                 dashboard.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-dashboard.png"))
         page.close()
-    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 6
+    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 12
 
 
 def bank_question(qid: str) -> dict:
