@@ -10,10 +10,10 @@ option's answer says, the hint; for a number question the answer and its known w
 run it" question the text of its experiment, run here on the CPU). Nothing is copied from questions.json by hand:
 a question changed in the bank changes on the website at its next build.
 
-Writes <out>/dashboards/<language>/: each dashboard's figures (PNG, reduced to a 128-colour palette: about 10 KB
+Writes <out>/dashboards/<language>/: each dashboard's figures (PNG, reduced to a 128-colour palette: about 12.6 KB
 each, a third of matplotlib's) and its findings for every setting the website offers, and dashboards.json (the
 controls' labels and values as the dashboard shows them, and per setting the figures' files and alt text and the
-summary). The settings offered (about 450 figures per language, 4.5 MB):
+summary). The settings offered (about 450 figures per language, 5.6 MB):
   loss      every micro-batch size x every accum_steps (1-16), with every switch off and with "forget the
             division" (the switch its task uses; the others need the live notebook): 192 settings
   memory    every micro-batch size x accum_steps 1, 2, 4, 8, 16 x card 0.25, 0.5, 1, 2, 4 MiB (its tasks' settings
