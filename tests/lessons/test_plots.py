@@ -226,8 +226,9 @@ def test_hindi_figures_on_a_matplotlib_that_cannot_shape_say_how_to_fix_it(monke
 
 
 # --- figures drawn for a phone ------------------------------------------------------------------------------------
-# The narrowest box a figure gets on a 390 px phone: a dashboard's figure on the website (its box inside the page's
-# margins; measured in Chromium by tests/course/test_site.py, which checks every page's figures at that width).
+# A figure's box on a 390 px phone, px: the narrowest the website gives one is 346 (a dashboard's, inside the page's
+# and the dashboard's margins; measured in Chromium by tests/course/test_site.py, which checks every page's figures
+# at that width); Voila's cell is wider. 330 leaves a theme room to change its margins.
 PHONE_FIGURE_PX = 330
 
 
