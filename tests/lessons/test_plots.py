@@ -241,15 +241,15 @@ class _Job:
 
 
 def lesson_figures(monkeypatch) -> list:
-    """The figures of the dashboards (their default settings) and of three lessons' findings, computed from real runs
+    """The figures of the dashboards (their default settings) and of five lessons' findings, computed from real runs
     and measurements with the lessons' own code, in the language set now."""
-    from accumlib import batchnorm, memory, train
+    from accumlib import batchnorm, memory, timing, train
     from accumlib.lessons import data, models, widgets
-    from accumlib.lessons.show import batchnorm as show_batchnorm, large_batch
+    from accumlib.lessons.show import batchnorm as show_batchnorm, large_batch, memory as show_memory, time as show_time
     import torch
 
     made = []
-    for module in (show_batchnorm, large_batch):
+    for module in (show_batchnorm, large_batch, show_memory, show_time):
         monkeypatch.setattr(module, "figure", lambda plot: made.append(plot) or plot)
     for dashboard in (widgets.LossDashboard(samples=256, epochs=1), widgets.MemoryDashboard(),
                       widgets.BatchNormDashboard()):
@@ -267,6 +267,10 @@ def lesson_figures(monkeypatch) -> list:
         runs[size] = train(model, flat, torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=size,
                            accum_steps=1, epochs=2, measure_memory=False)
     large_batch.compare_batches(runs)
+    show_memory.categories([memory.measure_step(models.cnn(), X[:m], _y[:m], accum_steps=64 // m, fake=True)
+                            for m in (64, 32, 16, 8, 4)])  # lesson 5's five splits of 64: five labelled bars
+    decomposition = timing.decompose_time(models.cnn(), data.digits(64), accum_steps=(1, 4, 16), repeats=1, warmup=0)
+    show_time.passes(decomposition)  # layout only: the measured times differ from run to run, the checks do not
     return made
 
 
@@ -298,7 +302,7 @@ def test_every_text_of_a_lesson_figure_is_inside_it_apart_from_the_rest_and_legi
     i18n.set_language(language)
     try:
         figures = lesson_figures(monkeypatch)
-        assert len(figures) >= 7
+        assert len(figures) >= 9
         for plot in figures:
             where = plot.figure.axes[0].get_title()[:60]
             boxes = drawn_texts(plot)
