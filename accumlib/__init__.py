@@ -9,7 +9,9 @@ language of everything a learner reads.
 """
 from .i18n import language, set_language
 from .cycle import CycleOptions, CycleResult, NonFiniteError, accumulate_and_step
-from .loop import History, StepRecord, StopTraining, gradient_gap, parameter_gap, train
+from .gaps import gradient_gap, parameter_gap
+from .loop import train
+from .records import History, StepRecord, StopTraining
 from .memory import FitPlan, MemoryReport, OutOfMemory, fit_batch, measure_step
 from .timing import TimingReport, time_config
 

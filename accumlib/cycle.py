@@ -1,4 +1,6 @@
-"""One optimizer step from a cycle of micro-batches: `accumulate_and_step`, and the checks of what it is given.
+"""One optimizer step from a cycle of micro-batches: `accumulate_and_step`, its options (`CycleOptions`) and its
+result (`CycleResult`). What it is given is checked in `cycle_checks`; what it changes before the step is put back
+by `restore`; Ctrl-C waits for the step in `interrupts`; under DDP a failure is told to every process in `failures`.
 
 Zero once, weight each micro-batch loss by its share of the cycle, backward() each (PyTorch adds into .grad), step
 once. The scheduler, clipping and the AMP scaler run once per step; under DistributedDataParallel or FSDP2 the
@@ -10,28 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
 import math
-import numbers
-import _signal
-import signal
 import threading
-import warnings
-import weakref
-from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.nn.modules.batchnorm import _NormBase
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
-from torch.utils._pytree import tree_leaves
 
-from ._validate import Shown, boolean, function, one_of, positive_number
+from ._validate import boolean, function, one_of, positive_number
+from .cycle_checks import _check_cycle
+from .failures import _Told
 from .i18n import _
+from .interrupts import STEP
+from .losses import _scalar_loss
+from .restore import _Kept
 from .sharded import cycle_sync
 
 
@@ -116,73 +113,6 @@ class CycleOptions:
         scheduler (built on the real optimizer, it would step it) and the scaler (its scale would change; what it
         adds is a few scalars), with autocast (its lower-precision activations are what an amp step holds)."""
         return dataclasses.replace(self, scaler=None, scheduler=None)
-
-
-def _check_cycle(model, optimizer, micro_batches, loss_weights) -> None:
-    """accumulate_and_step's model, optimizer and data, checked before anything changes (loss weights given as
-    tensors are read from the device once, together; nothing else is)."""
-    _check_model(model)
-    params = _check_optimizer(model, optimizer)  # some of the model's trainable parameters, without a closure
-    for name, value in (("micro_batches", micro_batches), ("loss_weights", loss_weights)):
-        if not isinstance(value, Sized) or isinstance(value, (str, dict, torch.Tensor)):
-            raise TypeError(_("{name} must be a list (one item per micro-batch), got {value!r} of type {type}").format(
-                name=name, value=value, type=type(value).__name__))
-    if not micro_batches:
-        raise ValueError(_("micro_batches is empty: a cycle needs at least one micro-batch"))
-    if len(micro_batches) != len(loss_weights):
-        raise ValueError(_("loss_weights has {weights} values but micro_batches has {micro} micro-batches: give one "
-                           "weight per micro-batch").format(weights=len(loss_weights), micro=len(micro_batches)))
-    _check_weights(loss_weights, min((p.dtype for p in params if p.is_floating_point()),
-                                     key=lambda dtype: torch.finfo(dtype).max, default=torch.float64))
-    _check_micro_batches(model, micro_batches)
-
-
-def _check_weights(loss_weights, dtype: torch.dtype = torch.float64) -> None:
-    """One finite number >= 0 per micro-batch: a Python number, a NumPy scalar or a 0-d real tensor, at most the
-    largest finite value of `dtype` (the optimizer's parameters': past it the weighted loss is no number of that
-    dtype). The tensors are read together, in one host read, before anything changes."""
-    largest, tensors, values = torch.finfo(dtype).max, [], []
-    for i, weight in enumerate(loss_weights):
-        if isinstance(weight, torch.Tensor) and weight.dim() == 0 and not (weight.is_complex() or
-                                                                          weight.dtype == torch.bool):
-            tensors.append((i, weight))
-        elif not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not 0 <= weight < math.inf:
-            raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or 0-d "
-                               "real tensors), one per micro-batch").format(i=i, value=Shown(weight)))
-        else:
-            values.append((i, weight, weight))
-    if tensors:
-        read = torch.stack([w.detach().to("cpu", torch.float64) for _i, w in tensors]).tolist()  # the one read
-        for (i, weight), value in zip(tensors, read, strict=True):
-            if not 0 <= value < math.inf:
-                raise ValueError(_("loss_weights[{i}] is {value!r}: loss_weights must hold finite numbers >= 0 (or "
-                                   "0-d real tensors), one per micro-batch").format(i=i, value=weight))
-            values.append((i, weight, value))
-    for i, weight, value in values:  # a weight past the dtype's range: refused by name, not an error inside
-        if value > largest:
-            raise ValueError(_("loss_weights[{i}] is {value!r}, more than the largest {dtype} ({largest:g}), the "
-                               "dtype of the optimizer's parameters: the weighted loss would be no {dtype} number; "
-                               "valid: finite numbers from 0 to {largest:g}").format(
-                                   i=i, value=Shown(weight), dtype=str(dtype).removeprefix("torch."),
-                                   largest=largest))
-
-
-def _check_micro_batches(model: torch.nn.Module, micro_batches) -> None:
-    """Each micro-batch of a list or tuple (a lazy sequence is fetched by the cycle itself): no tensor in it empty
-    along its first dimension, every tensor on a device of the model's parameters."""
-    if not isinstance(micro_batches, (list, tuple)):
-        return
-    devices = {p.device for p in model.parameters()}
-    for i, batch in enumerate(micro_batches):
-        for tensor in (t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)):
-            if tensor.dim() and not len(tensor):
-                raise ValueError(_("micro_batches[{i}] holds a tensor of shape {shape}, without samples: an empty "
-                                   "micro-batch has no mean loss (NaN); leave it out of the cycle").format(
-                                       i=i, shape=tuple(tensor.shape)))
-            if tensor.device not in devices:
-                raise ValueError(_("micro_batches[{i}] holds a tensor on {device} but the model is on {model}: move "
-                                   "the micro-batches to the model's device first (x.to(device))").format(
-                                       i=i, device=tensor.device, model=", ".join(sorted(map(str, devices)))))
 
 
 class Inputs(NamedTuple):
@@ -372,220 +302,12 @@ def watched(watch: Callable):
         stack.remove(watch)
 
 
-def _told(error: BaseException | None, failed: list[int]) -> str:
-    """Under DDP, once every process knows that the processes `failed` have (an all-reduced flag): what each of them
-    raised ("process 1: ValueError: ..."), gathered on every process (one all_gather_object)."""
-    messages = [None] * dist.get_world_size()
-    dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
-    return "; ".join(_("process {rank}: {error}").format(rank=rank, error=messages[rank]) for rank in failed)
-
-
-def _agree(error: BaseException | None, device: torch.device) -> None:
-    """Under DDP, before a backward that all-reduces (which a failed process would never reach): one all-reduce of
-    a failure flag per process. A process that failed (`error`) tells the others and returns (its caller raises
-    its own error); the others raise, saying which process failed and why."""
-    flags = torch.zeros(dist.get_world_size(), device=device)
-    flags[dist.get_rank()] = error is not None
-    dist.all_reduce(flags)
-    failed = [rank for rank, flag in enumerate(flags.tolist()) if flag]
-    if failed:
-        why = _told(error, failed)
-        if error is None:
-            raise RuntimeError(_("{why}: it failed in this cycle, in a micro-batch's forward pass or loss_fn; this "
-                                 "process stops with it, before the step: its weights, optimizer and .grad are as "
-                                 "they were").format(why=why))
-
-
-class _Told:
-    """`_cycle`'s block under DDP: an error raised in it before `agree()` (a micro-batch, the forward pass, loss_fn)
-    is told to every process (`_agree`) before it propagates; agree() is that all-reduce when nothing failed."""
-
-    __slots__ = ("device", "pending")
-
-    def __init__(self, device: torch.device):
-        self.device, self.pending = device, True
-
-    def __enter__(self) -> _Told:
-        return self
-
-    def agree(self) -> None:
-        self.pending = False  # an error from here on (another process's, raised by _agree) is not told again
-        _agree(None, self.device)
-
-    def __exit__(self, kind, error, traceback) -> None:
-        if self.pending and isinstance(error, Exception):
-            _agree(error, self.device)  # the others raise, saying why; this process raises its own error
-
-
-class _Unit:
-    """One step's block of `_Step` (see there): SIGINT held from __enter__; an error after `result` is set (the
-    optimizer has stepped) carries it as `cycle_result`, and inside `until_recorded` waits for the record."""
-
-    __slots__ = ("step", "result")
-
-    def __init__(self, step: _Step):
-        self.step, self.result = step, None
-
-    def __enter__(self) -> _Unit:
-        step = self.step
-        step.install()  # unless a run installed it (and nobody replaced it since): until the unit is released
-        step.held = True
-        return self
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        step, swallowed = self.step, False
-        if error is not None and self.result is not None:  # the step was applied: whoever catches this records it
-            error.cycle_result = self.result
-            if step.depth:
-                step.error, swallowed = error, True  # raised once the step's record is made
-        if not step.depth:
-            step.release()
-        return swallowed
-
-
-class _Recorded:
-    """`_Step.until_recorded`'s block: on leaving it the held SIGINT, or an error after the step, is raised."""
-
-    __slots__ = ("step",)
-
-    def __init__(self, step: _Step):
-        self.step = step
-
-    def __enter__(self) -> None:
-        self.step.depth += 1
-
-    def __exit__(self, kind, error, traceback) -> None:
-        step = self.step
-        step.depth -= 1
-        waiting, step.error = step.error, None
-        if not step.depth:
-            step.release()
-        if waiting is not None:
-            raise waiting
-
-
-class _Running:
-    """`_Step.run`'s block: the holding handler installed once for all the block's steps (main thread only)."""
-
-    __slots__ = ("step",)
-
-    def __init__(self, step: _Step):
-        self.step = step
-
-    def __enter__(self) -> None:
-        step = self.step
-        step.install()
-        step.runs += 1
-
-    def __exit__(self, kind, error, traceback) -> None:
-        step = self.step
-        step.runs -= 1
-        if not step.runs:
-            step.uninstall()
-
-
-_MAIN_THREAD = threading.main_thread().ident  # only the main thread receives signals
-
-
-class _Step(threading.local):
-    """The optimizer step, the scaler's and scheduler's steps and (in `train`) the step's record, as one unit.
-
-    A SIGINT (Ctrl-C) that arrives inside waits and is delivered once the unit closes, so a step is never torn and
-    never left without its record (main thread only: only it receives signals). An error raised inside after the
-    optimizer step (a scheduler's) carries the step's result as `cycle_result`; inside `until_recorded` it is
-    raised after the record too. One per thread: a dashboard's training thread has its own.
-
-    The holding handler (`handler`) is installed by the first unit and given back when the unit closes; inside a
-    `run()` block (train's whole run) it stays installed between the steps, where a SIGINT is passed straight on to
-    the handler it displaced, so that a step costs no handler swaps.
-    """
-
-    def __init__(self):
-        self.depth = 0  # open `until_recorded` blocks of this thread
-        self.runs = 0  # open `run` blocks of this thread
-        self.held = False  # inside a unit: a SIGINT waits for its end
-        self.previous = None  # the SIGINT handler that `handler` displaced, while it is installed
-        self.pending = None  # (signal number, frame) of a SIGINT that arrived meanwhile
-        self.error = None  # an error raised after the optimizer step, waiting for the step's record
-        self.handler = self.hold  # the one bound method installed (its identity tells whether it still is)
-        self.recorded = _Recorded(self)  # `until_recorded`'s block, reused: its state is `depth`
-
-    def unit(self) -> _Unit:
-        """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
-        return _Unit(self)
-
-    def until_recorded(self) -> _Recorded:
-        """`train`: the unit lasts until this block (the cycle and its record) ends."""
-        return self.recorded
-
-    def run(self) -> _Running:
-        """`train`: the holding handler stays installed for the whole block, between its units too."""
-        return _Running(self)
-
-    def install(self) -> None:
-        """The holding handler in place of the current one, unless it is already installed (main thread only)."""
-        if threading.get_ident() != _MAIN_THREAD:
-            return
-        previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion
-        if previous is self.handler:
-            return
-        if previous is not None:  # None: a handler installed outside Python; left alone
-            _signal.signal(signal.SIGINT, self.handler)
-            self.previous = previous
-
-    def uninstall(self) -> None:
-        previous = self.previous  # kept until the handler is given back: a SIGINT meanwhile still reaches it
-        if previous is not None and _signal.getsignal(signal.SIGINT) is self.handler:  # not replaced meanwhile
-            _signal.signal(signal.SIGINT, previous)
-        self.previous = None
-
-    def hold(self, signum, frame) -> None:
-        if self.held:
-            self.pending = (signum, frame)
-        else:  # between the steps of a run: at once, as the displaced handler would
-            _deliver(self.previous, signum, frame)
-
-    def release(self) -> None:
-        self.held = False
-        previous = self.previous
-        if not self.runs:
-            self.uninstall()
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            _deliver(previous, *pending)
-
-
-def _deliver(handler, signum, frame) -> None:
-    """What `handler` (a SIGINT handler as signal.getsignal gives it) does with a SIGINT."""
-    if callable(handler):
-        handler(signum, frame)  # Python's default handler raises KeyboardInterrupt here, after the unit
-    elif handler == signal.SIG_DFL:
-        raise KeyboardInterrupt
-
-
-STEP = _Step()
-
-
 def _forward(model: torch.nn.Module, loss_fn: Callable, x, y) -> torch.Tensor:
     """One micro-batch's forward pass and its loss (inputs that are not one tensor unpacked)."""
     loss = loss_fn(model(*x.args, **x.kwargs) if isinstance(x, Inputs) else model(x), y)
     if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
     return _scalar_loss(loss)  # any other: checked there (a tensor subclass passes as well)
-
-
-def _scalar_loss(loss) -> torch.Tensor:
-    """`loss` if it is a 0-d tensor with a gradient; a clear error otherwise (no value read from the device)."""
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(_("loss_fn must return a scalar tensor, got {value!r} of type {type}: return the tensor itself "
-                          "(not loss.item() or float(loss))").format(value=loss, type=type(loss).__name__))
-    if loss.dim() != 0:
-        raise ValueError(_("loss_fn must return a scalar, got a tensor of shape {shape}: reduce it (reduction='mean' "
-                           "or 'sum')").format(shape=tuple(loss.shape)))
-    if not loss.requires_grad:
-        raise ValueError(_("loss_fn returned a tensor without a gradient (requires_grad=False): compute it from the "
-                           "model's output, without .detach() or torch.no_grad()"))
-    return loss
 
 
 def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
@@ -617,123 +339,3 @@ def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_gr
         return 0.0, 0.0 if with_norm else None
     loss, *norms = values.tolist()
     return loss, math.hypot(*norms) if with_norm else None
-
-
-class _BuffersKept:
-    """Context manager: a copy of the buffers the forward pass changes; restore() puts them back, as does an error.
-
-    Copied: the running statistics of a norm layer that updates them (BatchNorm in training mode), and any buffer
-    a cycle was seen to change before (by its version counter). Any other buffer (a causal mask, a positional
-    table) is not copied, only its version noted: one that changes during a block that is put back cannot be, and a
-    warning names it (it is copied from then on).
-    """
-
-    def __init__(self, model: torch.nn.Module):
-        self.saved, self.watched, self.model = [], [], model
-        modules = [model]
-        for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
-            if module._buffers:  # most modules have none
-                updates = isinstance(module, _NormBase) and module.training and module.track_running_stats
-                for buffer in module._buffers.values():
-                    if buffer is None:
-                        continue
-                    if updates or _CHANGED.get(id(buffer), _dead)() is buffer:
-                        self.saved.append((buffer, buffer.clone()))
-                    else:
-                        self.watched.append((buffer, buffer._version))
-            if module._modules:  # a leaf has none
-                modules += [child for child in module._modules.values() if child is not None]
-
-    def __enter__(self) -> _BuffersKept:
-        return self
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for buffer, saved in self.saved:
-                buffer.copy_(saved)
-        changed = [buffer for buffer, version in self.watched if buffer._version != version]
-        for buffer in changed:
-            _CHANGED[id(buffer)] = weakref.ref(buffer, functools.partial(_forget, id(buffer)))
-        if changed:
-            names = [name for name, b in self.model.named_buffers() if any(b is c for c in changed)]
-            warnings.warn(_("the forward pass changed the buffer(s) {names}, which were not copied before this "
-                            "cycle, so they could not be put back; from the next cycle on they are").format(
-                                names=", ".join(names)), RuntimeWarning, stacklevel=3)
-
-    def __exit__(self, kind, error, traceback) -> None:
-        if error is not None and not self.done:
-            self.restore()
-
-    done = False  # True once a step has used what the block built: nothing is put back then
-
-
-def _dead():
-    return None
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    """A buffer of _CHANGED is being freed: its entry goes with it (before its id can name another buffer)."""
-    if _CHANGED.get(key) is ref:
-        del _CHANGED[key]
-
-
-_CHANGED: dict[int, weakref.ref] = {}  # buffers seen to change in a forward pass although no norm layer's statistics
-
-
-class _Kept(_BuffersKept):
-    """`_BuffersKept`, and the .grad of the optimizer's parameters set aside (None during the block): restore()
-    gives back the .grad found, stepped() frees the block's with the optimizer's own zero_grad(set_to_none=True)."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]):
-        super().__init__(model)
-        self.optimizer, self.params = optimizer, params
-        # the .grad found, where there is one (after a step there is none: nothing to set aside, nothing to set)
-        self.grads = [(p, grad) for p in params if (grad := p.grad) is not None]
-        for p, _grad in self.grads:
-            p.grad = None  # once per cycle: from here on, every backward() adds into .grad
-
-    def restore(self) -> None:
-        super().restore()
-        for p in self.params:
-            p.grad = None  # what the block's backward() made
-        for p, grad in self.grads:
-            p.grad = grad  # what the call found
-
-    def stepped(self) -> None:
-        self.done = True
-        # the step's zeroing, once: the optimizer's own (a sharded or fused optimizer's override runs too)
-        self.optimizer.zero_grad(set_to_none=True)
-
-
-def _check_model(model) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(_("model must be a torch.nn.Module, got {value!r} of type {type}").format(
-            value=model, type=type(model).__name__))
-
-
-def _check_optimizer_type(optimizer) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(_("optimizer must be a torch.optim.Optimizer, got {value!r} of type {type}").format(
-            value=optimizer, type=type(optimizer).__name__))
-    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
-    if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS
-        raise ValueError(_("optimizer is a {type}, whose step() needs a closure that computes the loss again; an "
-                           "accumulated step has none: use an optimizer whose step() takes no closure, such as SGD, "
-                           "Adam or AdamW").format(type=type(optimizer).__name__))
-
-
-def _check_optimizer(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
-    """The optimizer's parameters, once it is known to hold some of the model's trainable ones."""
-    _check_optimizer_type(optimizer)
-    model_params = list(model.parameters())
-    if not model_params:
-        raise ValueError(_("model has no parameters: there is nothing to train"))
-    trainable = {id(p) for p in model_params if p.requires_grad}
-    if not trainable:
-        raise ValueError(_("every parameter of model is frozen (requires_grad=False): there is nothing to train; "
-                           "unfreeze the ones to train with p.requires_grad_(True)"))
-    held = [p for group in optimizer.param_groups for p in group["params"]]
-    if not any(id(p) in trainable for p in held):
-        raise ValueError(_("optimizer holds none of the model's trainable parameters: build it from "
-                           "model.parameters() (or the trainable ones you want to train)"))
-    return held
