@@ -13,21 +13,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import textwrap
 import threading
-from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.optim.lr_scheduler import OneCycleLR, ReduceLROnPlateau
 
+from . import devices
 from ._validate import boolean, function, one_of, positive_number
 from .cycle_checks import _check_cycle
 from .failures import _Told
 from .i18n import _
 from .interrupts import STEP
-from .losses import _scalar_loss
+from .losses import _own_loss, _scalar_loss
 from .restore import _Kept
 from .sharded import cycle_sync
 
@@ -49,36 +51,65 @@ class CycleResult(NamedTuple):
     empty: bool = False  # True when every loss weight was 0 (nothing to learn): no step, nothing run or changed
 
 
-@dataclass(frozen=True)
-class CycleOptions:
-    """How `accumulate_and_step` runs its cycles, checked once, when built: each refusal names the option, the
-    value and what is valid. `accumulate_and_step` builds one from its keywords; `train` one for the whole run,
-    before anything changes; `memory.measure_step` one for the step it measures.
+def _option(default, doc: str, run_state: bool = False):
+    """A `CycleOptions` field: its default and what it means, in one line of `doc` (run_state: an object of the run,
+    which a measurement on copies leaves out: `CycleOptions.measured`)."""
+    return field(default=default, metadata={"doc": doc, "run_state": run_state})
 
-    The fields are accumulate_and_step's keywords, with its defaults (see there).
+
+@dataclass(frozen=True, kw_only=True)
+class CycleOptions:
+    """How every cycle runs, for `accumulate_and_step` and `train` alike: pass `options=CycleOptions(...)`, or the
+    same names as keywords of either (one or the other, never both). Keyword-only, frozen, checked once when built:
+    each refusal names the option, the value and what is valid. `memory.measure_step` takes those a measurement on
+    copies runs (not the scaler and the scheduler, a run's objects).
+
+    Args:
     """
 
-    loss_fn: Callable = torch.nn.functional.cross_entropy
-    clip_grad_norm: float | None = None
-    scaler: torch.amp.GradScaler | None = None
-    autocast_dtype: torch.dtype | None = None
-    scheduler: object = None
-    ddp_no_sync: bool = True
-    on_nonfinite: str = "skip"
-    check_gradients: bool = True
+    loss_fn: Callable | None = _option(None, (
+        "loss_fn(output, target) -> the micro-batch's loss, a scalar tensor. None: the model's own (its output's "
+        "`.loss` or 'loss' key, as a Hugging Face model given labels returns), else cross_entropy(output, target)."))
+    clip_grad_norm: float | None = _option(None, (
+        "clip the accumulated gradient to this L2 norm, once per step; the norm (the result's grad_norm, before "
+        "clipping) and clipping cover exactly the optimizer's parameters."))
+    amp: bool | str = _option(False, (
+        "mixed precision, the forward passes under torch.autocast: False; 'bf16'; 'fp16' (with a GradScaler: "
+        "`scaler`, or in train a new one); True (fp16 on CUDA, bf16 elsewhere). bf16 is refused on a CUDA GPU "
+        "without native bf16 (a T4: accumlib.devices.supports_bf16)."))
+    scaler: torch.amp.GradScaler | None = _option(None, (
+        "a GradScaler (fp16): unscale, step and update once per step; train refuses one without amp. A disabled "
+        "one (GradScaler(enabled=False), PyTorch's enabled=use_amp) is no scaler, refused with amp 'fp16' or True."),
+        run_state=True)
+    scheduler: object = _option(None, (
+        "a learning-rate scheduler built on the optimizer, stepped once per step taken (a ReduceLROnPlateau with "
+        "the step's loss); in train a OneCycleLR must have total_steps for every step of the run."), run_state=True)
+    ddp_no_sync: bool = _option(True, (
+        "under DDP or FSDP2 (compiled or not), synchronise the gradients only in the last micro-batch's backward "
+        "(DDP's no_sync(), FSDP2's set_requires_gradient_sync)."))
+    on_nonfinite: str = _option("skip", (
+        "a NaN/inf loss or gradient norm 'skip's the step (the model, its buffers, the optimizer and .grad left as "
+        "found) or 'raise's NonFiniteError; with a scaler only a non-finite loss raises (an overflow is its routine)."))
+    check_gradients: bool = _option(True, (
+        "read the gradient's L2 norm every step, so a NaN/inf gradient under a finite loss is caught too; False "
+        "leaves it out unless clipping or a scaler needs it (grad_norm None; one reduction per parameter tensor "
+        "less, and such a gradient reaches the weights)."))
 
     def __post_init__(self) -> None:
-        function("loss_fn", self.loss_fn)
+        if self.loss_fn is not None:
+            function("loss_fn", self.loss_fn)
         if self.clip_grad_norm is not None:
             object.__setattr__(self, "clip_grad_norm", positive_number("clip_grad_norm", self.clip_grad_norm))
+        one_of("amp", self.amp, (False, True, "fp16", "bf16"))
         if self.scaler is not None and not isinstance(self.scaler, torch.amp.GradScaler):
             raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
                 value=self.scaler, type=type(self.scaler).__name__))
         if self.scaler is not None and not self.scaler.is_enabled():  # GradScaler(enabled=use_amp), use_amp False
+            if self.amp in ("fp16", True):
+                raise ValueError(_("scaler is disabled (GradScaler(enabled=False)) but amp={value!r} asks for mixed "
+                                   "precision, whose fp16 needs an enabled one: pass an enabled GradScaler (or, to "
+                                   "train, none: train makes one), or amp=False").format(value=self.amp))
             object.__setattr__(self, "scaler", None)  # a disabled scaler is no scaler: it scales and skips nothing
-        if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, torch.dtype):
-            raise TypeError(_("autocast_dtype must be a torch.dtype such as torch.bfloat16, or None; got "
-                              "{value!r}").format(value=self.autocast_dtype))
         scheduler = self.scheduler
         if scheduler is not None and (not callable(getattr(scheduler, "step", None)) or
                                       not hasattr(scheduler, "optimizer")):
@@ -88,6 +119,26 @@ class CycleOptions:
         boolean("ddp_no_sync", self.ddp_no_sync)
         one_of("on_nonfinite", self.on_nonfinite, ("skip", "raise"))
         boolean("check_gradients", self.check_gradients)
+
+    @classmethod
+    def of(cls, options: CycleOptions | None, keywords: dict, where: str) -> CycleOptions:
+        """The options an entry point (`where`) was given: `options`, or the same options as `keywords`; refused by
+        name when both are given, when a keyword is no option, or when `options` is no CycleOptions."""
+        unknown = sorted(set(keywords) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise TypeError(_("{where}() got an unexpected keyword argument {names}; the cycle's options are "
+                              "{valid}").format(where=where, names=", ".join(map(repr, unknown)),
+                                                valid=", ".join(cls.__dataclass_fields__)))
+        if options is None:
+            return cls(**keywords)
+        if not isinstance(options, cls):
+            raise TypeError(_("options must be an accumlib.CycleOptions, got {value!r} of type {type}").format(
+                value=options, type=type(options).__name__))
+        if keywords:
+            raise TypeError(_("{where}() got {names} both as a keyword and in options=: give each option once, "
+                              "inside CycleOptions(...) or as a keyword without options=").format(
+                                  where=where, names=", ".join(map(repr, sorted(keywords)))))
+        return options
 
     def check_scheduler(self, optimizer: torch.optim.Optimizer, steps: int | None = 0) -> None:
         """The scheduler must step `optimizer`, and a OneCycleLR must last for the `steps` optimizer steps of the
@@ -115,6 +166,13 @@ class CycleOptions:
         return dataclasses.replace(self, scaler=None, scheduler=None)
 
 
+# CycleOptions' Args: written from its fields, so that each option's words live once, where it is declared
+if CycleOptions.__doc__:  # None under python -OO
+    CycleOptions.__doc__ = CycleOptions.__doc__.rstrip() + "\n" + "".join(
+        textwrap.fill(f"{f.name}: {f.metadata['doc']}", 116, initial_indent=" " * 8, subsequent_indent=" " * 12) +
+        "\n" for f in dataclasses.fields(CycleOptions)) + "    "
+
+
 class Inputs(NamedTuple):
     """A micro-batch's model inputs that are not one tensor: the cycle calls model(*args, **kwargs)."""
 
@@ -123,66 +181,76 @@ class Inputs(NamedTuple):
 
 
 def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], loss_weights: Sequence[float], *,
-                        loss_fn: Callable = torch.nn.functional.cross_entropy, clip_grad_norm: float | None = None,
-                        scaler: torch.amp.GradScaler | None = None, autocast_dtype: torch.dtype | None = None,
-                        scheduler=None, ddp_no_sync: bool = True, on_nonfinite: str = "skip",
-                        check_gradients: bool = True) -> CycleResult:
+                        micro_batches: Sequence[tuple[torch.Tensor | Inputs, Any]],
+                        loss_weights: Sequence[float | torch.Tensor], *, options: CycleOptions | None = None,
+                        **cycle_options) -> CycleResult:
     """One optimizer step from a cycle of micro-batches: zero once, weight each loss, backward each, step once.
 
-    micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on iteration); x
-    is a tensor (model(x)) or `Inputs(args, kwargs)` for a model called as model(*args, **kwargs).
-    loss_weights: one number per micro-batch, what its loss is multiplied by before backward(); for k micro-batches
-    of a mean-reduced loss that is each one's share of the cycle's samples (1/k when they are equal). A micro-batch
-    of weight 0 (a number, not a tensor) adds nothing and is not run, so its loss (NaN for a mean over no tokens)
-    cannot reach the cycle's; when every weight is 0 nothing is run or changed and the result says `empty` (under
-    DDP a process still runs its last micro-batch, its backward seeded with 0, for the all-reduce in it: exact when
-    the loss's gradient over no tokens is 0, as cross_entropy's is; a NaN there skips the step on every process).
-    loss_fn(model(x), y) must return a scalar tensor. clip_grad_norm: clip the accumulated gradient to this L2 norm.
-    scaler: a GradScaler (fp16); a disabled one (GradScaler(enabled=False)) is no scaler. autocast_dtype: run the
-    forward passes under torch.autocast with this dtype.
-    scheduler: stepped once after the optimizer; a ReduceLROnPlateau gets this cycle's loss.
-    ddp_no_sync: with a DistributedDataParallel or FSDP2 (fully_shard) model, compiled or not, synchronise the
-    gradients only in the last micro-batch's backward (DDP's no_sync(), FSDP2's set_requires_gradient_sync).
-    on_nonfinite: a NaN/inf loss or gradient norm skips the step ("skip") or raises NonFiniteError ("raise"); with a
-    scaler, only a non-finite loss raises, as a gradient overflow is the scaler's routine (it skips that step and
-    lowers its scale).
-    check_gradients: read the gradient's L2 norm every cycle, so that a NaN/inf gradient under a finite loss (a
-    sqrt or log at 0 in backward) skips or raises too; False leaves the norm out unless clipping or a scaler needs
-    it (one reduction per parameter tensor less; grad_norm is then None, and such a gradient reaches the weights).
-    The norm and clipping cover exactly the optimizer's parameters.
-    What it leaves: after a step, the weights and the optimizer stepped and the gradients zeroed by the optimizer's
-    own zero_grad(set_to_none=True), called once per step (every `.grad` None: read grad_norm from the result).
-    After a skipped cycle, NonFiniteError or any error before the step (a micro-batch or loss_fn raising, Ctrl-C),
-    the weights, the optimizer, the buffers the forward pass changes (BatchNorm's running statistics) and the
-    optimizer's parameters' .grad are exactly as the call found them. A trainable parameter the optimizer does not
-    hold is not the cycle's: backward() adds into its .grad as PyTorch does, in every case (freeze it to leave it
-    alone).
-    Ctrl-C (SIGINT) waits while the step and the scheduler's step are made, so a step is never torn; an error of the
+    Args:
+        model: the model, on the device of the micro-batches.
+        optimizer: holds some of the model's trainable parameters (no closure: not LBFGS).
+        micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on
+            iteration); x is a tensor (model(x)) or `Inputs(args, kwargs)` (model(*args, **kwargs)); y is what
+            loss_fn takes (a dict batch's labels, say).
+        loss_weights: one number >= 0 per micro-batch, what its loss is multiplied by before backward(): for k
+            micro-batches of a mean loss, each one's share of the cycle's samples (1/k when they are equal). A
+            weight 0 (a number, not a tensor) is not run, so its loss (NaN for a mean over no tokens) cannot reach
+            the cycle's; when every weight is 0 nothing is run or changed and the result says `empty` (under DDP a
+            process still runs its last micro-batch, its backward seeded with 0, for the all-reduce in it).
+        options: a `CycleOptions` (loss_fn, clip_grad_norm, amp, scaler, scheduler, ddp_no_sync, on_nonfinite,
+            check_gradients; see there), or the same names as keywords (**cycle_options), not both.
+
+    Returns:
+        A `CycleResult`: the cycle's loss, the gradient norm, the learning rate, whether the step was skipped.
+
+    After a step the weights and the optimizer are stepped and every `.grad` is None (the optimizer's own
+    zero_grad(set_to_none=True), once per step). After a skipped cycle, NonFiniteError or any error before the step
+    (a micro-batch or loss_fn raising, Ctrl-C), the weights, the optimizer, the buffers the forward pass changes
+    (BatchNorm's running statistics) and the optimizer's parameters' .grad are exactly as found. A trainable
+    parameter the optimizer does not hold is not the cycle's: backward() adds into its .grad as PyTorch does.
+    Ctrl-C waits while the step and the scheduler's step are made, so a step is never torn; an error of the
     scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
-    reads the device once: the loss and the norm together. Every argument is checked first (types, one finite
-    weight >= 0 per micro-batch, the micro-batches of a list on the model's device and not empty; the keywords as
-    one `CycleOptions`); `train`, which checks its own once before its first step, runs `_cycle` with its options.
+    reads the device once: the loss and the norm together. Every argument is checked before anything changes.
     """
     _check_cycle(model, optimizer, micro_batches, loss_weights)
-    options = CycleOptions(loss_fn, clip_grad_norm, scaler, autocast_dtype, scheduler, ddp_no_sync, on_nonfinite,
-                           check_gradients)
+    options = CycleOptions.of(options, cycle_options, "accumulate_and_step")
+    if options.amp:  # bf16 refused on a GPU without it: where the optimizer's parameters are
+        _check_amp(options.amp, next(p for group in optimizer.param_groups for p in group["params"]).device)
     options.check_scheduler(optimizer)
     return _cycle(model, optimizer, micro_batches, loss_weights, options)
+
+
+def _amp_dtype(amp, device_type: str) -> torch.dtype | None:
+    """The autocast dtype `amp` (a checked `CycleOptions.amp`) asks for on a device of `device_type`; None: none."""
+    if amp is False:
+        return None
+    if amp is True:
+        return torch.float16 if device_type == "cuda" else torch.bfloat16
+    return torch.float16 if amp == "fp16" else torch.bfloat16
+
+
+def _check_amp(amp, device: torch.device) -> torch.dtype | None:
+    """`_amp_dtype` on `device`, refused before anything runs for bf16 on a CUDA GPU without native bf16 kernels
+    (a T4: `devices.supports_bf16`), which would only emulate it, slowly."""
+    dtype = _amp_dtype(amp, device.type)
+    if dtype is torch.bfloat16 and device.type == "cuda" and not devices.supports_bf16(device):
+        raise ValueError(_("amp={value!r} but the GPU {device} has no native bfloat16 (it would only emulate it, "
+                           "slowly); valid here: amp='fp16', which trains with a GradScaler, or amp=False").format(
+                               value=amp, device=str(device)))
+    return dtype
 
 
 def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, loss_weights: Sequence[float],
            options: CycleOptions) -> CycleResult:
     """`accumulate_and_step` once its arguments are checked (`options` built): what train and the measurements run."""
-    loss_fn, clip_grad_norm, scaler, autocast_dtype = (options.loss_fn, options.clip_grad_norm, options.scaler,
-                                                       options.autocast_dtype)
-    scheduler, ddp_no_sync, on_nonfinite, check_gradients = (options.scheduler, options.ddp_no_sync,
-                                                             options.on_nonfinite, options.check_gradients)
+    loss_fn = _own_loss if options.loss_fn is None else options.loss_fn
+    scaler, clip_grad_norm, scheduler = options.scaler, options.clip_grad_norm, options.scheduler
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
-    sync = cycle_sync(model, ddp_no_sync)  # DDP or FSDP2: gradients synchronised in the last backward() (None: alone)
+    sync = cycle_sync(model, options.ddp_no_sync)  # DDP or FSDP2: gradients synced in the last backward() (None: alone)
     ddp = sync is not None  # several processes: each takes part in every collective
-    no_sync = ddp and ddp_no_sync
-    autocast = torch.autocast(params[0].device.type, autocast_dtype) if autocast_dtype else _NOTHING
+    no_sync = ddp and options.ddp_no_sync
+    device_type = params[0].device.type
+    autocast = _NOTHING if options.amp is False else torch.autocast(device_type, _amp_dtype(options.amp, device_type))
     plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
     watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
     watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
@@ -253,7 +321,7 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
             scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
         # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
         # anyway, or with a scaler (a step it skips for an overflow must be recorded as skipped)
-        with_norm = check_gradients or clip_grad_norm is not None or scaler is not None
+        with_norm = options.check_gradients or clip_grad_norm is not None or scaler is not None
         loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, sync)  # the one host read
         # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
         skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
@@ -279,7 +347,7 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
         watch("end")
     if not skipped:
         return step.result
-    if on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
+    if options.on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
         raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}): no step was taken; the "
                                "weights, buffers, optimizer and the optimizer's .grad are as they were before the "
                                "cycle").format(loss=loss, grad_norm=grad_norm))

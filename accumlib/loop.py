@@ -25,13 +25,12 @@ import torch.distributed as dist
 
 from . import checkpoint as checkpoints, devices, memory, sharded
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
-from .cycle import CycleOptions, NonFiniteError, _cycle
+from .cycle import CycleOptions, NonFiniteError, _check_amp, _cycle
 from .cycle_checks import _check_model, _check_optimizer
 from .failures import _told
 from .i18n import _, ngettext
 from .interrupts import STEP
 from .loss_weights import _cycle_terms, _loss_weights, _of_batch
-from .losses import _own_loss
 from .records import History, StepRecord, StopTraining
 from .restore import _ModesKept
 from .source import _Cycle, _Indexed, _Loader, _as_pair, _source
@@ -39,117 +38,77 @@ from .source import _Cycle, _Indexed, _Loader, _as_pair, _source
 
 def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, accum_steps: int,
           micro_batch_size: int | None = None, epochs: int | None = None, max_steps: int | None = None,
-          loss_fn: Callable | None = None, normalize: str = "samples", loss_reduction: str | None = None,
-          count: Callable | None = None, scheduler=None, clip_grad_norm: float | None = None, amp=False,
-          scaler: torch.amp.GradScaler | None = None, device=None, seed: int = 0, shuffle: bool = True,
-          on_step: Callable[[StepRecord], None] | None = None, on_nonfinite: str = "skip",
+          normalize: str = "samples", loss_reduction: str | None = None, count: Callable | None = None,
+          device=None, seed: int = 0, shuffle: bool = True, on_step: Callable[[StepRecord], None] | None = None,
           max_skipped_steps: int = 50, resume_from_step: int = 0, measure_memory: bool = False,
-          memory_budget: int | None = None, ddp_no_sync: bool = True, check_gradients: bool = True,
-          checkpoint=None, checkpoint_every: int | None = None) -> History:
-    """Train with gradient accumulation; return one record per optimizer step.
+          memory_budget: int | None = None, checkpoint=None, checkpoint_every: int | None = None,
+          options: CycleOptions | None = None, **cycle_options) -> History:
+    """Train with gradient accumulation: one `accumulate_and_step` per cycle of `accum_steps` micro-batches.
 
-    data, one of:
-    - (X, y) tensors, or a map-style Dataset (with len()) whose samples are (x, y) pairs or dicts, split into
-      micro-batches of `micro_batch_size` samples (per process) in an order drawn from `seed` (`shuffle`);
-    - a DataLoader or any other iterable of batches, with or without len() (an IterableDataset's items are taken as
-      batches): each batch is one micro-batch, so micro_batch_size is omitted; the order is the loader's. A cycle's
-      batches are fetched before its first forward and held where the loader put them (the host, usually) until
-      the step, each moved to the device only when its turn comes: host memory for `accum_steps` batches, and in
-      return the last, short cycle is exact without len() (its weights need its sizes, or counts, before its first
-      backward). Under DDP each process's loader is its own (a DistributedSampler, say; train calls its
-      set_epoch(epoch) every epoch), and each cycle costs one small all-reduce of the processes' batch counts;
-      through it a process whose batch is refused, whose loader fails or that has no batch stops every process at
-      that cycle, each saying why, none left waiting.
-    A batch is (x, y) -> model(x); (inputs, y) with a tuple of inputs -> model(*inputs), with a dict ->
-    model(**inputs); or a dict -> model(**batch). The callbacks follow one rule, for every batch shape: they get the
-    micro-batch's target, loss_fn(output, target) and count(target), where the target is y of an (x, y) or
-    (inputs, y) batch (however its inputs nest) and the batch itself when it is a dict (its labels are inside);
-    loss_fn's is on `device`, count's as the data gave it. Tensors inside, nested, are moved to `device`. Without
-    loss_fn, the model's own loss (an output with a `.loss` attribute or a "loss" key, as a Hugging Face model given
-    labels returns) is the micro-batch's loss, else cross_entropy(output, y).
-    accum_steps: micro-batches per optimizer step. Effective batch = samples per micro-batch * accum_steps *
-    processes. One that is larger than the data (X, y or a Dataset), or than an epoch of a loader, gives one short
-    step per epoch: accepted, and said in `history.notes`. Each cycle is one `accumulate_and_step`.
-    epochs: passes over the data (default 1, or as many as max_steps needs); max_steps: stop after this many
-    optimizer steps in all (a resumed run's included); an iterator (a generator, say) can be read only once.
-    normalize: "samples" weights each micro-batch by its samples over the cycle's (exact, also for the last
-    incomplete cycle); "steps" is the classic loss / accum_steps; "count" weights by loss terms, `count(target)` per
-    micro-batch over the cycle's total (the old count(x, y) of an (x, y) batch still works, with a
-    DeprecationWarning). loss_reduction says what the loss is over its micro-batch, never guessed from values:
-    "mean" (weight: its samples or terms over the cycle's) or "sum" (weight: 1 over the cycle's samples or terms).
-    With normalize="count" and your own loss_fn it is required (a wrong guess trains other weights, silently);
-    otherwise the default is "mean" (the model's own loss is a mean: a Hugging Face model's is, over its non-ignored
-    tokens). Counts are computed a cycle at a time, as the cycle
-    comes: a run starts at once, and each cycle costs one host read of its counts (and one all-reduce under DDP)
-    before its first forward; a count that is negative or not finite is refused before that cycle changes anything.
-    A micro-batch without loss terms (count 0: labels all -100) or without rows (a filtering collate_fn's) adds
-    nothing and is not run, so its NaN mean loss cannot spoil its cycle: the cycle is the step on its other
-    micro-batches. A cycle with nothing to learn (no loss terms or no samples in all, on every process) is not
-    stepped: its record says `empty` (loss NaN), the model, optimizer, scheduler and scaler are left alone, and the
-    run goes on.
-    scheduler: stepped once per optimizer step taken (not on a skipped one; ReduceLROnPlateau with that step's
-    loss); it must be built on `optimizer`, and a OneCycleLR must have total_steps for every step of this run
-    (a loader without len() needs max_steps for that).
-    clip_grad_norm: clip the accumulated gradient to this L2 norm. The norm (recorded as grad_norm) and clipping
-    cover exactly the optimizer's parameters; gradients of trainable parameters the optimizer does not hold are
-    left as PyTorch leaves them: they add up from step to step, never zeroed, clipped or counted.
-    amp: False, True (fp16 on CUDA, bf16 on CPU), "fp16" (with a GradScaler: `scaler`, or a new one) or "bf16"
-    (no scaler; refused on a CUDA GPU without native bf16, such as a T4: `accumlib.devices.supports_bf16`). A
-    disabled scaler, GradScaler(enabled=False) (PyTorch's recipe: enabled=use_amp), is no scaler: accepted without
-    amp, refused with fp16.
-    on_nonfinite: "skip" (a step whose loss or gradient is NaN/inf leaves the model as it was, BatchNorm buffers
-    included) or "raise" (NonFiniteError; with a scaler, only for a non-finite loss). max_skipped_steps: that many
-    skipped steps in a row (under a scaler too: a scale that keeps falling) raise NonFiniteError, naming the count
-    and the scale: such a run is no longer training.
-    resume_from_step: go on from a stopped run that took this many steps (its history[-1].step), with the same data,
-    micro_batch_size, accum_steps, seed, shuffle and processes: the cycles it took are passed over (for (X, y) or a
-    Dataset without fetching a sample; a loader's batches are fetched and dropped), so the run goes on with the
-    samples the uninterrupted run would have seen. Keep and restore yourself the model, the optimizer, the
-    scheduler and the scaler (their state_dict()); for your own DataLoader also its order: build it again the same
-    way (a seeded generator= or sampler), as train can only read it again.
-    checkpoint: a file path; train writes it every `checkpoint_every` optimizer steps (None: only at the end) and
-    when the run ends (done, max_steps, StopTraining, Ctrl-C), atomically, and goes on from it when it exists: the
-    weights and records of the uninterrupted run, bit for bit (see docs/checkpoints.md and accumlib.checkpoint).
-    train puts the model in training mode (model.train()) when it finds it in eval mode, at the start and before
-    each step (an on_step that evaluates may leave it in eval mode); a model already in training mode is left as
-    it is, so a submodule you put in eval mode (frozen BatchNorm) stays so. Every module's mode found is put back
-    at the end.
-    check_gradients (on by default) reads the gradient norm every step, so a NaN/inf gradient under a finite loss is
-    caught too; False leaves that norm out unless clipping or a scaler needs it (grad_norm is then None, and such a
-    gradient reaches the weights): one reduction per parameter tensor less per step, which the benchmark measures.
-    measure_memory (off by default) records each cycle's peak bytes: on CUDA the allocator's peak over every cycle
-    (torch.cuda.max_memory_allocated) less what was allocated before it and the cycle does not hold (the data, other
-    models, cuBLAS's workspace; the weights, gradients and optimizer state count), as `memory.step_peak` measures; on
-    the CPU the live-tensor tracker on one cycle per distinct micro-batch layout (usually two: full and last), as
-    those bytes depend only on shapes, so it costs about one traced cycle per layout, not one per step. A step that
-    makes the optimizer's state (Adam's first, SGD with momentum's) is traced again on copies, as a later step, and
-    its layout records the heavier of the two, as `memory.measure_step` reports it (one process only).
-    device: where the model and every batch go; None (the default) is `accumlib.devices.pick()`, the choice the
-    lessons make: the ACCUMLIB_DEVICE environment variable if set ("cpu", "cuda", "cuda:1", "mps"; one this machine
-    lacks is refused by name), else the first CUDA GPU if there is one, else the CPU.
-    memory_budget (bytes) simulates a smaller card: `memory.OutOfMemory`, naming the budget and the measured peak,
-    is raised before any weight changes. The step is traced as `memory.check_fits` traces it (FakeTensorMode, on
-    copies of the model and optimizer, nothing computed, on `device`: before the model moves there, so a refused
-    run leaves it where it was): for (X, y) tensors or a Dataset of tensor pairs once, before the run; for a loader
-    (or a Dataset of dicts) each cycle's batches as they are, before that cycle changes anything, once per layout
-    of batch shapes (a loader that pads each batch to its own length has many: each costs a traced cycle). The
-    micro-batches it traces are fetched under their own random state, so a Dataset that augments randomly trains as
-    without the budget, bit for bit. Under DDP each process traces what it needs itself, without collectives: the
-    module, plus DDP's gradient buckets; with a loader or a Dataset of dicts the processes agree on each cycle's
-    verdict in one small all-reduce per cycle, so a process whose own batches do not fit stops them all.
-    on_step(record) runs after each step; raising StopTraining there (or Ctrl-C anywhere) ends training cleanly.
-    Every argument is checked before anything changes (what only a cycle shows, a loader's batches and the counts,
-    as each cycle comes, before that cycle changes anything); any other exception carries the records so far as
-    `history`.
+    Args:
+        model: the model; put in training mode when found in eval mode (at the start and before each step: an
+            on_step that evaluates may leave it so); every module's mode found is put back at the end.
+        data: (X, y) tensors, or a map-style Dataset (with len()) of (x, y) pairs or dicts, split into micro-batches
+            of `micro_batch_size` samples per process in an order drawn from `seed` (`shuffle`); or a DataLoader or
+            any iterable of batches (an IterableDataset's items are batches), each batch one micro-batch, in the
+            loader's order. A cycle's batches are fetched before its first forward and held where the loader put
+            them until the step (host memory for accum_steps batches), so the last, short cycle is exact without
+            len(). Under DDP each process's loader is its own (a DistributedSampler, whose set_epoch(epoch) train
+            calls); one small all-reduce per cycle of the batch counts stops every process, each saying why, when
+            one's batch is refused, its loader fails or it has none. A batch is (x, y) -> model(x), (inputs, y)
+            with a tuple or dict of inputs -> model(*inputs) or model(**inputs), or a dict -> model(**batch); its
+            target, what loss_fn and count get, is y, or the dict batch itself. Tensors inside are moved to device.
+        optimizer: holds some of the model's trainable parameters (no closure: not LBFGS).
+        accum_steps: micro-batches per optimizer step. Effective batch = samples per micro-batch * accum_steps *
+            processes; one larger than the data gives one short step per epoch, said in `history.notes`.
+        micro_batch_size: samples per micro-batch, for (X, y) or a Dataset only (a loader's batches are its own).
+        epochs: passes over the data (default 1, or as many as max_steps needs; an iterator is read once).
+        max_steps: stop after this many optimizer steps in all (a resumed run's included).
+        normalize: "samples" (default: each micro-batch weighted by its share of the cycle's samples, exact also
+            for the last incomplete cycle), "steps" (the classic loss / accum_steps) or "count" (by loss terms:
+            `count(target)` per micro-batch over the cycle's total, one host read and under DDP one all-reduce per
+            cycle; a count negative or not finite is refused before its cycle changes anything).
+        loss_reduction: what the loss is over its micro-batch, never guessed: "mean" (default) or "sum"; required
+            with normalize="count" and your own loss_fn. A micro-batch without loss terms or rows is not run; a
+            cycle with nothing to learn is not stepped: its record says `empty`, the run goes on.
+        count: count(target) -> the micro-batch's loss terms, with normalize="count" only (count(x, y) still
+            works, with a DeprecationWarning).
+        device: where the model and every batch go; None: `accumlib.devices.pick()` (ACCUMLIB_DEVICE if set, else
+            the first CUDA GPU, else the CPU).
+        seed, shuffle: the sample order of (X, y) or a Dataset.
+        on_step: on_step(record) after each step; raising StopTraining there (or Ctrl-C anywhere) ends the run
+            cleanly, with the history so far.
+        max_skipped_steps: that many skipped steps in a row (under a scaler too: a scale that keeps falling) raise
+            NonFiniteError naming the count and the scale: such a run is no longer training.
+        resume_from_step: go on from a stopped run that took this many steps, with the same data, micro_batch_size,
+            accum_steps, seed, shuffle and processes: its cycles are passed over (for (X, y) or a Dataset without
+            fetching a sample). Restore the model, optimizer, scheduler and scaler yourself, and your DataLoader's
+            order (a seeded generator= or sampler).
+        measure_memory: record each cycle's peak bytes (CUDA: the allocator's peak less what the cycle does not
+            hold, as `memory.step_peak` measures; CPU: one traced cycle per micro-batch layout, and one more on the
+            step that makes the optimizer's state, as `memory.measure_step` reports it).
+        memory_budget: bytes, a smaller card simulated: `memory.OutOfMemory`, naming the budget and the measured
+            peak, before any weight changes; traced as `memory.check_fits` traces a step (for (X, y) once, for a
+            loader each layout of batch shapes as it comes, under its own random state, so the run's draws are
+            unchanged); under DDP the processes agree on each cycle's verdict.
+        checkpoint: a file path, written atomically every `checkpoint_every` steps (None: only at the end) and when
+            the run ends; a run goes on from it when it exists, bit for bit (docs/checkpoints.md).
+        options: the cycle's options, a `CycleOptions` (loss_fn, clip_grad_norm, amp, scaler, scheduler,
+            ddp_no_sync, on_nonfinite, check_gradients; see there), or the same names as keywords (**cycle_options),
+            not both. In train, amp="fp16" without a scaler makes a GradScaler, and a scaler without amp is refused.
+
+    Returns:
+        A `History`: one `StepRecord` per optimizer step, why the run ended early (`stopped`) and `notes`.
+
+    Every argument is checked before anything changes (a loader's batches and the counts as each cycle comes,
+    before that cycle changes anything); any other exception carries the records so far as `history`.
     """
-    run = _check_train(model, data, optimizer, accum_steps=accum_steps, micro_batch_size=micro_batch_size,
-                       epochs=epochs, max_steps=max_steps, loss_fn=loss_fn, normalize=normalize,
-                       loss_reduction=loss_reduction, count=count, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
-                       amp=amp, scaler=scaler, device=device, seed=seed, shuffle=shuffle, on_step=on_step,
-                       on_nonfinite=on_nonfinite, max_skipped_steps=max_skipped_steps,
+    run = _check_train(model, data, optimizer, options, cycle_options,
+                       accum_steps=accum_steps, micro_batch_size=micro_batch_size, epochs=epochs, max_steps=max_steps,
+                       normalize=normalize, loss_reduction=loss_reduction, count=count, device=device, seed=seed,
+                       shuffle=shuffle, on_step=on_step, max_skipped_steps=max_skipped_steps,
                        resume_from_step=resume_from_step, measure_memory=measure_memory, memory_budget=memory_budget,
-                       ddp_no_sync=ddp_no_sync, check_gradients=check_gradients, checkpoint=checkpoint,
-                       checkpoint_every=checkpoint_every)
+                       checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     return _train(model, optimizer, run)
 
 
@@ -177,10 +136,10 @@ class _Run(NamedTuple):
     checkpoint: object  # `checkpoints.Checkpoint`, or `checkpoints.NONE`
 
 
-def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epochs, max_steps, loss_fn, normalize,
-                 loss_reduction, count, scheduler, clip_grad_norm, amp, scaler, device, seed, shuffle, on_step,
-                 on_nonfinite, max_skipped_steps, resume_from_step, measure_memory, memory_budget, ddp_no_sync,
-                 check_gradients, checkpoint, checkpoint_every) -> _Run:
+def _check_train(model, data, optimizer, options: CycleOptions | None, cycle_options: dict, *, accum_steps,
+                 micro_batch_size, epochs, max_steps, normalize, loss_reduction, count, device, seed, shuffle, on_step,
+                 max_skipped_steps, resume_from_step, measure_memory, memory_budget, checkpoint,
+                 checkpoint_every) -> _Run:
     """Every argument of `train`, checked before anything changes (each refusal names the parameter, the value and
     what is valid); the cycle's options are checked once, as one `CycleOptions`, which every step then uses."""
     _check_model(model)
@@ -201,6 +160,7 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     history = History()
     source = _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, history.notes)
     params = _check_optimizer(model, optimizer)
+    options = CycleOptions.of(options, cycle_options, "train")  # the cycle's options, checked once for the run
     one_of("normalize", normalize, ("samples", "steps", "count"))
     count = function("count", count, optional=True)
     if (normalize == "count") != (count is not None):
@@ -214,7 +174,7 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
             raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
                                "divides every loss by accum_steps, whatever its reduction").format(
                                    value=loss_reduction))
-    elif normalize == "count" and loss_fn is not None:  # never guessed: a wrong guess trains other weights too
+    elif normalize == "count" and options.loss_fn is not None:  # never guessed: a wrong guess trains other weights too
         raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
                            "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
                            "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
@@ -225,17 +185,9 @@ def _check_train(model, data, optimizer, *, accum_steps, micro_batch_size, epoch
     on_step = function("on_step", on_step, optional=True)
     if memory_budget is not None:
         memory_budget = positive_int("memory_budget", memory_budget)
-    amp_dtype = _amp(amp, device)
-    if amp_dtype is torch.float16 and isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled():
-        raise ValueError(_("scaler is disabled (GradScaler(enabled=False)) but amp={value!r} trains in fp16, which "
-                           "needs one: pass an enabled GradScaler, or none (train makes one)").format(value=amp))
-    if amp_dtype is torch.float16 and scaler is None:
-        scaler = torch.amp.GradScaler(device.type)  # fp16 needs one: a new one, unless given
-    options = CycleOptions(  # the cycle's options, checked here once; without loss_fn, the model's own loss
-        loss_fn=_own_loss if loss_fn is None else loss_fn, clip_grad_norm=clip_grad_norm, scaler=scaler,
-        autocast_dtype=amp_dtype, scheduler=scheduler, ddp_no_sync=ddp_no_sync, on_nonfinite=on_nonfinite,
-        check_gradients=check_gradients)
-    if amp is False and options.scaler is not None:  # a disabled scaler (GradScaler(enabled=use_amp)) is none
+    if _check_amp(options.amp, device) is torch.float16 and options.scaler is None:  # bf16 refused on a T4
+        options = dataclasses.replace(options, scaler=torch.amp.GradScaler(device.type))  # fp16 needs one: a new one
+    if options.amp is False and options.scaler is not None:  # a disabled scaler (GradScaler(enabled=use_amp)) is none
         raise ValueError(_("scaler was given but amp=False: pass amp='fp16' to use a GradScaler"))
     epochs = epochs if epochs is not None or max_steps is not None else 1  # None: as many as max_steps takes
     source.check_epochs(epochs)
@@ -450,18 +402,3 @@ def _device(device) -> torch.device:
         raise ValueError(_("device={value!r} is not available on this machine: use 'cpu'").format(
             value=str(device))) from error
     return device
-
-
-def _amp(amp, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype `amp` asks for (None: no autocast). True means fp16 on CUDA, bf16 on CPU. bf16 on a CUDA GPU
-    without native bf16 kernels (a T4: `devices.supports_bf16`) is refused, before anything runs."""
-    one_of("amp", amp, (False, True, "fp16", "bf16"))
-    if amp is False:
-        return None
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp) or (
-        torch.float16 if device.type == "cuda" else torch.bfloat16)
-    if dtype is torch.bfloat16 and device.type == "cuda" and not devices.supports_bf16(device):
-        raise ValueError(_("amp={value!r} but the GPU {device} has no native bfloat16 (it would only emulate it, "
-                           "slowly); valid here: amp='fp16', which trains with a GradScaler, or amp=False").format(
-                               value=amp, device=str(device)))
-    return dtype
