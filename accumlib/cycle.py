@@ -242,116 +242,145 @@ def _check_amp(amp, device: torch.device) -> torch.dtype | None:
 
 def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, loss_weights: Sequence[float],
            options: CycleOptions) -> CycleResult:
-    """`accumulate_and_step` once its arguments are checked (`options` built): what train and the measurements run."""
-    loss_fn = _own_loss if options.loss_fn is None else options.loss_fn
-    scaler, clip_grad_norm, scheduler = options.scaler, options.clip_grad_norm, options.scheduler
+    """The recipe, its arguments checked (`options` built; what train and the measurements run): set the .grad
+    aside (zero once), backward() each weighted loss, read the loss and the norm once, step once, or skip the step
+    and put everything back."""
     params = [p for group in optimizer.param_groups for p in group["params"]]  # clipped and measured: these only
     sync = cycle_sync(model, options.ddp_no_sync)  # DDP or FSDP2: gradients synced in the last backward() (None: alone)
-    ddp = sync is not None  # several processes: each takes part in every collective
-    no_sync = ddp and options.ddp_no_sync
+    runs = _runs(loss_weights, sync)  # which micro-batches run, which one's backward() synchronises
+    if runs.last is None:  # nothing to learn: no step, nothing changed
+        return CycleResult(math.nan, None, float(optimizer.param_groups[0]["lr"]), False, True)
+    loss_fn = _own_loss if options.loss_fn is None else options.loss_fn
     device_type = params[0].device.type
     autocast = _NOTHING if options.amp is False else torch.autocast(device_type, _amp_dtype(options.amp, device_type))
     plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
     watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
     watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
-    # a micro-batch of weight 0 (no loss terms, no rows, DDP's padding) adds nothing: it is not run, so that its loss
-    # (NaN, a mean over nothing) cannot reach the cycle's; under DDP every process runs at least its last micro-batch
-    # (the all-reduce is in its backward), and without no_sync() every micro-batch, a weight-0 one seeded with 0
-    nothing = [not isinstance(w, torch.Tensor) and w == 0 for w in loss_weights]
-    # each backward all-reduces, or (FSDP2) each forward all-gathers the parameters: every process runs every one
-    every = ddp and (not no_sync or sync.fsdp)
-    last = max((i for i, zero in enumerate(nothing) if not zero), default=None)  # under no_sync(), the backward
-    if last is None:  # that all-reduces: this process's last
-        if not ddp:  # nothing to learn: no step, nothing changed
-            return CycleResult(math.nan, None, float(optimizer.param_groups[0]["lr"]), False, True)
-        last = len(nothing) - 1
-    synced = len(nothing) - 1 if every else last  # the micro-batch whose backward synchronises the gradients
     if watch:
         watch("start", model)
     # kept: the optimizer's .grad set aside (None from here), buffers copied; told: under DDP, a failure on this
     # process before its all-reducing backward is told to the others, which stop too
-    with _Kept(model, optimizer, params) as kept, _Told(params[0].device) if ddp else _NOTHING as told:
+    with _Kept(model, optimizer, params) as kept, _NOTHING if sync is None else _Told(params[0].device) as told:
         total = None  # the cycle's loss so far, summed on the device: no host read per micro-batch
         for i, (x, y) in enumerate(micro_batches):
-            if nothing[i] and i != last and not every:
+            if runs.nothing[i] and i != runs.last and not runs.every:
                 continue  # fetched, not run
             if watch:
                 watch("forward")
             if plain:
                 loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
             else:  # DDP's no_sync() or FSDP2's gradient sync off, but for the last micro-batch run (sharded.py)
-                with sync.micro_batch(i, synced + 1) if sync else _NOTHING, autocast:
+                with sync.micro_batch(i, runs.synced + 1) if sync else _NOTHING, autocast:
                     loss = _forward(model, loss_fn, x, y)
-            weight = loss_weights[i]  # this micro-batch's share of the cycle's loss
-            if nothing[i]:  # run for DDP only: its backward adds 0 (and all-reduces), its loss is not the cycle's
-                root, seed = loss, 0
-                total = torch.zeros_like(loss.detach()) if total is None else total
-            elif scaler is None and not isinstance(weight, torch.Tensor):
-                # backward() from the loss itself, its gradient seeded with the weight: what (loss * weight) would
-                # give, bit for bit, without the multiply and its node in the graph
-                root, value = loss, loss.detach()  # the loss without its graph: for the cycle's loss so far
-                if total is None:
-                    total = value if weight == 1 else value * weight
-                else:  # the cycle's loss so far plus value * weight, in one op
-                    total = torch.add(total, value, alpha=weight)
-                seed = weight  # backward()'s gradient of the loss: made a tensor only there, freed with it
-            else:  # backward() from the weighted loss: scaled (no fp16 underflow), or a weight on the device
-                if total is None:
-                    root = loss * weight
-                elif isinstance(weight, torch.Tensor):  # multiplied on the device (no host read)
-                    root = total + loss * weight
-                else:  # the cycle's loss so far plus loss * weight, in one op
-                    root = torch.add(total, loss, alpha=weight)
-                total, seed = root.detach(), 1  # without its graph: only this micro-batch's term is backpropagated
-                if scaler:
-                    root = scaler.scale(root)
+            root, seed, total = _weighted(loss, loss_weights[i], total, options.scaler, runs.nothing[i])
             if watch:
                 watch("backward")
-            if ddp and (every or i == last):
+            if sync is not None and (runs.every or i == runs.last):
                 told.agree()  # every process has come this far (none failed): the all-reduce in backward() can run
-            root.backward(None if seed == 1 else torch.full_like(total, seed))  # adds seed * root's gradient into .grad
-            if ddp:
+            root.backward(None if seed == 1 else torch.full_like(total, seed))  # adds seed * root's gradient to .grad
+            if sync is not None:
                 told.pending = True  # until the next agree()
-        if ddp:
+        if sync is not None:
             told.pending = False  # past the micro-batches: an error from here on is every process's own
-        loss = root = value = None  # the last micro-batch's loss and graph: not kept through the step (total is)
+        loss = root = None  # the last micro-batch's loss and graph: not kept through the step (total is)
         if watch:
             watch("read")
-        if scaler:
-            scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
-        # the gradient's norm, for the finite check; read even with check_gradients=False when clipping computes it
-        # anyway, or with a scaler (a step it skips for an overflow must be recorded as skipped)
-        with_norm = options.check_gradients or clip_grad_norm is not None or scaler is not None
-        loss, grad_norm = _read_loss_and_norm(total, params, clip_grad_norm, with_norm, sync)  # the one host read
+        loss, grad_norm = _read(optimizer, params, total, options, sync)  # unscaled, clipped: the one host read
         # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
         skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
         lr = float(optimizer.param_groups[0]["lr"])
         if skipped:
             kept.restore()  # no step: .grad and the buffers as they were, the model exactly as the call found it
-            if scaler:
-                scaler.update()  # a lower scale after an overflow
+            if options.scaler:
+                options.scaler.update()  # a lower scale after an overflow
         else:
             if watch:
                 watch("step")
-            with STEP.unit() as step:  # Ctrl-C waits from here until the step (and, in train, its record) is made
-                scaler.step(optimizer) if scaler else optimizer.step()  # the one optimizer step of the cycle
-                step.result = CycleResult(loss, grad_norm, lr, False)  # from here an error comes after the record
-                kept.stepped()  # the gradients used: freed, so the next cycle holds no second copy
-                if scaler:
-                    scaler.update()  # a higher scale after many good steps
-                if isinstance(scheduler, ReduceLROnPlateau):
-                    scheduler.step(loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
-                elif scheduler is not None:
-                    scheduler.step()  # once per optimizer step, after it
+            result = _step(optimizer, options, kept, CycleResult(loss, grad_norm, lr, False))
     if watch:
         watch("end")
     if not skipped:
-        return step.result
-    if options.on_nonfinite == "raise" and not (scaler and math.isfinite(loss)):  # an overflow is the scaler's routine
+        return result
+    if options.on_nonfinite == "raise" and not (options.scaler and math.isfinite(loss)):  # an overflow: routine
         raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}): no step was taken; the "
                                "weights, buffers, optimizer and the optimizer's .grad are as they were before the "
                                "cycle").format(loss=loss, grad_norm=grad_norm))
     return CycleResult(loss, grad_norm, lr, True)
+
+
+class _Runs(NamedTuple):
+    """Which micro-batches of a cycle run (`_runs`)."""
+
+    nothing: list[bool]  # weight 0 (a number): adds nothing, so not run unless DDP needs its backward
+    every: bool  # under DDP, every micro-batch runs (each backward all-reduces, or FSDP2's forwards all-gather)
+    last: int | None  # the last micro-batch with a weight (its backward all-reduces under no_sync()); None: none
+    synced: int  # the micro-batch whose backward synchronises the gradients
+
+
+def _runs(loss_weights: Sequence[float], sync) -> _Runs:
+    """A micro-batch of weight 0 (no loss terms, no rows, DDP's padding) adds nothing: it is not run, so that its
+    loss (NaN, a mean over nothing) cannot reach the cycle's. Under DDP every process runs at least its last
+    micro-batch (the all-reduce is in its backward), and without no_sync() every one, a weight-0 one seeded with 0."""
+    nothing = [not isinstance(w, torch.Tensor) and w == 0 for w in loss_weights]
+    every = sync is not None and (not sync.no_sync or sync.fsdp)
+    last = max((i for i, zero in enumerate(nothing) if not zero), default=None)
+    if last is None and sync is not None:  # nothing to learn here, but the others' all-reduce needs this process
+        last = len(nothing) - 1
+    return _Runs(nothing, every, last, len(nothing) - 1 if every else last)
+
+
+def _weighted(loss: torch.Tensor, weight, total: torch.Tensor | None, scaler, nothing: bool):
+    """(the tensor to backward() from, the seed of its gradient, the cycle's loss so far with this micro-batch's
+    `weight` * `loss` added): what backward((loss * weight)) would give, bit for bit."""
+    if nothing:  # run for DDP only: its backward adds 0 (and all-reduces), its loss is not the cycle's
+        return loss, 0, torch.zeros_like(loss.detach()) if total is None else total
+    if scaler is None and not isinstance(weight, torch.Tensor):
+        # backward() from the loss itself, its gradient seeded with the weight: what (loss * weight) would give, bit
+        # for bit, without the multiply and its node in the graph
+        value = loss.detach()  # the loss without its graph: for the cycle's loss so far
+        if total is None:
+            total = value if weight == 1 else value * weight
+        else:  # the cycle's loss so far plus value * weight, in one op
+            total = torch.add(total, value, alpha=weight)
+        return loss, weight, total  # the seed is made a tensor only in backward(), freed with it
+    # backward() from the weighted loss: scaled (no fp16 underflow), or a weight on the device
+    if total is None:
+        root = loss * weight
+    elif isinstance(weight, torch.Tensor):  # multiplied on the device (no host read)
+        root = total + loss * weight
+    else:  # the cycle's loss so far plus loss * weight, in one op
+        root = torch.add(total, loss, alpha=weight)
+    total = root.detach()  # without its graph: only this micro-batch's term is backpropagated
+    return (scaler.scale(root) if scaler else root), 1, total
+
+
+def _read(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], total: torch.Tensor, options: CycleOptions,
+          sync) -> tuple[float, float | None]:
+    """The cycle's loss and gradient norm, the gradients unscaled (a scaler's) and clipped first: one host read.
+    The norm is read even with check_gradients=False when clipping computes it anyway, or with a scaler (a step it
+    skips for an overflow must be recorded as skipped)."""
+    scaler, clip_grad_norm = options.scaler, options.clip_grad_norm
+    if scaler:
+        scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
+    with_norm = options.check_gradients or clip_grad_norm is not None or scaler is not None
+    return _read_loss_and_norm(total, params, clip_grad_norm, with_norm, sync)
+
+
+def _step(optimizer: torch.optim.Optimizer, options: CycleOptions, kept: _Kept, result: CycleResult) -> CycleResult:
+    """The one optimizer step of the cycle, the scaler's and the scheduler's, as one unit that Ctrl-C waits for
+    (and, in train, the step's record: `interrupts`); an error after the optimizer step carries `result`."""
+    scaler, scheduler = options.scaler, options.scheduler
+    with STEP.unit() as step:
+        scaler.step(optimizer) if scaler else optimizer.step()  # the one optimizer step of the cycle
+        step.result = result  # from here an error comes after the record
+        kept.stepped()  # the gradients used: freed, so the next cycle holds no second copy
+        if scaler:
+            scaler.update()  # a higher scale after many good steps
+        if isinstance(scheduler, ReduceLROnPlateau):
+            scheduler.step(result.loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
+        elif scheduler is not None:
+            scheduler.step()  # once per optimizer step, after it
+    return step.result
 
 
 _WATCHERS = threading.local()  # .stack: what measures this thread's cycles (innermost last): watch(phase, model=None)
