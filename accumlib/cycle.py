@@ -197,8 +197,8 @@ def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             weight 0 (a number, not a tensor) is not run, so its loss (NaN for a mean over no tokens) cannot reach
             the cycle's; when every weight is 0 nothing is run or changed and the result says `empty` (under DDP a
             process still runs its last micro-batch, its backward seeded with 0, for the all-reduce in it).
-        options: a `CycleOptions` (loss_fn, clip_grad_norm, amp, scaler, scheduler, ddp_no_sync, on_nonfinite,
-            check_gradients; see there), or the same names as keywords (**cycle_options), not both.
+        options: how the cycle runs, a `CycleOptions` (its fields and their defaults: see there), or its fields
+            as keywords (**cycle_options), not both.
 
     Returns:
         A `CycleResult`: the cycle's loss, the gradient norm, the learning rate, whether the step was skipped.

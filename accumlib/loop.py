@@ -93,9 +93,9 @@ def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, acc
             unchanged); under DDP the processes agree on each cycle's verdict.
         checkpoint: a file path, written atomically every `checkpoint_every` steps (None: only at the end) and when
             the run ends; a run goes on from it when it exists, bit for bit (docs/checkpoints.md).
-        options: the cycle's options, a `CycleOptions` (loss_fn, clip_grad_norm, amp, scaler, scheduler,
-            ddp_no_sync, on_nonfinite, check_gradients; see there), or the same names as keywords (**cycle_options),
-            not both. In train, amp="fp16" without a scaler makes a GradScaler, and a scaler without amp is refused.
+        options: how every cycle runs, a `CycleOptions` (its fields and their defaults: see there), or its fields
+            as keywords (**cycle_options), not both. In train, amp="fp16" without a scaler makes a GradScaler, and
+            a scaler without amp is refused.
 
     Returns:
         A `History`: one `StepRecord` per optimizer step, why the run ended early (`stopped`) and `notes`.
