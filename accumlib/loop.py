@@ -17,11 +17,14 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import os
 import time
+from collections.abc import Iterable
 from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import Dataset
 
 from . import checkpoint as checkpoints, devices, memory, sharded
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
@@ -36,13 +39,14 @@ from .restore import _ModesKept
 from .source import _Cycle, _Indexed, _Loader, _as_pair, _source
 
 
-def train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, accum_steps: int,
-          micro_batch_size: int | None = None, epochs: int | None = None, max_steps: int | None = None,
-          normalize: str = "samples", loss_reduction: str | None = None, count: Callable | None = None,
-          device=None, seed: int = 0, shuffle: bool = True, on_step: Callable[[StepRecord], None] | None = None,
+def train(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor] | Dataset | Iterable,
+          optimizer: torch.optim.Optimizer, *, accum_steps: int, micro_batch_size: int | None = None,
+          epochs: int | None = None, max_steps: int | None = None, normalize: str = "samples",
+          loss_reduction: str | None = None, count: Callable | None = None, device: str | torch.device | None = None,
+          seed: int = 0, shuffle: bool = True, on_step: Callable[[StepRecord], None] | None = None,
           max_skipped_steps: int = 50, resume_from_step: int = 0, measure_memory: bool = False,
-          memory_budget: int | None = None, checkpoint=None, checkpoint_every: int | None = None,
-          options: CycleOptions | None = None, **cycle_options) -> History:
+          memory_budget: int | None = None, checkpoint: str | os.PathLike | None = None,
+          checkpoint_every: int | None = None, options: CycleOptions | None = None, **cycle_options) -> History:
     """Train with gradient accumulation: one `accumulate_and_step` per cycle of `accum_steps` micro-batches.
 
     Args:
