@@ -41,8 +41,9 @@ class NonFiniteError(FloatingPointError):
     """A loss or gradient was NaN or infinite and `on_nonfinite="raise"` was asked for."""
 
 
-class CycleResult(NamedTuple):
-    """What one `accumulate_and_step` did, read from the device in one transfer."""
+@dataclass(frozen=True)
+class CycleResult:
+    """What one `accumulate_and_step` did, read from the device in one transfer (a record, as `StepRecord` is)."""
 
     loss: float  # sum over micro-batches of loss_weights[i] * loss_i (under DDP: its mean over the processes)
     grad_norm: float | None  # L2 norm of the accumulated gradient, before clipping (None: check_gradients=False)
