@@ -203,7 +203,8 @@ class LiveTensorBytes(TorchDispatchMode):
         return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = _collective(func, args, kwargs) if func.namespace == "c10d" else func(*args, **kwargs)
         category = _CREATED_IN.get(self.phase, "other")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -215,6 +216,37 @@ class LiveTensorBytes(TorchDispatchMode):
             f.detach()
         self._resizes.__exit__(*exc)
         return super().__exit__(*exc)
+
+
+def _collective(func, args, kwargs):
+    """Run a collective (an op of the c10d namespace: FSDP2's all-gathers and reduce-scatters) on copies of its
+    tensors, the counted ones held by this thread alone: wait for it, write what it left in the copies back into
+    the caller's tensors, and return its result with the caller's tensors in place of the copies.
+
+    A backend such as gloo keeps the tensors of a collective in its own thread and drops them there, at a moment of
+    its own: a counted storage freed by that thread would end its count at a moment that moves from run to run (and
+    with it the peak, by up to a collective's buffer). With copies the backend holds only uncounted ones; each
+    counted storage is freed where this thread drops it, as it is on CUDA, where the caching allocator frees a block
+    on its stream's order. The copies are made inside the mode's dispatch and so are not counted, as the step itself
+    does not make them; the collective's values are the same."""
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id of the caller's tensor: (it, its copy)
+
+    def copy_of(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if id(t) not in copies:
+            copies[id(t)] = (t, t.clone())
+        return copies[id(t)][1]
+
+    out = func(*tree_map(copy_of, args), **tree_map(copy_of, kwargs))
+    for leaf in tree_leaves(out):
+        if hasattr(leaf, "wait"):  # a c10d Work: the copies are written once it is done
+            leaf.wait()
+    with torch.no_grad():
+        for original, copy in copies.values():
+            original.copy_(copy)
+    back = {id(copy): original for original, copy in copies.values()}
+    return tree_map(lambda leaf: back.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf, out)
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -255,9 +287,24 @@ def step_peak(device: torch.device, params, optimizer):
             if phase == "start":  # what the model holds besides the optimizer's parameters, as measure_step counts it
                 tracker.track(_model_tensors(model), "parameters")
 
-        with tracker, cycle.watched(watch):
+        with tracker, cycle.watched(watch), _no_collection():
             yield result
         result.bytes = tracker.peak
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """Context manager: Python's garbage collector collects first and then not until the block ends, so that no
+    storage of before (held in a reference cycle) is freed inside it at a moment of the collector's: a block's CPU
+    peak is the same from run to run."""
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -541,9 +588,10 @@ def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.Cy
     is a real one, on the model itself, under the CPU tracker (every process must measure at once: the step's
     collectives run), with a new optimizer of the same type and settings; afterwards this process's shards, the
     buffers and the .grad are put back as they were, and the random state (fake=True: said in a warning).
-    The peak is the busiest process's, the same on every process (so that a budget refuses on all or none): the
-    processes' peaks differ by a collective's buffers, which the backend's thread frees at a moment of its own;
-    what this process needed less is counted in `other`."""
+    The peak is the busiest process's, the same on every process (so that a budget refuses on all or none: shards
+    of uneven sizes make processes' peaks differ, and a busy CPU can move a process's peak from run to run by up to a
+    unit's gradient); what this process needed less is counted in `other`. The collectives run on copies
+    (`_collective`): the backend's thread frees none of the counted storages."""
     if fake:
         warnings.warn(_("model is sharded with fully_shard (FSDP2): its step cannot be traced without values (a "
                         "trace runs no all-gather or reduce-scatter), so it was measured with a real step on every "
@@ -555,11 +603,8 @@ def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.Cy
     device = sharded.local(params[0]).device
     batches = _on(batches, lambda t: t.to(device, copy=True))
     cuda = device if device.type == "cuda" else None
-    collecting = gc.isenabled()
-    gc.collect()  # no storage of before freed by a collection during the step: the same bytes on every process
-    gc.disable()
     try:
-        with torch.random.fork_rng(devices=[device] if cuda else []):
+        with torch.random.fork_rng(devices=[device] if cuda else []), _no_collection():
             for p in params:
                 p.grad = None
             report = _measure(model, _clone_optimizer(optimizer, model, model), batches, loss_weights,
@@ -570,8 +615,6 @@ def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.Cy
         more = int(busiest.item()) - report.peak
         return dataclasses.replace(report, peak=report.peak + more, other=report.other + more)
     finally:
-        if collecting:
-            gc.enable()
         with torch.no_grad():
             for p, shard in zip(params, shards, strict=True):
                 sharded.local(p).copy_(shard)

@@ -142,7 +142,7 @@ def memory() -> dict:
     """What one process holds in a step of `wide()` (Adam; 3 micro-batches of 4 per process), measured by train
     (measure_memory=True: each step's peak) and by memory.measure_step, under DDP and FSDP2 (gradient sync on the
     last micro-batch, then on every one); and memory_budget under FSDP2 below and above the measured peak by
-    more than a collective's buffer (gloo's thread frees those at its own moment: see the test)."""
+    more than a collective's buffer (a busy CPU can move the peak by less than that: see the test)."""
     import warnings
 
     generator = torch.Generator().manual_seed(5)

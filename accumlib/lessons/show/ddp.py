@@ -158,15 +158,16 @@ def _moving(wrap: str, nbytes: int) -> str:
 def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
     """What each process holds in one step under DDP and under FSDP2 (`distributed.compare_fsdp2`: every process
     measured itself with `measure_step`): a table of bytes, one column per process of each run, and the findings
-    on the weights and the peak. FSDP2's peak and the gradients alive at it are marked "*": they move by a
-    collective's buffer from run to run.
+    on the weights and the peak. FSDP2's peak and the gradients alive at it are marked "*": they can move from
+    run to run on a busy CPU (by one layer's gradient, measured under load; the backend's own frees no longer move
+    them: `memory._collective`).
     Returns {"ddp": peaks by rank, "fsdp2": peaks by rank}."""
     columns = [(wrap, rank, report) for wrap in ("ddp", "fsdp2") for rank, report in enumerate(results[wrap].memory)]
     if not all(results[wrap].memory for wrap in ("ddp", "fsdp2")):
         raise ValueError(_("results: a run without memory reports; pass the results of compare_fsdp2, whose "
                            "processes measure their memory"))
-    # under FSDP2 the gradients alive at the peak move with it (a shard's or the whole layer's, 35,880 or 38,480 bytes
-    # here at 1 and 2 threads): marked as the peak is; the sharded parameters and the optimizer's state do not
+    # under FSDP2 the gradients alive at the peak move with it: marked as the peak is; the sharded parameters and the
+    # optimizer's state do not
     rows = [[category_name(name), *(_moving(wrap, report.categories()[name]) if name == "gradients"
                                     else f"{report.categories()[name]:,}" for wrap, _rank, report in columns)]
             for name in _OWN_ROWS]
@@ -192,7 +193,6 @@ def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
     else:
         print(_("The busiest process's peak is not lower under FSDP2: {fsdp2} bytes against {ddp:,} under "
                 "DDP.").format(fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak))
-    print(_("* Under FSDP2 the peak, and with it the gradients alive at that moment and the rest of the step, moves "
-            "from run to run by up to one collective's buffer: gloo frees a reduce-scatter's input in a thread of its "
-            "own, at a moment of its own."))
+    print(_("* Under FSDP2 the peak, and with it the gradients alive at that moment and the rest of the step, can "
+            "move from run to run: the two processes share this CPU, each at its own pace."))
     return {wrap: tuple(report.peak for report in results[wrap].memory) for wrap in ("ddp", "fsdp2")}
