@@ -164,7 +164,7 @@ class CycleOptions:
         """These options as a measurement of the cycle runs them on copies of the model and optimizer: without the
         scheduler (built on the real optimizer, it would step it) and the scaler (its scale would change; what it
         adds is a few scalars), with autocast (its lower-precision activations are what an amp step holds)."""
-        return dataclasses.replace(self, scaler=None, scheduler=None)
+        return dataclasses.replace(self, **{f.name: None for f in dataclasses.fields(self) if f.metadata["run_state"]})
 
 
 # CycleOptions' Args: written from its fields, so that each option's words live once, where it is declared
