@@ -24,7 +24,8 @@ html_theme = "sphinx_book_theme"
 html_title = SITE["labels"]["home"]
 html_static_path = ["_static", "../accumlib/lessons/fonts"]  # the course's CSS, and Lohit Devanagari for Hindi
 html_css_files = ["accumlib.css"]
-html_js_files = ["quiz.js", "dashboards.js"]  # the quiz answered and the dashboards' controls in the page
+# the quiz answered and the dashboards' controls in the page; a table too wide for the screen shown row by row
+html_js_files = ["quiz.js", "dashboards.js", "tables.js"]
 html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None

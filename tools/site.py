@@ -315,6 +315,11 @@ def figure_html_file(src: str, alt: str) -> str:
     return f'<img class="lesson-figure" src="{html.escape(src)}" alt="{html.escape(alt.strip())}">'
 
 
+# The tag of the cell that sets an edition's language (tools/editions.py's LANGUAGE_TAG: `accumlib.set_language("hi")`
+# on top of every Hindi notebook): the website's page is in its language already, so the cell is left out of it.
+LANGUAGE_CELL = "language"
+
+
 def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None = None) -> tuple[dict, bool]:
     """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard.
     `computed`: what tools/site_data.py computed (site_data); its quiz makes each stored quiz answerable in the page."""
@@ -325,6 +330,9 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
     widgets = StaticWidgets(state)
     has_dashboard = False
     for cell in notebook["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if LANGUAGE_CELL in tags and "remove-cell" not in tags:  # left out, as the install cell is (its own tag)
+            cell["metadata"]["tags"] = [*tags, "remove-cell"]
         outputs = []
         for output in cell.get("outputs", []):
             data = output.get("data", {})

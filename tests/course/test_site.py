@@ -6,8 +6,10 @@ not in the lessons' environment). Where that venv is missing the build tests fai
 browser checks skip without Chromium, as tests/course/test_browser.py does. Screenshots of a Hindi lesson and the
 dashboards page at 390 px and 1280 px are written to build/screenshots/ to be looked at.
 """
+import base64
 import functools
 import http.server
+import io
 import json
 import os
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.lessons.plots import DPI
+from accumlib.lessons.plots import SMALLEST_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first test builds the site (the module's fixture): tools/site_data.py computes every dashboard setting's figure,
@@ -30,7 +32,6 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/
 SCREENSHOTS = ROOT / "build" / "screenshots"
 PHONE, DESKTOP = 390, 1280  # px: an iPhone 12-15's CSS width; a laptop's
 EDITIONS = ("en", "hi")
-SMALLEST_TEXT_PX = 8 * DPI / 72  # a figure's smallest text: tick labels and legends of 8 pt, at the figures' dpi
 
 
 def notebooks(lang):
@@ -137,9 +138,13 @@ MEASURE = """() => {
     // every cell output inside the page; a figure or table wider than it scrolls inside its own box
     outputsWider: [...document.querySelectorAll('article div.cell_output')].filter(e =>
       e.getBoundingClientRect().right > doc.clientWidth + 1 || e.getBoundingClientRect().left < -1).length,
-    // each figure's drawn size against its pixels: its smallest text (8 pt at 90 dpi: 10 px) is drawn at 10 px x this
-    figureScale: Math.min(1, ...figures.filter(i => i.naturalWidth > 0)
-                                       .map(i => i.getBoundingClientRect().width / i.naturalWidth)),
+    // each figure's pixels and its drawn width: its smallest text is drawn at (its size in px) x rendered / natural
+    figureSizes: figures.filter(i => i.naturalWidth > 0).map(i => ({src: i.src, natural: i.naturalWidth,
+                                                                    rendered: i.getBoundingClientRect().width})),
+    // a box in a cell output that scrolls sideways: its reader sees part of a figure or a table at a time
+    scrolled: [...document.querySelectorAll('article div.cell_output, article div.cell_output *')].filter(e =>
+      e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
+      .map(e => e.tagName + '.' + e.className).slice(0, 5),
     tables: document.querySelectorAll('article div.cell_output table').length,
     needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
     dashboards: document.querySelectorAll('.static-dashboard').length,
@@ -147,9 +152,25 @@ MEASURE = """() => {
 }"""
 
 
-def test_every_page_in_chromium_at_a_phones_width(served, browser):
+def figure_text_px(site: Path, served: str, figure: dict) -> float | None:
+    """The smallest text of a figure on the page, in CSS px: its font size in points (the PNG's SMALLEST_TEXT chunk,
+    written by accumlib.lessons.plots) at its dpi, scaled by its drawn width over its pixels. None: a PNG without
+    that chunk (drawn before figures recorded it)."""
+    from PIL import Image
+
+    src = figure["src"]
+    png = (base64.b64decode(src.split(",", 1)[1]) if src.startswith("data:")
+           else (site / src.removeprefix(served + "/")).read_bytes())
+    image = Image.open(io.BytesIO(png))
+    if SMALLEST_TEXT not in image.text:
+        return None
+    return float(image.text[SMALLEST_TEXT]) * image.info["dpi"][0] / 72 * figure["rendered"] / image.width
+
+
+def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
     """Figures load and have alt text, the launch buttons and the language switch are there and lead to the same
-    lesson in the other edition, and nothing is wider than a 390 px screen."""
+    lesson in the other edition, nothing is wider than a 390 px screen nor scrolls sideways inside an output, and
+    every figure's smallest text is drawn at 9 px or more (before: 5.7 px scaled, or the figure scrolled)."""
     import urllib.request
 
     page = browser.new_page(viewport={"width": PHONE, "height": 844})
@@ -157,6 +178,7 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
     page.on("request", lambda r: outside.append(r.url)
             if not r.url.startswith(served) and not r.url.startswith("data:") else None)
     checked = 0
+    smallest_figure_text, small = [], {}  # every figure's smallest text (px); the pages with one under 9 px
     for lang in EDITIONS:
         other = "hi" if lang == "en" else "en"
         for stem in [*notebooks(lang), "index"]:
@@ -165,8 +187,11 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
             where = f"{lang}/{stem}"
             assert m["lang"] == lang, where
             assert m["scrollWidth"] <= m["clientWidth"], (where, m["scrollWidth"], m["wide"])
-            assert m["outputsWider"] == 0, where
-            assert m["figureScale"] * SMALLEST_TEXT_PX >= 9, (where, m["figureScale"])  # figure text: 9 px at least
+            assert m["outputsWider"] == 0 and m["scrolled"] == [], (where, m["scrolled"])
+            sizes = [figure_text_px(site, served, figure) for figure in m["figureSizes"]]
+            if None in sizes or min(sizes, default=9) < 9:  # figure text: 9 px at least
+                small[where] = sizes
+            smallest_figure_text += [size for size in sizes if size is not None]
             assert m["switch"] == [f"../{other}/{stem}.html"], where
             urllib.request.urlopen(f"{served}/{other}/{stem}.html").close()  # the other edition's page exists
             if stem == "index":
@@ -186,6 +211,9 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
             assert m["needsKernel"] == m["dashboards"], where
             checked += 1
     assert checked == len(notebooks("en")) + len(notebooks("hi"))
+    print(f"smallest figure text at {PHONE} px: {min(smallest_figure_text):.2f} px")
+    # None: a figure without its font size, drawn before plots.py recorded it (execute its notebook again)
+    assert small == {}, small
     assert outside == [], outside[:5]  # every request went to the site itself
 
 
@@ -212,21 +240,26 @@ def test_search_finds_a_lesson_in_each_edition(served, browser):
 
 
 def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
-    """Screenshots to look at (build/screenshots/): the Hindi lesson 7 and the English dashboards page."""
+    """Screenshots to look at (build/screenshots/): lesson 7 in both editions (its top and its first figure) and the
+    dashboards pages."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for width in (PHONE, DESKTOP):
-        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 900})
-        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("dashboards", "en/dashboards.html"),
-                           ("hi-dashboards", "hi/dashboards.html")):
+        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 800})
+        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("en-lesson", "en/07_batchnorm.html"),
+                           ("dashboards", "en/dashboards.html"), ("hi-dashboards", "hi/dashboards.html")):
             page.goto(f"{served}/{path}", wait_until="load")
             page.evaluate("document.fonts.ready")
             page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}.png"))
+            figure = page.locator("article div.cell_output img.lesson-figure").first
+            if "lesson" in name and figure.count():
+                figure.scroll_into_view_if_needed()
+                page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-figure.png"))
             dashboard = page.locator(".static-dashboard").first
             if dashboard.count():
                 dashboard.scroll_into_view_if_needed()
                 dashboard.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-dashboard.png"))
         page.close()
-    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 6
+    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 12
 
 
 def bank_question(qid: str) -> dict:
@@ -304,7 +337,8 @@ def platform_fonts(page, selector: str) -> list[str]:
 
 
 def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text_uses_the_shipped_font(served, browser):
-    """The Colab/Kaggle install cell (tag remove-cell) is on no page; the lesson time shows the theme's stopwatch
+    """The Colab/Kaggle install cell (tag remove-cell) is on no page, nor the Hindi notebooks' cell that sets their
+    language (tag language: the page is in Hindi already); the lesson time shows the theme's stopwatch
     icon, not the ⏱ emoji (a font the page does not carry); the Hindi title, text and code comments are drawn in
     Lohit Devanagari, the font the site ships (before: headings and code fell back to whatever the system had)."""
     page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
@@ -313,6 +347,7 @@ def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text
             page.goto(f"{served}/{lang}/{stem}.html", wait_until="load")
             text = page.inner_text("article")
             assert "ACCUMLIB_INSTALL" not in text and "Colab and Kaggle only" not in text, (lang, stem)
+            assert "set_language(" not in text, (lang, stem)
             assert "⏱" not in text, (lang, stem)
         page.goto(f"{served}/{lang}/03_the_loop.html", wait_until="load")
         assert page.locator("article .fa-stopwatch").count() == 1, lang
