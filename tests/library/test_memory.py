@@ -133,7 +133,7 @@ def test_history_records_carry_the_cpu_peak():
 
 
 def train_quickly(model, optimizer, plan, **kwargs):
-    """One optimizer step of the plan on real digits under its own budget."""
+    """One optimizer step of the plan on real images (builders.data) under its own budget."""
     n = plan.micro_batch_size * plan.accum_steps
     Xs, Ys = data.digits(n) if n <= data.DIGITS else (X.repeat(-(-n // 256), 1, 1, 1)[:n], Y.repeat(-(-n // 256))[:n])
     return accumlib.train(model, (Xs, Ys), optimizer, micro_batch_size=plan.micro_batch_size,
