@@ -37,7 +37,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from . import _validate
-from .loop import parameter_gap, train
+from .gaps import parameter_gap
+from .loop import train
 from .i18n import _
 from .memory import resolve_device
 

@@ -157,10 +157,10 @@ STOPS = ("Cannot copy out of meta tensor", "cannot be called on meta tensors", R
 def on_meta(monkeypatch, run):
     """run(meta) with train's refusal of the meta device lifted; return the devices every module's forward pass saw
     (its tensor inputs and its own parameters). A device mismatch fails the test; a host read ends the run."""
-    from accumlib import loop
+    from accumlib import loop, source
     monkeypatch.setattr(loop, "_device", lambda device: torch.device(device) if device is not None
                         else devices.pick())
-    monkeypatch.setattr(loop, "_refuse_meta", lambda batch: None)
+    monkeypatch.setattr(source, "_refuse_meta", lambda batch: None)
     seen = []
 
     def hook(module, args):
@@ -328,7 +328,7 @@ def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(m
     # A T4 (compute capability 7.5) only emulates bf16: train(amp="bf16") there is refused by name, with what is
     # valid, before any forward pass, weight or optimizer state changes. The GPU is a stand-in: this CPU build has
     # none, so train's device check and supports_bf16 are patched; the refusal is all that runs.
-    from accumlib import devices as library_devices, loop
+    from accumlib import cycle, devices as library_devices, loop
     net = torch.nn.Linear(64, 10)
     opt = torch.optim.Adam(net.parameters())
     state = {name: t.clone() for name, t in net.state_dict().items()}
@@ -342,8 +342,9 @@ def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(m
     assert asked == [torch.device("cuda")] and not seen and not opt.state
     assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())
     # fp16 (and amp=True, fp16 on CUDA) on that GPU, and bf16 on the CPU, are not asked about: no refusal there
-    assert loop._amp("fp16", torch.device("cuda")) is loop._amp(True, torch.device("cuda")) is torch.float16
-    assert loop._amp("bf16", torch.device("cpu")) is torch.bfloat16 and len(asked) == 1
+    cuda = torch.device("cuda")
+    assert cycle._check_amp("fp16", cuda) is cycle._check_amp(True, cuda) is torch.float16
+    assert cycle._check_amp("bf16", torch.device("cpu")) is torch.bfloat16 and len(asked) == 1
     # a GPU with native bf16 (an A100): accepted
     monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or True)
-    assert loop._amp("bf16", torch.device("cuda:1")) is torch.bfloat16 and asked[-1] == torch.device("cuda:1")
+    assert cycle._check_amp("bf16", torch.device("cuda:1")) is torch.bfloat16 and asked[-1] == torch.device("cuda:1")

@@ -220,7 +220,7 @@ def test_an_amp_step_is_planned_and_recorded_with_its_autocast_byte_for_byte(mak
     the step does, so the plan is the trained peak; the bf16 activations are fewer bytes than float32's."""
     net = models.cnn()
     amp = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4,
-                              autocast_dtype=torch.bfloat16, fake=True)
+                              amp="bf16", fake=True)
     full = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4, fake=True)
     assert amp.activations < full.activations and amp.peak < full.peak
     with pytest.raises(accumlib.OutOfMemory):
