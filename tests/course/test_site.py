@@ -419,3 +419,193 @@ def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, wi
         width_now = page.evaluate("document.documentElement.scrollWidth")
         assert width_now <= width, (lang, width_now)
     assert errors == [], errors
+
+
+# ---- the library section: docs/*.md as pages of the English edition, linked from the Hindi one ----
+
+def site_module():
+    """tools/site.py as a module (its functions, without building anything)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("site_builder", ROOT / "tools" / "site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def docs_pages():
+    return sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+
+
+@pytest.fixture
+def fake_repository(tmp_path, monkeypatch):
+    """tools/site.py pointed at a small repository: docs/, a lesson in each edition, a library file."""
+    module = site_module()
+    (tmp_path / "docs" / "images").mkdir(parents=True)
+    (tmp_path / "docs" / "images" / "a.png").write_bytes(b"png")
+    for lang in ("en", "hi"):
+        (tmp_path / "notebooks" / lang).mkdir(parents=True)
+        (tmp_path / "notebooks" / lang / "03_the_loop.ipynb").write_text("{}")
+    (tmp_path / "accumlib").mkdir()
+    (tmp_path / "accumlib" / "loop.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text('[project.urls]\nRepository = "https://github.com/someone/thing"\n')
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "DOCS", tmp_path / "docs")
+    monkeypatch.setattr(module, "NOTEBOOKS", tmp_path / "notebooks")
+    return module, tmp_path
+
+
+def test_a_docs_pages_links_are_rewritten_for_the_site(fake_repository):
+    """Another docs page and a docs image stay relative; an English lesson is the page one folder up, a Hindi one the
+    Hindi edition's page (a plain link: not a document of the English project); any other repository file is on
+    GitHub (a file in blob/, a folder in tree/), its anchor kept; URLs, anchors and code blocks are left alone."""
+    module, root = fake_repository
+    (root / "docs" / "other.md").write_text("# Other\n")
+    (root / "docs" / "page.md").write_text(
+        "# Page\n\nSee [other](other.md#a-part), ![a figure](images/a.png),"
+        " [the loop](../notebooks/en/03_the_loop.ipynb), [पाठ 3](../notebooks/hi/03_the_loop.ipynb),"
+        " [`loop.py`](../accumlib/loop.py#L10), [the code](../accumlib),"
+        " [a site](https://example.org/x.md) and [here](#page).\n\n```text\n[kept](../nowhere.md)\n```\n")
+    page = module.library_page("page")
+    assert "[other](other.md#a-part)" in page and "![a figure](images/a.png)" in page
+    assert "[the loop](../03_the_loop.ipynb)" in page
+    assert '<a href="../../hi/03_the_loop.html">पाठ 3</a>' in page
+    assert "[`loop.py`](https://github.com/someone/thing/blob/main/accumlib/loop.py#L10)" in page
+    assert "[the code](https://github.com/someone/thing/tree/main/accumlib)" in page
+    assert "[a site](https://example.org/x.md)" in page and "[here](#page)" in page
+    assert "[kept](../nowhere.md)" in page  # inside a code block: text, not a link
+
+
+@pytest.mark.parametrize("link, says", [("../missing.py", "no such file"), ("../../outside.md", "no such file"),
+                                        ("../accumlib/loop.py", "docs/images/")])
+def test_a_docs_link_to_nothing_or_an_image_from_elsewhere_stops_the_build(fake_repository, link, says):
+    """A link to a file the repository lacks (or outside it) would 404 on the site and on GitHub: the build stops
+    and names the page and the link; so does an image outside docs/images/ (the site would not have it)."""
+    module, root = fake_repository
+    image = "!" if says == "docs/images/" else ""
+    (root / "docs" / "page.md").write_text(f"# Page\n\n{image}[this]({link})\n")
+    with pytest.raises(SystemExit, match="docs/page.md") as error:
+        module.library_page("page")
+    assert link in str(error.value) and says in str(error.value)
+
+
+def test_every_docs_page_is_in_the_library_section_in_order_and_the_switch_finds_its_counterpart():
+    """A docs page missing from tools/site.py's order still gets a page (after the others); the language switch of a
+    library page leads to the Hindi edition's library page and back to the English section's index."""
+    module = site_module()
+    assert sorted(module.library_pages()) == docs_pages()
+    assert module.library_pages()[:3] == ["install", "library", "api"]
+    assert module.counterpart("library/api", "hi") == "library"
+    assert module.counterpart("library", "en") == "library/index"
+    assert module.counterpart("03_the_loop", "hi") == "03_the_loop"
+
+
+def test_the_library_section_has_a_page_per_docs_file_after_the_lessons(site):
+    """en/library/index.html lists every docs page; each is a page of the English edition; the left navigation's
+    "Library" comes after its "Lessons" on every page; the Hindi edition's library page links to each English page."""
+    index = (site / "en" / "library" / "index.html").read_text()
+    for stem in docs_pages():
+        assert (site / "en" / "library" / f"{stem}.html").exists(), stem
+        assert f'href="{stem}.html"' in index, stem
+    for page in (site / "en" / "index.html", site / "en" / "library" / "api.html", site / "en" / "03_the_loop.html"):
+        text = page.read_text()
+        assert 0 < text.index('caption-text">Lessons') < text.index('caption-text">Library'), page
+    hindi = (site / "hi" / "library.html").read_text()
+    assert 'href="../en/library/index.html"' in hindi
+    assert all(f'href="../en/library/{stem}.html"' in hindi for stem in docs_pages())
+    assert 'href="library.html"' in (site / "hi" / "index.html").read_text()
+
+
+def page_text(path: Path) -> str:
+    import html.parser
+
+    class Text(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.parts = []
+
+        def handle_data(self, data):
+            self.parts.append(data)
+    parser = Text()
+    parser.feed(path.read_text())
+    return "".join(parser.parts)
+
+
+def test_the_api_page_names_every_public_name_of_accumlib(site):
+    import accumlib
+
+    text = page_text(site / "en" / "library" / "api.html")
+    missing = [name for name in accumlib.__all__ if f"accumlib.{name}" not in text]
+    assert missing == [], missing
+
+
+def links_of(path: Path) -> list[str]:
+    """Every href and src of a built page's a, link, img and script elements."""
+    import html.parser
+
+    class Links(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("a", "link", "img", "script"):
+                self.found += [value for name, value in attrs if name in ("href", "src") and value]
+    parser = Links()
+    parser.feed(path.read_text())
+    return parser.found
+
+
+def test_no_link_of_the_library_pages_is_broken(site):
+    """Every relative link of the library pages (and of both home pages, which lead to them) is a file of the built
+    site, and its #anchor an id in that page; a link to GitHub names a file or folder this repository has (the docs'
+    links to ../accumlib/..., ../tests/... go there); no link is left to a .md or .ipynb file."""
+    import re
+    from urllib.parse import unquote, urlsplit
+
+    owner, name = site_module().repository()
+    on_github = re.compile(rf"https://github\.com/{owner}/{name}/(?:blob|tree)/main/([^#?]+)")
+    pages = [*sorted((site / "en" / "library").glob("*.html")), site / "hi" / "library.html",
+             site / "en" / "index.html", site / "hi" / "index.html"]
+    broken, checked = [], 0
+    for page in pages:
+        for link in links_of(page):
+            parts = urlsplit(link)
+            if parts.scheme in ("http", "https"):
+                found = on_github.match(link)
+                if link.startswith("https://github.com/") and found and not (ROOT / unquote(found.group(1))).exists():
+                    broken.append((page.name, link))
+                continue
+            if parts.scheme:  # data:, mailto:
+                continue
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            ok = target.is_file() and target.is_relative_to(site.resolve()) and target.suffix not in (".md", ".ipynb")
+            if ok and parts.fragment and target.suffix == ".html":
+                ok = f'id="{parts.fragment}"' in target.read_text()
+            if not ok:
+                broken.append((str(page.relative_to(site)), link))
+            checked += 1
+    assert checked > 100 and broken == [], broken[:10]
+
+
+def test_the_library_pages_in_chromium_at_a_phones_width(served, browser):
+    """Each library page (and the Hindi edition's) at 390 px: nothing wider than the screen (long inline code, such as
+    a test's name, breaks; a wide table or code block scrolls in its own box), its language, its images loaded,
+    nothing fetched from elsewhere; the language switch leads to the other edition's library page."""
+    page = browser.new_page(viewport={"width": PHONE, "height": 844})
+    outside = []
+    page.on("request", lambda r: outside.append(r.url)
+            if not r.url.startswith(served) and not r.url.startswith("data:") else None)
+    for path in [*(f"en/library/{stem}" for stem in ["index", *docs_pages()]), "hi/library"]:
+        page.goto(f"{served}/{path}.html", wait_until="load")
+        m = page.evaluate("""() => ({scrollWidth: document.documentElement.scrollWidth,
+          clientWidth: document.documentElement.clientWidth, lang: document.documentElement.lang,
+          broken: [...document.querySelectorAll('article img')].filter(i => !(i.complete && i.naturalWidth)).length,
+          switch: [...document.querySelectorAll('.lesson-bar a.language-switch')].map(a => a.getAttribute('href')),
+          wide: [...document.querySelectorAll('article *')].filter(e => !e.closest('pre')
+            && !e.closest('.pst-scrollable-table-container') && e.getBoundingClientRect().right > innerWidth + 1)
+            .map(e => e.tagName + '.' + e.className).slice(0, 5)})""")
+        assert m["scrollWidth"] <= m["clientWidth"] and m["wide"] == [], (path, m)
+        assert m["lang"] == path[:2] and m["broken"] == 0, (path, m)
+        assert m["switch"] == (["../../hi/library.html"] if path.startswith("en") else ["../en/library/index.html"])
+    assert outside == [], outside[:5]
