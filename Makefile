@@ -15,7 +15,7 @@ WORKERS ?= 2
 # The edition `make lab` and `make app` open: en (English) or hi (Hindi): make lab EDITION=hi
 EDITION ?= en
 
-.PHONY: lab app test test-fast lint test-portable site notebooks translations bench gpu-check clean
+.PHONY: lab app test test-fast lint format test-portable site notebooks translations bench gpu-check clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -57,6 +57,9 @@ test-fast: $(VENV)/.installed  ## the library's tests without the slow ones (und
 
 lint: $(VENV)/.installed  ## ruff's checks (pyproject.toml [tool.ruff]: E, F, W, B at 120 columns; notebooks left out)
 	$(VENV)/bin/ruff check .
+
+format: $(VENV)/.installed  ## ruff format over the tree, then the string literals it left too long split (tools/format_all.py)
+	$(PY) tools/format_all.py
 
 # The notebooks' stored outputs on every kind of CPU a learner has: torch's kernels without vector extensions
 # (default), with AVX2 and, where this CPU has it, with AVX-512, each at one thread and at two; every run is reported

@@ -63,9 +63,9 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
 
     The step is `train`'s own: one `accumulate_and_step` of accum_steps passes of (x, y), each weighted
-    1/accum_steps (cycle_options: its clip_grad_norm, check_gradients, on_nonfinite, ddp_no_sync, autocast_dtype),
-    so its peak is the one `train(..., measure_memory=True)` records for that step, byte for byte on the CPU
-    (`autocast_dtype=torch.bfloat16`: the step of `train(amp="bf16")`).
+    1/accum_steps (cycle_options: the `CycleOptions` fields a measurement runs, all but loss_fn and a run's
+    objects, the scaler and the scheduler), so its peak is the one `train(..., measure_memory=True)` records for
+    that step, byte for byte on the CPU (`amp="bf16"`: the step of `train(amp="bf16")`).
     x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`). optimizer: its type
     and settings are copied, for the parameters it holds (for every trainable one if it holds none of this
     model's); default SGD, which keeps no state. Any optimizer torch ships but the closure ones (LBFGS) is taken.
@@ -97,8 +97,10 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
                           len(x), fake, device, functools.partial(explained_failure, x, y))
 
 
-# the cycle's options measure_step takes as keywords (a scheduler and a scaler belong to a run)
-_MEASURED_OPTIONS = ("clip_grad_norm", "check_gradients", "on_nonfinite", "ddp_no_sync", "autocast_dtype")
+# the cycle's options measure_step takes as keywords: every CycleOptions field but loss_fn (its own parameter) and
+# a run's objects (the scaler, the scheduler)
+_MEASURED_OPTIONS = tuple(f.name for f in dataclasses.fields(cycle.CycleOptions)
+                          if f.name != "loss_fn" and not f.metadata["run_state"])
 
 
 def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import accumlib
-from accumlib import loop, memory
+from accumlib import loss_weights, memory, restore, source
 from accumlib.timing import HostReads
 from accumlib.lessons import data, ddp_lab, models, widgets
 
@@ -226,7 +226,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
     model = models.cnn(seed=0).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
-    source = loop._Indexed(loop._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
+    indexed = source._Indexed(source._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
 
     def per_micro_batch(loss):  # what the cycle adds for a micro-batch: the loss detached, the running total, the seed
         value = loss.detach()
@@ -243,10 +243,10 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "nothing": lambda loss, norms: None,
         "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: gradient_norms(),
         "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
-        "buffer snapshot (walk over the modules, copies)": lambda loss, norms: loop._BuffersKept(model),
+        "buffer snapshot (walk over the modules, copies)": lambda loss, norms: restore._BuffersKept(model),
         "detached loss, running total, backward's seed (per micro-batch)": lambda loss, norms: per_micro_batch(loss),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
-            loop._loss_weights("samples", "mean", [64], 64, 1, 1), loop._MicroBatches(source, [X]),
+            loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1), source._MicroBatches(indexed, [X]),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None)),
     }
     times = {name: [] for name in pieces}

@@ -24,7 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import accumlib
-from accumlib import cycle, loop, memory, sharded
+from accumlib import (cycle, cycle_checks, failures, gaps, interrupts, loop, loss_weights, losses, memory, records,
+                      restore, sharded, source)
 
 IGNORE = -100  # the label of a padding position: no loss term
 
@@ -58,7 +59,9 @@ class TinyGPT(nn.Module):
 def sentences(context: int) -> list[torch.Tensor]:
     """accumlib's documentation (its modules' and their functions' docstrings) as byte sequences, one per sentence,
     at most `context` bytes long."""
-    documented = [member for module in (loop, cycle, memory, sharded) for member in (module, *vars(module).values())
+    modules = (loop, records, source, loss_weights, gaps, cycle, cycle_checks, losses, restore, interrupts, failures,
+               memory, sharded)
+    documented = [member for module in modules for member in (module, *vars(module).values())
                   if (inspect.isfunction(member) or inspect.isclass(member) or inspect.ismodule(member))
                   and getattr(member, "__module__", module.__name__) == module.__name__]
     text = " ".join(member.__doc__ for member in documented if member.__doc__)

@@ -1,7 +1,8 @@
 """Sphinx configuration of one edition of the course's website (tools/site.py runs it once per language).
 
 tools/site.py writes what this needs to know into the JSON file named by $ACCUMLIB_SITE: the edition's language,
-each page's launch buttons and whether it has a dashboard, and the other edition's pages for the language switch.
+each page's launch buttons and whether it has a dashboard, and for the language switch each page's counterpart in
+the other edition.
 """
 import json
 import os
@@ -24,7 +25,8 @@ html_theme = "sphinx_book_theme"
 html_title = SITE["labels"]["home"]
 html_static_path = ["_static", "../accumlib/lessons/fonts"]  # the course's CSS, and Lohit Devanagari for Hindi
 html_css_files = ["accumlib.css"]
-html_js_files = ["quiz.js", "dashboards.js"]  # the quiz answered and the dashboards' controls in the page
+# the quiz answered and the dashboards' controls in the page; a table too wide for the screen shown row by row
+html_js_files = ["quiz.js", "dashboards.js", "tables.js"]
 html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None
@@ -42,10 +44,11 @@ def launch_bar(app, pagename, templatename, context, doctree):
     if page is None or "body" not in context:
         return
     parts = []
+    up = "../" * (pagename.count("/") + 1)  # from this page to the site's root (a library page is one folder down)
     for code, other in SITE["other"].items():
-        target = pagename if pagename in other["pages"] else "index"
+        target = other["pages"].get(pagename, "index")  # the same page in that edition, else its nearest
         parts.append(f'<a class="language-switch" lang="{code}" hreflang="{code}" '
-                     f'href="../{code}/{target}.html">{other["label"]}</a>')
+                     f'href="{up}{code}/{target}.html">{other["label"]}</a>')
     if page["launch"]:
         buttons = "".join(f'<a class="launch-button{" desktop-only" if desktop else ""}" href="{url}" '
                           f'target="_blank" rel="noopener">{label}</a>' for label, url, desktop in page["launch"])

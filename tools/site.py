@@ -7,6 +7,8 @@ Layout of the result (publish the folder as it is, e.g. with GitHub Pages):
     build/site/en/index.html       English home page: what the course is, the table of contents
     build/site/en/<lesson>.html    one page per notebook in notebooks/en/, in file-name order, dashboards last
     build/site/hi/...              the same for notebooks/hi/ (Hindi)
+    build/site/en/library/         the library section: index.html lists the pages of docs/*.md, one page each
+                                   (api.html the API reference, docs/api.md); build/site/hi/library.html links to it
 
 Each edition is one Sphinx project (MyST-NB reads the notebooks, the book theme lays them out; site/conf.py), built
 with its own language, so its search index, its theme's labels and its `lang` attribute are its language's.
@@ -20,6 +22,13 @@ bank's grading, its per-option and known-wrong-number feedback, the hint rule an
 accumlib.lessons.quiz, and the site takes them from there, so the two quizzes cannot drift). No script of
 the widgets' manager is loaded (it would come from a CDN). Every figure is an <img> with the alt text its notebook
 stores.
+
+The library section is docs/*.md as they are read on GitHub, with their links rewritten for the site (library_page):
+a link to another docs page or to an English lesson stays a link between pages of the site, to a Hindi lesson it
+goes to the Hindi edition's page, and to any other file of the repository (../accumlib/loop.py, ../INSTRUCTORS.md)
+to that file on GitHub; a link to a file that does not exist stops the build. The docs are in English, so the
+section is built once, into the English edition (its search finds them there); the Hindi edition has one page that
+says so in Hindi and links to each of them (one copy to build and test, no English pages in a Hindi search index).
 
 The page's own strings (buttons, notices) are English msgids translated in translations/site/<lang>.po.
 """
@@ -79,6 +88,119 @@ OUT_OF_NOTEBOOKS = re.compile(r"\]\(\.\./\.\./")  # a markdown link from noteboo
 
 LESSONS_PYTHON = os.environ.get("ACCUMLIB_LESSONS_PYTHON", str(ROOT / ".venv" / "bin" / "python"))
 DATA_INPUTS = ("accumlib", "tools/site_data.py")  # what tools/site_data.py's results depend on
+
+
+DOCS = ROOT / "docs"
+LIBRARY, LIBRARY_EDITION = "library", "en"  # the section's folder on the site, and the edition it is built into
+# the docs pages in the section's order: using accumlib, what it guarantees and measures, then the course's making
+# (a docs page left out here comes after them, by name)
+LIBRARY_ORDER = ("install", "library", "api", "refused", "benchmarks", "loss-weighting", "checkpoints", "scaling",
+                 "lessons", "lesson0", "hindi", "exercise-checks", "quiz", "translating", "website", "publishing",
+                 "layout")
+DOCS_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")  # [text](target) and ![alt](image), one line each
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def library_pages() -> list[str]:
+    """The docs pages (docs/<name>.md) in the library section's order."""
+    found = {p.stem for p in DOCS.glob("*.md")}
+    return [n for n in LIBRARY_ORDER if n in found] + sorted(found - set(LIBRARY_ORDER))
+
+
+def page_names(lang: str) -> list[str]:
+    """Every page of an edition (Sphinx's names): its lessons, its home page and its library pages."""
+    names = [p.stem for p in lessons(lang)] + ["index"]
+    if lang == LIBRARY_EDITION:
+        return names + [f"{LIBRARY}/index"] + [f"{LIBRARY}/{n}" for n in library_pages()]
+    return [*names, LIBRARY]
+
+
+def counterpart(page: str, other: str) -> str:
+    """The page of edition `other` that the language switch of `page` leads to: the same lesson; from a library page,
+    the other edition's library page; else its home page."""
+    theirs = page_names(other)
+    if page in theirs:
+        return page
+    if page.split("/")[0] == LIBRARY:
+        return next(p for p in (f"{LIBRARY}/index", LIBRARY) if p in theirs)
+    return "index"
+
+
+def docs_link(match: re.Match, page: str) -> str:
+    """One link of docs/<page>.md as the library section's page needs it (see the module's docstring)."""
+    image, text, href = match.groups()
+    if re.match(r"[a-z][a-z0-9+.-]*:", href, re.I) or href.startswith("#"):  # a URL, or a place in the same page
+        return match.group(0)
+    path, _, anchor = href.partition("#")
+    target = (DOCS / path).resolve()
+    if not target.is_relative_to(ROOT) or not target.exists():
+        raise SystemExit(f"docs/{page}.md links to {href!r}: no such file in the repository")
+    fragment = f"#{anchor}" if anchor else ""
+    if target.is_relative_to(DOCS / "images") or (target.parent == DOCS and target.suffix == ".md"):
+        return match.group(0)  # another docs page, or a docs image: beside this page on the site too
+    if image:
+        raise SystemExit(f"docs/{page}.md shows {href!r}: a docs page's image lives in docs/images/")
+    if target.parent.parent == NOTEBOOKS and target.suffix == ".ipynb":
+        if target.parent.name == LIBRARY_EDITION:  # the lesson's page, in this Sphinx project (one folder up)
+            return f"[{text}](../{target.name}{fragment})"
+        # the other edition's page, outside this project: a plain HTML link (MyST would look for it as a document)
+        return f'<a href="../../{target.parent.name}/{target.stem}.html{fragment}">{text}</a>'
+    owner, name = repository()
+    kind = "tree" if target.is_dir() else "blob"  # a file the site does not have: the repository's, on GitHub
+    return f"[{text}](https://github.com/{owner}/{name}/{kind}/main/{target.relative_to(ROOT).as_posix()}{fragment})"
+
+
+def library_page(page: str) -> str:
+    """docs/<page>.md with its links rewritten for the site; code blocks as they are."""
+    lines, fenced = [], False
+    for line in (DOCS / f"{page}.md").read_text(encoding="utf-8").splitlines(keepends=True):
+        if FENCE.match(line):
+            fenced = not fenced
+        lines.append(line if fenced else DOCS_LINK.sub(lambda m: docs_link(m, page), line))
+    return "".join(lines)
+
+
+def docs_title(page: str) -> str:
+    """The first heading of docs/<page>.md, as HTML (its `code` spans as <code>)."""
+    text = (DOCS / f"{page}.md").read_text(encoding="utf-8")
+    title = next(line[2:].strip() for line in text.splitlines() if line.startswith("# "))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(title, quote=False))
+
+
+def prepare_library(lang: str, source: Path, pages: dict) -> str:
+    """Write the edition's library pages into its Sphinx source; returns the home page's toctree of them."""
+    _ = catalogue(lang)
+    if lang == LIBRARY_EDITION:
+        folder = source / LIBRARY
+        folder.mkdir()
+        if (DOCS / "images").is_dir():
+            shutil.copytree(DOCS / "images", folder / "images")
+        for page in library_pages():
+            (folder / f"{page}.md").write_text(library_page(page), encoding="utf-8")
+            pages[f"{LIBRARY}/{page}"] = {"launch": [], "dashboard": False}
+        intro = _("accumlib's documentation, beside the lessons: how to install and run it, what it offers and "
+                  "guarantees, its API reference (generated from the docstrings), what it refuses, what it measured, "
+                  "and how the course is checked, translated, built and published. The same pages are the "
+                  "repository's `docs/` folder.")
+        (folder / "index.md").write_text(f"# {_('The library')}\n\n{intro}\n\n```{{toctree}}\n:maxdepth: 1\n\n"
+                                         + "\n".join(library_pages()) + "\n```\n", encoding="utf-8")
+        pages[f"{LIBRARY}/index"] = {"launch": [], "dashboard": False}
+        entry = f"{LIBRARY}/index"
+    else:  # the docs are in English: this edition's page says so and links to each of them
+        up = f"../{LIBRARY_EDITION}/{LIBRARY}"
+        links = "".join(f'<li><a href="{up}/{page}.html" lang="{LIBRARY_EDITION}">{docs_title(page)}</a></li>'
+                        for page in library_pages())
+        intro = _("The library's documentation is in English: how to install and run accumlib, its API reference, "
+                  "what it refuses, its benchmarks, and how the course is translated and built. Its pages are in the "
+                  "English edition of this website:")
+        (source / f"{LIBRARY}.md").write_text(
+            f"# {_('The library')}\n\n{intro}\n\n<ul class=\"library-links\">"
+            f'<li><a href="{up}/index.html" lang="{LIBRARY_EDITION}">'
+            f'{catalogue(LIBRARY_EDITION)("The library")}</a></li>{links}</ul>\n',
+            encoding="utf-8")
+        pages[LIBRARY] = {"launch": [], "dashboard": False}
+        entry = LIBRARY
+    return "```{toctree}\n:maxdepth: 1\n:caption: " + _("Library") + "\n\n" + entry + "\n```\n"
 
 
 def site_data(folder: Path) -> dict:
@@ -315,6 +437,11 @@ def figure_html_file(src: str, alt: str) -> str:
     return f'<img class="lesson-figure" src="{html.escape(src)}" alt="{html.escape(alt.strip())}">'
 
 
+# The tag of the cell that sets an edition's language (tools/editions.py's LANGUAGE_TAG: `accumlib.set_language("hi")`
+# on top of every Hindi notebook): the website's page is in its language already, so the cell is left out of it.
+LANGUAGE_CELL = "language"
+
+
 def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None = None) -> tuple[dict, bool]:
     """A copy of `notebook` whose widget views and figures are plain HTML outputs; and whether it has a dashboard.
     `computed`: what tools/site_data.py computed (site_data); its quiz makes each stored quiz answerable in the page."""
@@ -325,6 +452,9 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
     widgets = StaticWidgets(state)
     has_dashboard = False
     for cell in notebook["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if LANGUAGE_CELL in tags and "remove-cell" not in tags:  # left out, as the install cell is (its own tag)
+            cell["metadata"]["tags"] = [*tags, "remove-cell"]
         outputs = []
         for output in cell.get("outputs", []):
             data = output.get("data", {})
@@ -395,6 +525,7 @@ def prepare(lang: str, source: Path, data: dict | None = None) -> dict:
         entries.append(path.stem)
     home = (SITE / "home" / f"{lang}.md").read_text()
     toctree = "```{toctree}\n:maxdepth: 1\n:caption: " + _("Lessons") + "\n\n" + "\n".join(entries) + "\n```\n"
+    toctree += "\n" + prepare_library(lang, source, pages)  # the library section after the lessons
     (source / "index.md").write_text(home.replace("{toctree}", toctree))
     pages["index"] = {"launch": [], "dashboard": False}
     return pages
@@ -412,7 +543,7 @@ def build(out: Path, sphinx: list[str], data_folder: Path = ROOT / "build" / "si
         other = {code: {"name": catalogue(code)("English", "language name"),
                         "label": catalogue(code)("Read this page in {language}").format(
                             language=catalogue(code)("English", "language name")),
-                        "pages": sorted(p.stem for p in lessons(code)) + ["index"]}
+                        "pages": {page: counterpart(page, code) for page in page_names(lang)}}
                  for code in LANGUAGES if code != lang}
         _ = catalogue(lang)
         config = {"language": lang, "pages": pages, "other": other,

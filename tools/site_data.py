@@ -10,10 +10,10 @@ option's answer says, the hint; for a number question the answer and its known w
 run it" question the text of its experiment, run here on the CPU). Nothing is copied from questions.json by hand:
 a question changed in the bank changes on the website at its next build.
 
-Writes <out>/dashboards/<language>/: each dashboard's figures (PNG, reduced to a 128-colour palette: about 10 KB
+Writes <out>/dashboards/<language>/: each dashboard's figures (PNG, reduced to a 128-colour palette: about 12.6 KB
 each, a third of matplotlib's) and its findings for every setting the website offers, and dashboards.json (the
 controls' labels and values as the dashboard shows them, and per setting the figures' files and alt text and the
-summary). The settings offered (about 450 figures per language, 4.5 MB):
+summary). The settings offered (about 450 figures per language, 5.6 MB):
   loss      every micro-batch size x every accum_steps (1-16), with every switch off and with "forget the
             division" (the switch its task uses; the others need the live notebook): 192 settings
   memory    every micro-batch size x accum_steps 1, 2, 4, 8, 16 x card 0.25, 0.5, 1, 2, 4 MiB (its tasks' settings
@@ -99,13 +99,17 @@ class _Job:
 
 
 def small_png(png: bytes) -> bytes:
-    """The figure with a 128-colour palette (no dithering): the same picture at about a third of the bytes."""
-    from PIL import Image
+    """The figure with a 128-colour palette (no dithering): the same picture at about a third of the bytes, its text
+    chunks (the smallest font size, plots.SMALLEST_TEXT) and its dpi kept."""
+    from PIL import Image, PngImagePlugin
 
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    image = image.quantize(colors=128, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    original = Image.open(io.BytesIO(png))
+    chunks = PngImagePlugin.PngInfo()
+    for name, value in original.text.items():
+        chunks.add_text(name, value)
+    image = original.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG", optimize=True)
+    image.save(buffer, format="PNG", optimize=True, pnginfo=chunks, dpi=original.info.get("dpi", (72, 72)))
     return buffer.getvalue()
 
 

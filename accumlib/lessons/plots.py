@@ -8,8 +8,14 @@ values. Text is drawn in the usual font (rcParams["font.family"]) with a Devanag
 Lohit or Noto Sans Devanagari, else the Lohit Devanagari shipped in fonts/), which matplotlib >= 3.11 shapes with
 its bundled libraqm: Latin text looks as always, Hindi text gets its matras and conjuncts right.
 
-Figures use fixed margins instead of a layout engine (constrained layout doubled the drawing time of a dashboard
-figure); long titles and bar labels are wrapped to the axes' width.
+Figures are drawn for a phone first: 4.4 inches wide at 100 dpi (440 px), their smallest text 9 pt (12.5 px), so
+a phone's 390 px screen, which leaves a figure 330-360 px, shows that text at 9.4 px or more; on a wider screen a
+figure keeps its 440 px. The axes are 2.1 inches tall in every figure; the figure grows downwards with what it has
+to say: the title, wrapped to the axes' width (as many lines as it needs), the bar labels, wrapped to a bar's share
+of it, and the legend, below the axes (never over a line or a bar), in as many columns as fit. Margins are computed
+from the text's measured sizes (each string measured with the figure's fonts, no layout engine: constrained layout
+doubled the drawing time of a dashboard figure). Each PNG records its smallest font size in points (the text chunk
+SMALLEST_TEXT), from which a page computes the size its reader sees.
 """
 from __future__ import annotations
 
@@ -17,8 +23,8 @@ import base64
 import contextlib
 import functools
 import io
+import math
 import threading
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +33,9 @@ import matplotlib
 from matplotlib import font_manager, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.image import imsave
+from matplotlib.text import Text
 
 from ..i18n import N_, _, language
 
@@ -36,10 +45,14 @@ LINE_STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D"]
 HATCHES = ["", "//", "..", "xx", "\\\\"]
 MIB = 2 ** 20
-DPI = 90
+DPI = 100
+WIDTH, AXES_HEIGHT = 4.4, 2.1  # inches: every figure's width (440 px at DPI) and its axes' height
 DEVANAGARI_FONTS = ("Lohit Devanagari", "Noto Sans Devanagari")  # installed ones, in order of preference
 SHIPPED_FONT = Path(__file__).with_name("fonts") / "Lohit-Devanagari.ttf"  # used where none is installed
-TITLE_SIZE, LABEL_SIZE = 10, 9  # points
+TITLE_SIZE, LABEL_SIZE, TEXT_SIZE = 10.5, 9.5, 9  # points: the title, the axis labels, tick labels and legends
+PAD = 0.08  # inches: the figure's edge to its text, and between blocks of text
+TICKS = 7 / 72  # inches from the axes to its tick labels: a tick (3.5 pt) and its pad (3.5 pt)
+SMALLEST_TEXT = "accumlib:smallest-text-pt"  # the PNG's text chunk: the smallest font size drawn in it, points
 # The memory categories of accumlib.memory (MemoryReport.categories() keys), as a figure's legend names them.
 CATEGORY_LABELS = {"parameters": N_("parameters"), "gradients": N_("gradients"),
                    "incoming gradients": N_("incoming gradients"), "optimizer state": N_("optimizer state"),
@@ -117,10 +130,18 @@ class Plot:
     figure: Figure
     alt: str
 
+    def smallest_text(self) -> float:
+        """The smallest font size of the text the figure draws (points): tick labels, legend, labels, title."""
+        return min(text.get_fontsize() for text in self.figure.findobj(Text)
+                   if text.get_visible() and text.get_text().strip())
+
     def png(self) -> bytes:
+        """The figure as PNG at DPI, its smallest font size in the text chunk SMALLEST_TEXT."""
         buffer = io.BytesIO()
         with drawing():
-            self.figure.savefig(buffer, format="png", dpi=DPI)
+            self.figure.canvas.draw()  # the tick labels get their text here: then the smallest size is known
+            imsave(buffer, self.figure.canvas.buffer_rgba(), format="png", origin="upper", dpi=DPI,
+                   metadata={SMALLEST_TEXT: f"{self.smallest_text():g}"})
         return buffer.getvalue()
 
     def output(self) -> dict:
@@ -134,70 +155,135 @@ class Plot:
 
 
 def _figure():
-    """A 7 x 3.6 inch figure with one axes."""
-    figure = Figure(figsize=(7.0, 3.6), dpi=DPI)
+    """A figure WIDTH inches wide with one axes AXES_HEIGHT tall (its height and margins are set by `_finish`)."""
+    figure = Figure(figsize=(WIDTH, AXES_HEIGHT + 2), dpi=DPI)
     FigureCanvasAgg(figure)
+    figure.subplots_adjust(bottom=1 / (AXES_HEIGHT + 2), top=1 - 1 / (AXES_HEIGHT + 2))  # the final axes' height
     return figure, figure.subplots()
 
 
-def _wrap(text: str, points: float, size: float) -> str:
-    """`text` broken at spaces into lines of at most `points` wide at font size `size` (points), estimating a
-    character's width as half the font size (marks that combine with the letter before them take none)."""
-    limit = points / (0.52 * size)
-    lines, line = [], ""
-    for word in text.split(" "):
-        longer = f"{line} {word}" if line else word
-        if line and sum(unicodedata.category(c) != "Mn" for c in longer) > limit:
-            lines.append(line)
-            longer = word
-        line = longer
-    return "\n".join([*lines, line])
+GLUED = ("×", "=", "+", "−", "/")  # operators kept on the line of the numbers they join
 
 
-def _finish(ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = True, legend_size=None,
-            legend_at: str = "best", xtick_lines: int = 1) -> None:
-    """Axis labels (with units), the title that states the finding, a legend, a light grid, the margins.
+class _Measure:
+    """Sizes of text in inches, measured with the figure's renderer and the fonts of `drawing()` (no drawing)."""
 
-    Margins and the axis labels' places are fixed in inches (room for tick labels), the top margin grows with the
-    title's lines: nothing is measured while drawing. legend_at: the legend's place ("best" searches for the emptiest
-    corner at every draw: give a fixed one where the data leave one free).
+    def __init__(self, figure: Figure):
+        self.figure, self.renderer = figure, figure.canvas.get_renderer()
+
+    def width(self, text: str, size: float) -> float:
+        return max(self.renderer.get_text_width_height_descent(line, FontProperties(size=size), ismath=False)[0]
+                   for line in text.split("\n")) / DPI
+
+    def box(self, text: str, size: float, rotation: float = 0) -> tuple[float, float]:
+        """(width, height) of `text` as a Text draws it, lines and all."""
+        extent = Text(0, 0, text, fontsize=size, rotation=rotation, figure=self.figure).get_window_extent(
+            self.renderer)
+        return extent.width / DPI, extent.height / DPI
+
+    def wrap(self, text: str, inches: float, size: float) -> str:
+        """`text` broken at spaces into lines at most `inches` wide (a word wider than that on a line of its own),
+        never beside an operator: "64 × 1" stays on one line."""
+        words = []
+        for word in text.split(" "):
+            if words and (word in GLUED or words[-1].endswith(GLUED)):
+                words[-1] = f"{words[-1]} {word}"
+            else:
+                words.append(word)
+        lines, line = [], ""
+        for word in words:
+            longer = f"{line} {word}" if line else word
+            if line and self.width(longer, size) > inches:
+                lines.append(line)
+                longer = word
+            line = longer
+        return "\n".join([*lines, line])
+
+
+def _tick_labels(axis, view: tuple[float, float]) -> list[str]:
+    """The labels `axis` will draw at its major ticks inside `view` (its formatter's, from its locator)."""
+    low, high = sorted(view)
+    span = (high - low) * 1e-9
+    locations = [v for v in axis.get_major_locator()() if low - span <= v <= high + span]
+    return [label for label in axis.get_major_formatter().format_ticks(locations) if label]
+
+
+def _legend_columns(measure: _Measure, labels: list[str], inches: float) -> tuple[list[str], int]:
+    """Legend labels (wrapped where one is wider than the figure) and how many columns of them fit in `inches`."""
+    em = TEXT_SIZE / 72
+    handle = (2.0 + 0.8) * em  # the line or patch (handlelength) and the gap to its text (handletextpad)
+    labels = [measure.wrap(label, inches - handle - 0.8 * em, TEXT_SIZE) for label in labels]
+    column = handle + max(measure.width(label, TEXT_SIZE) for label in labels)
+    columns = 1
+    while columns < len(labels) and (columns + 1) * column + columns * 2.0 * em + 0.8 * em <= inches:
+        columns += 1
+    return labels, columns
+
+
+def _finish(ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = True,
+            categories: Sequence[str] | None = None) -> None:
+    """Axis labels (with units), the title that states the finding, a legend below the axes, a light grid, and the
+    figure's height and margins from the sizes of its text (module docstring).
+
+    categories: the x axis' labels at 0, 1, 2, ... (bars), wrapped to a bar's share of the axes' width.
     """
     figure = ax.figure
-    width, height = figure.get_size_inches()
-    ticks = 0.1 + 0.15 * xtick_lines  # inches below the axes taken by tick labels
-    left, right, bottom = 0.85, 0.2, 0.12 + ticks + (0.2 if xlabel else 0)
-    title = _wrap(title, (width - left - right) * 72, TITLE_SIZE)
-    top = 0.15 + 0.19 * (title.count("\n") + 1)
-    axes_width, axes_height = width - left - right, height - top - bottom
+    measure = _Measure(figure)
+    ax.tick_params(labelsize=TEXT_SIZE)
+    ylabel = measure.wrap(ylabel, AXES_HEIGHT, LABEL_SIZE)
+    ylabel_width = measure.box(ylabel, LABEL_SIZE, rotation=90)[0]
+    yticks = max((measure.width(label, TEXT_SIZE) for label in _tick_labels(ax.yaxis, ax.get_ylim())), default=0)
+    offset = ax.yaxis.get_major_formatter().get_offset()  # "1e-7" above the axes, where the formatter uses one
+    left = PAD + ylabel_width + PAD + yticks + TICKS
+    if categories is not None:
+        xticks = list(categories)
+    else:
+        xticks = _tick_labels(ax.xaxis, ax.get_xlim())
+    last = measure.width(xticks[-1], TEXT_SIZE) / 2 if xticks and categories is None else 0
+    right = max(0.15, last + PAD)
+    axes_width = WIDTH - left - right
+    if categories is not None:
+        share = axes_width / (ax.get_xlim()[1] - ax.get_xlim()[0])  # inches per bar position
+        xticks = [measure.wrap(label, share * 0.95, TEXT_SIZE) for label in categories]
+        ax.set_xticks(range(len(xticks)), xticks)
+    xticks_height = max((measure.box(label, TEXT_SIZE)[1] for label in xticks), default=0)
+    below = TICKS + xticks_height  # the axes' bottom to the tick labels' bottom
     if xlabel:
         ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
-        ax.xaxis.set_label_coords(0.5, -(ticks + 0.04) / axes_height)
-    ax.set_ylabel(_wrap(ylabel, axes_height * 72, LABEL_SIZE), fontsize=LABEL_SIZE)
-    ax.yaxis.set_label_coords(-0.5 / axes_width, 0.5)
-    ax.set_title(title, fontsize=TITLE_SIZE, y=1.0)  # a fixed position: no search for overlapping tick labels
-    ax.tick_params(labelsize=8)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=legend_size or LABEL_SIZE, loc=legend_at)
+        ax.xaxis.set_label_coords(0.5, -(below + 0.04) / AXES_HEIGHT)
+        below += 0.04 + measure.box(xlabel, LABEL_SIZE)[1]
+    ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    ax.yaxis.set_label_coords(-(yticks + TICKS + PAD) / axes_width, 0.5)
+    legend_height = 0.0
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        labels, columns = _legend_columns(measure, labels, WIDTH - 2 * PAD)
+        legend = ax.legend(handles, labels, fontsize=TEXT_SIZE, ncols=columns, loc="lower center", frameon=False,
+                           borderaxespad=0, borderpad=0)
+        legend_height = legend.get_window_extent(measure.renderer).height / DPI + PAD
+    title = measure.wrap(title, axes_width, TITLE_SIZE)
+    offset_height = measure.box(offset, TEXT_SIZE)[1] + 0.03 if offset else 0
+    ax.set_title(title, fontsize=TITLE_SIZE, y=1.0, pad=6 + offset_height * 72)  # fixed: no search at each draw
+    top = PAD + measure.box(title, TITLE_SIZE)[1] + 6 / 72 + offset_height
+    bottom = PAD + legend_height + below + PAD
+    height = math.ceil((top + AXES_HEIGHT + bottom) * DPI) / DPI  # whole pixels
+    figure.set_size_inches(WIDTH, height)
+    if handles:
+        legend.set_bbox_to_anchor((0.5, PAD / height), transform=figure.transFigure)
     if grid:
         ax.grid(alpha=0.3)
-    figure.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
+    figure.subplots_adjust(left=left / WIDTH, right=1 - right / WIDTH, bottom=bottom / height, top=1 - top / height)
 
 
 def _plain_log_y(ax) -> None:
     """A logarithmic y axis labelled with plain numbers at 1, 2 and 5 times each power of ten ("0.02"), the minor
     ticks unlabelled. matplotlib's own labels of a log axis are mathtext ("2 × 10⁻²") on the minor ticks too: wider
-    than `_finish`'s fixed room for tick labels, they overlapped each other and the axis label (Hindi review N0-4),
-    and they take 4 times as long to draw."""
+    than the room left for tick labels, they overlapped each other and the axis label (Hindi review N0-4), and they
+    take 4 times as long to draw."""
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _position: f"{value:g}"))
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-
-
-def _category_labels(labels: Sequence[str], width_inches: float) -> tuple[list[str], int]:
-    """Bar labels wrapped to their share of the axes' width, and the most lines any of them takes."""
-    wrapped = [_wrap(label, width_inches * 72 / max(len(labels), 1), 8) for label in labels]
-    return wrapped, max((label.count("\n") + 1 for label in wrapped), default=1)
 
 
 def mib(nbytes: float) -> str:
@@ -220,7 +306,7 @@ def loss_curves(curves: dict[str, dict[str, list]], title: str, alt: str, *, log
     if logy:
         _plain_log_y(ax)
     ylabel = _("training loss (cross-entropy, nats, log scale)") if logy else _("training loss (cross-entropy, nats)")
-    _finish(ax, title, _("samples seen"), ylabel, legend_at="upper right")
+    _finish(ax, title, _("samples seen"), ylabel)
     return Plot(figure, alt)
 
 
@@ -232,7 +318,7 @@ def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], budget_byt
     ax.axhline(budget_bytes / MIB, color=OKABE_ITO[3], linestyle="--",
                label=_("card budget ({budget})").format(budget=mib(budget_bytes)))
     ax.set_xscale("log", base=2)
-    _finish(ax, title, _("batch size (samples, log scale)"), _("peak memory of one step (MiB)"), legend_at="upper left")
+    _finish(ax, title, _("batch size (samples, log scale)"), _("peak memory of one step (MiB)"))
     return Plot(figure, alt)
 
 
@@ -243,22 +329,21 @@ def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budge
     A category that is zero in every bar is left out of the bars and the legend; each keeps its colour and hatch.
     """
     figure, ax = _figure()
-    labels, lines = _category_labels(list(reports), 4.0)
     categories = list(next(iter(reports.values())))
-    bottoms = [0.0] * len(labels)
+    positions = range(len(reports))
+    bottoms = [0.0] * len(reports)
     for i, category in enumerate(categories):
         heights = [report[category] / MIB for report in reports.values()]
         if not any(heights):
             continue
-        ax.bar(labels, heights, bottom=bottoms, label=_(CATEGORY_LABELS.get(category, category)),
+        ax.bar(positions, heights, bottom=bottoms, label=_(CATEGORY_LABELS.get(category, category)),
                color=STACK_COLOURS[i % len(STACK_COLOURS)], hatch=HATCHES[i % 5], edgecolor="white")
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     if budget_bytes is not None:
         ax.axhline(budget_bytes / MIB, color="black", linestyle="--",
                    label=_("card budget ({budget})").format(budget=mib(budget_bytes)))
-    ax.set_xlim(-0.6, len(labels) + 0.9)  # room on the right for the legend
-    _finish(ax, title, None, _("peak memory (MiB)"), grid=False, legend_size=8, legend_at="upper right",
-            xtick_lines=lines)
+    ax.set_xlim(-0.6, len(reports) - 0.4)
+    _finish(ax, title, None, _("peak memory (MiB)"), grid=False, categories=list(reports))
     return Plot(figure, alt)
 
 
@@ -267,12 +352,12 @@ def bars(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str
          reference: float | None = None) -> Plot:
     """One bar per label, each its own colour and hatch; an optional dotted reference line (1.0 for ratios)."""
     figure, ax = _figure()
-    wrapped, lines = _category_labels(labels, 5.9)
-    ax.bar(wrapped, values, color=[OKABE_ITO[i % 8] for i in range(len(labels))],
+    ax.bar(range(len(labels)), values, color=[OKABE_ITO[i % 8] for i in range(len(labels))],
            hatch=[HATCHES[i % 5] for i in range(len(labels))], edgecolor="white")
     if reference is not None:
         ax.axhline(reference, color="black", linestyle=":", linewidth=1)
-    _finish(ax, title, None, ylabel, grid=False, xtick_lines=lines)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    _finish(ax, title, None, ylabel, grid=False, categories=labels)
     return Plot(figure, alt)
 
 
@@ -287,10 +372,8 @@ def deviation_bars(groups: dict[str, dict[str, float]], ylabel: str, title: str,
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(xlabels))]
         ax.bar(xs, [groups[name][x] for x in xlabels], width=width, label=name, color=OKABE_ITO[i % 8],
                hatch=HATCHES[i % 5], edgecolor="white")
-    wrapped, lines = _category_labels(xlabels, 5.9)
-    ax.set_xticks(range(len(xlabels)), wrapped)
-    ax.set_xlim(-0.6, len(xlabels) + 0.4)  # room on the right for the legend
-    _finish(ax, title, None, ylabel, grid=False, legend_size=8, legend_at="upper right", xtick_lines=lines)
+    ax.set_xlim(-0.6, len(xlabels) - 0.4)
+    _finish(ax, title, None, ylabel, grid=False, categories=xlabels)
     return Plot(figure, alt)
 
 
@@ -304,5 +387,5 @@ def lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], xlabel: st
                 marker=MARKERS[i % 4], markevery=max(len(xs) // 10, 1), markersize=4)
     if logy:
         _plain_log_y(ax)
-    _finish(ax, title, xlabel, ylabel, legend_size=8)
+    _finish(ax, title, xlabel, ylabel)
     return Plot(figure, alt)

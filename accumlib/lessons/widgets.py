@@ -36,7 +36,8 @@ from . import batchnorm_lab, data, models, pitfalls, plots
 from ._view import view_bundle
 from .._validate import as_integer, boolean, non_negative_int, positive_int, positive_number
 from ..i18n import N_, _, ngettext
-from ..loop import StopTraining, train
+from ..loop import train
+from ..records import StopTraining
 
 MICRO_BATCH_SIZES = (2, 4, 8, 16, 32, 64)
 MAX_ACCUM_STEPS = 16

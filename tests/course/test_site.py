@@ -6,8 +6,10 @@ not in the lessons' environment). Where that venv is missing the build tests fai
 browser checks skip without Chromium, as tests/course/test_browser.py does. Screenshots of a Hindi lesson and the
 dashboards page at 390 px and 1280 px are written to build/screenshots/ to be looked at.
 """
+import base64
 import functools
 import http.server
+import io
 import json
 import os
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.lessons.plots import DPI
+from accumlib.lessons.plots import SMALLEST_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first test builds the site (the module's fixture): tools/site_data.py computes every dashboard setting's figure,
@@ -30,7 +32,6 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/
 SCREENSHOTS = ROOT / "build" / "screenshots"
 PHONE, DESKTOP = 390, 1280  # px: an iPhone 12-15's CSS width; a laptop's
 EDITIONS = ("en", "hi")
-SMALLEST_TEXT_PX = 8 * DPI / 72  # a figure's smallest text: tick labels and legends of 8 pt, at the figures' dpi
 
 
 def notebooks(lang):
@@ -137,9 +138,13 @@ MEASURE = """() => {
     // every cell output inside the page; a figure or table wider than it scrolls inside its own box
     outputsWider: [...document.querySelectorAll('article div.cell_output')].filter(e =>
       e.getBoundingClientRect().right > doc.clientWidth + 1 || e.getBoundingClientRect().left < -1).length,
-    // each figure's drawn size against its pixels: its smallest text (8 pt at 90 dpi: 10 px) is drawn at 10 px x this
-    figureScale: Math.min(1, ...figures.filter(i => i.naturalWidth > 0)
-                                       .map(i => i.getBoundingClientRect().width / i.naturalWidth)),
+    // each figure's pixels and its drawn width: its smallest text is drawn at (its size in px) x rendered / natural
+    figureSizes: figures.filter(i => i.naturalWidth > 0).map(i => ({src: i.src, natural: i.naturalWidth,
+                                                                    rendered: i.getBoundingClientRect().width})),
+    // a box in a cell output that scrolls sideways: its reader sees part of a figure or a table at a time
+    scrolled: [...document.querySelectorAll('article div.cell_output, article div.cell_output *')].filter(e =>
+      e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
+      .map(e => e.tagName + '.' + e.className).slice(0, 5),
     tables: document.querySelectorAll('article div.cell_output table').length,
     needsKernel: document.querySelectorAll('.static-dashboard .needs-kernel').length,
     dashboards: document.querySelectorAll('.static-dashboard').length,
@@ -147,9 +152,25 @@ MEASURE = """() => {
 }"""
 
 
-def test_every_page_in_chromium_at_a_phones_width(served, browser):
+def figure_text_px(site: Path, served: str, figure: dict) -> float | None:
+    """The smallest text of a figure on the page, in CSS px: its font size in points (the PNG's SMALLEST_TEXT chunk,
+    written by accumlib.lessons.plots) at its dpi, scaled by its drawn width over its pixels. None: a PNG without
+    that chunk (drawn before figures recorded it)."""
+    from PIL import Image
+
+    src = figure["src"]
+    png = (base64.b64decode(src.split(",", 1)[1]) if src.startswith("data:")
+           else (site / src.removeprefix(served + "/")).read_bytes())
+    image = Image.open(io.BytesIO(png))
+    if SMALLEST_TEXT not in image.text:
+        return None
+    return float(image.text[SMALLEST_TEXT]) * image.info["dpi"][0] / 72 * figure["rendered"] / image.width
+
+
+def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
     """Figures load and have alt text, the launch buttons and the language switch are there and lead to the same
-    lesson in the other edition, and nothing is wider than a 390 px screen."""
+    lesson in the other edition, nothing is wider than a 390 px screen nor scrolls sideways inside an output, and
+    every figure's smallest text is drawn at 9 px or more (before: 5.7 px scaled, or the figure scrolled)."""
     import urllib.request
 
     page = browser.new_page(viewport={"width": PHONE, "height": 844})
@@ -157,6 +178,7 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
     page.on("request", lambda r: outside.append(r.url)
             if not r.url.startswith(served) and not r.url.startswith("data:") else None)
     checked = 0
+    smallest_figure_text, small = [], {}  # every figure's smallest text (px); the pages with one under 9 px
     for lang in EDITIONS:
         other = "hi" if lang == "en" else "en"
         for stem in [*notebooks(lang), "index"]:
@@ -165,8 +187,11 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
             where = f"{lang}/{stem}"
             assert m["lang"] == lang, where
             assert m["scrollWidth"] <= m["clientWidth"], (where, m["scrollWidth"], m["wide"])
-            assert m["outputsWider"] == 0, where
-            assert m["figureScale"] * SMALLEST_TEXT_PX >= 9, (where, m["figureScale"])  # figure text: 9 px at least
+            assert m["outputsWider"] == 0 and m["scrolled"] == [], (where, m["scrolled"])
+            sizes = [figure_text_px(site, served, figure) for figure in m["figureSizes"]]
+            if None in sizes or min(sizes, default=9) < 9:  # figure text: 9 px at least
+                small[where] = sizes
+            smallest_figure_text += [size for size in sizes if size is not None]
             assert m["switch"] == [f"../{other}/{stem}.html"], where
             urllib.request.urlopen(f"{served}/{other}/{stem}.html").close()  # the other edition's page exists
             if stem == "index":
@@ -186,6 +211,9 @@ def test_every_page_in_chromium_at_a_phones_width(served, browser):
             assert m["needsKernel"] == m["dashboards"], where
             checked += 1
     assert checked == len(notebooks("en")) + len(notebooks("hi"))
+    print(f"smallest figure text at {PHONE} px: {min(smallest_figure_text):.2f} px")
+    # None: a figure without its font size, drawn before plots.py recorded it (execute its notebook again)
+    assert small == {}, small
     assert outside == [], outside[:5]  # every request went to the site itself
 
 
@@ -212,21 +240,26 @@ def test_search_finds_a_lesson_in_each_edition(served, browser):
 
 
 def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
-    """Screenshots to look at (build/screenshots/): the Hindi lesson 7 and the English dashboards page."""
+    """Screenshots to look at (build/screenshots/): lesson 7 in both editions (its top and its first figure) and the
+    dashboards pages."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for width in (PHONE, DESKTOP):
-        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 900})
-        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("dashboards", "en/dashboards.html"),
-                           ("hi-dashboards", "hi/dashboards.html")):
+        page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 800})
+        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("en-lesson", "en/07_batchnorm.html"),
+                           ("dashboards", "en/dashboards.html"), ("hi-dashboards", "hi/dashboards.html")):
             page.goto(f"{served}/{path}", wait_until="load")
             page.evaluate("document.fonts.ready")
             page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}.png"))
+            figure = page.locator("article div.cell_output img.lesson-figure").first
+            if "lesson" in name and figure.count():
+                figure.scroll_into_view_if_needed()
+                page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-figure.png"))
             dashboard = page.locator(".static-dashboard").first
             if dashboard.count():
                 dashboard.scroll_into_view_if_needed()
                 dashboard.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}-dashboard.png"))
         page.close()
-    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 6
+    assert len(list(SCREENSHOTS.glob("site-*.png"))) >= 12
 
 
 def bank_question(qid: str) -> dict:
@@ -304,7 +337,8 @@ def platform_fonts(page, selector: str) -> list[str]:
 
 
 def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text_uses_the_shipped_font(served, browser):
-    """The Colab/Kaggle install cell (tag remove-cell) is on no page; the lesson time shows the theme's stopwatch
+    """The Colab/Kaggle install cell (tag remove-cell) is on no page, nor the Hindi notebooks' cell that sets their
+    language (tag language: the page is in Hindi already); the lesson time shows the theme's stopwatch
     icon, not the ⏱ emoji (a font the page does not carry); the Hindi title, text and code comments are drawn in
     Lohit Devanagari, the font the site ships (before: headings and code fell back to whatever the system had)."""
     page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
@@ -313,6 +347,7 @@ def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text
             page.goto(f"{served}/{lang}/{stem}.html", wait_until="load")
             text = page.inner_text("article")
             assert "ACCUMLIB_INSTALL" not in text and "Colab and Kaggle only" not in text, (lang, stem)
+            assert "set_language(" not in text, (lang, stem)
             assert "⏱" not in text, (lang, stem)
         page.goto(f"{served}/{lang}/03_the_loop.html", wait_until="load")
         assert page.locator("article .fa-stopwatch").count() == 1, lang
@@ -384,3 +419,193 @@ def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, wi
         width_now = page.evaluate("document.documentElement.scrollWidth")
         assert width_now <= width, (lang, width_now)
     assert errors == [], errors
+
+
+# ---- the library section: docs/*.md as pages of the English edition, linked from the Hindi one ----
+
+def site_module():
+    """tools/site.py as a module (its functions, without building anything)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("site_builder", ROOT / "tools" / "site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def docs_pages():
+    return sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+
+
+@pytest.fixture
+def fake_repository(tmp_path, monkeypatch):
+    """tools/site.py pointed at a small repository: docs/, a lesson in each edition, a library file."""
+    module = site_module()
+    (tmp_path / "docs" / "images").mkdir(parents=True)
+    (tmp_path / "docs" / "images" / "a.png").write_bytes(b"png")
+    for lang in ("en", "hi"):
+        (tmp_path / "notebooks" / lang).mkdir(parents=True)
+        (tmp_path / "notebooks" / lang / "03_the_loop.ipynb").write_text("{}")
+    (tmp_path / "accumlib").mkdir()
+    (tmp_path / "accumlib" / "loop.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text('[project.urls]\nRepository = "https://github.com/someone/thing"\n')
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "DOCS", tmp_path / "docs")
+    monkeypatch.setattr(module, "NOTEBOOKS", tmp_path / "notebooks")
+    return module, tmp_path
+
+
+def test_a_docs_pages_links_are_rewritten_for_the_site(fake_repository):
+    """Another docs page and a docs image stay relative; an English lesson is the page one folder up, a Hindi one the
+    Hindi edition's page (a plain link: not a document of the English project); any other repository file is on
+    GitHub (a file in blob/, a folder in tree/), its anchor kept; URLs, anchors and code blocks are left alone."""
+    module, root = fake_repository
+    (root / "docs" / "other.md").write_text("# Other\n")
+    (root / "docs" / "page.md").write_text(
+        "# Page\n\nSee [other](other.md#a-part), ![a figure](images/a.png),"
+        " [the loop](../notebooks/en/03_the_loop.ipynb), [पाठ 3](../notebooks/hi/03_the_loop.ipynb),"
+        " [`loop.py`](../accumlib/loop.py#L10), [the code](../accumlib),"
+        " [a site](https://example.org/x.md) and [here](#page).\n\n```text\n[kept](../nowhere.md)\n```\n")
+    page = module.library_page("page")
+    assert "[other](other.md#a-part)" in page and "![a figure](images/a.png)" in page
+    assert "[the loop](../03_the_loop.ipynb)" in page
+    assert '<a href="../../hi/03_the_loop.html">पाठ 3</a>' in page
+    assert "[`loop.py`](https://github.com/someone/thing/blob/main/accumlib/loop.py#L10)" in page
+    assert "[the code](https://github.com/someone/thing/tree/main/accumlib)" in page
+    assert "[a site](https://example.org/x.md)" in page and "[here](#page)" in page
+    assert "[kept](../nowhere.md)" in page  # inside a code block: text, not a link
+
+
+@pytest.mark.parametrize("link, says", [("../missing.py", "no such file"), ("../../outside.md", "no such file"),
+                                        ("../accumlib/loop.py", "docs/images/")])
+def test_a_docs_link_to_nothing_or_an_image_from_elsewhere_stops_the_build(fake_repository, link, says):
+    """A link to a file the repository lacks (or outside it) would 404 on the site and on GitHub: the build stops
+    and names the page and the link; so does an image outside docs/images/ (the site would not have it)."""
+    module, root = fake_repository
+    image = "!" if says == "docs/images/" else ""
+    (root / "docs" / "page.md").write_text(f"# Page\n\n{image}[this]({link})\n")
+    with pytest.raises(SystemExit, match="docs/page.md") as error:
+        module.library_page("page")
+    assert link in str(error.value) and says in str(error.value)
+
+
+def test_every_docs_page_is_in_the_library_section_in_order_and_the_switch_finds_its_counterpart():
+    """A docs page missing from tools/site.py's order still gets a page (after the others); the language switch of a
+    library page leads to the Hindi edition's library page and back to the English section's index."""
+    module = site_module()
+    assert sorted(module.library_pages()) == docs_pages()
+    assert module.library_pages()[:3] == ["install", "library", "api"]
+    assert module.counterpart("library/api", "hi") == "library"
+    assert module.counterpart("library", "en") == "library/index"
+    assert module.counterpart("03_the_loop", "hi") == "03_the_loop"
+
+
+def test_the_library_section_has_a_page_per_docs_file_after_the_lessons(site):
+    """en/library/index.html lists every docs page; each is a page of the English edition; the left navigation's
+    "Library" comes after its "Lessons" on every page; the Hindi edition's library page links to each English page."""
+    index = (site / "en" / "library" / "index.html").read_text()
+    for stem in docs_pages():
+        assert (site / "en" / "library" / f"{stem}.html").exists(), stem
+        assert f'href="{stem}.html"' in index, stem
+    for page in (site / "en" / "index.html", site / "en" / "library" / "api.html", site / "en" / "03_the_loop.html"):
+        text = page.read_text()
+        assert 0 < text.index('caption-text">Lessons') < text.index('caption-text">Library'), page
+    hindi = (site / "hi" / "library.html").read_text()
+    assert 'href="../en/library/index.html"' in hindi
+    assert all(f'href="../en/library/{stem}.html"' in hindi for stem in docs_pages())
+    assert 'href="library.html"' in (site / "hi" / "index.html").read_text()
+
+
+def page_text(path: Path) -> str:
+    import html.parser
+
+    class Text(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.parts = []
+
+        def handle_data(self, data):
+            self.parts.append(data)
+    parser = Text()
+    parser.feed(path.read_text())
+    return "".join(parser.parts)
+
+
+def test_the_api_page_names_every_public_name_of_accumlib(site):
+    import accumlib
+
+    text = page_text(site / "en" / "library" / "api.html")
+    missing = [name for name in accumlib.__all__ if f"accumlib.{name}" not in text]
+    assert missing == [], missing
+
+
+def links_of(path: Path) -> list[str]:
+    """Every href and src of a built page's a, link, img and script elements."""
+    import html.parser
+
+    class Links(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("a", "link", "img", "script"):
+                self.found += [value for name, value in attrs if name in ("href", "src") and value]
+    parser = Links()
+    parser.feed(path.read_text())
+    return parser.found
+
+
+def test_no_link_of_the_library_pages_is_broken(site):
+    """Every relative link of the library pages (and of both home pages, which lead to them) is a file of the built
+    site, and its #anchor an id in that page; a link to GitHub names a file or folder this repository has (the docs'
+    links to ../accumlib/..., ../tests/... go there); no link is left to a .md or .ipynb file."""
+    import re
+    from urllib.parse import unquote, urlsplit
+
+    owner, name = site_module().repository()
+    on_github = re.compile(rf"https://github\.com/{owner}/{name}/(?:blob|tree)/main/([^#?]+)")
+    pages = [*sorted((site / "en" / "library").glob("*.html")), site / "hi" / "library.html",
+             site / "en" / "index.html", site / "hi" / "index.html"]
+    broken, checked = [], 0
+    for page in pages:
+        for link in links_of(page):
+            parts = urlsplit(link)
+            if parts.scheme in ("http", "https"):
+                found = on_github.match(link)
+                if link.startswith("https://github.com/") and found and not (ROOT / unquote(found.group(1))).exists():
+                    broken.append((page.name, link))
+                continue
+            if parts.scheme:  # data:, mailto:
+                continue
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            ok = target.is_file() and target.is_relative_to(site.resolve()) and target.suffix not in (".md", ".ipynb")
+            if ok and parts.fragment and target.suffix == ".html":
+                ok = f'id="{parts.fragment}"' in target.read_text()
+            if not ok:
+                broken.append((str(page.relative_to(site)), link))
+            checked += 1
+    assert checked > 100 and broken == [], broken[:10]
+
+
+def test_the_library_pages_in_chromium_at_a_phones_width(served, browser):
+    """Each library page (and the Hindi edition's) at 390 px: nothing wider than the screen (long inline code, such as
+    a test's name, breaks; a wide table or code block scrolls in its own box), its language, its images loaded,
+    nothing fetched from elsewhere; the language switch leads to the other edition's library page."""
+    page = browser.new_page(viewport={"width": PHONE, "height": 844})
+    outside = []
+    page.on("request", lambda r: outside.append(r.url)
+            if not r.url.startswith(served) and not r.url.startswith("data:") else None)
+    for path in [*(f"en/library/{stem}" for stem in ["index", *docs_pages()]), "hi/library"]:
+        page.goto(f"{served}/{path}.html", wait_until="load")
+        m = page.evaluate("""() => ({scrollWidth: document.documentElement.scrollWidth,
+          clientWidth: document.documentElement.clientWidth, lang: document.documentElement.lang,
+          broken: [...document.querySelectorAll('article img')].filter(i => !(i.complete && i.naturalWidth)).length,
+          switch: [...document.querySelectorAll('.lesson-bar a.language-switch')].map(a => a.getAttribute('href')),
+          wide: [...document.querySelectorAll('article *')].filter(e => !e.closest('pre')
+            && !e.closest('.pst-scrollable-table-container') && e.getBoundingClientRect().right > innerWidth + 1)
+            .map(e => e.tagName + '.' + e.className).slice(0, 5)})""")
+        assert m["scrollWidth"] <= m["clientWidth"] and m["wide"] == [], (path, m)
+        assert m["lang"] == path[:2] and m["broken"] == 0, (path, m)
+        assert m["switch"] == (["../../hi/library.html"] if path.startswith("en") else ["../en/library/index.html"])
+    assert outside == [], outside[:5]

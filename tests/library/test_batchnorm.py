@@ -7,7 +7,7 @@ import torch
 
 import accumlib
 from accumlib import batchnorm
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(512)
 

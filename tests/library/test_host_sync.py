@@ -8,7 +8,7 @@ import torch
 
 import accumlib
 from accumlib.timing import HostReads
-from accumlib.lessons import data, models
+from builders import data, models
 
 def test_the_counter_sees_every_kind_of_read():
     t, i = torch.tensor(2.0), torch.tensor(1)

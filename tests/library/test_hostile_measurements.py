@@ -1,12 +1,13 @@
-"""Hostile inputs to the measurements (memory, timing, batchnorm) and the model builders: each is refused up front
-with the right error type and a message naming the parameter, and the caller's model and optimizer are untouched."""
+"""Hostile inputs to the measurements (memory, timing, batchnorm): each is refused up front with the right error type
+and a message naming the parameter, and the caller's model and optimizer are untouched (the lessons' model
+builders: tests/lessons/test_models.py)."""
 import pytest
 import torch
 from torch import nn
 
 import accumlib
 from accumlib import batchnorm, memory, timing
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(64)
 EXAMPLE = (X[:1], Y[:1])
@@ -127,14 +128,6 @@ CASES = {  # id: (call, error type, the parameter its message must name)
                              "loss_fn"),
     "groupnorm: no BatchNorm": (lambda: batchnorm.to_groupnorm(NET), ValueError, "model"),
     "groupnorm: groups 0": (lambda: batchnorm.to_groupnorm(BN_NET, groups=0), ValueError, "groups"),
-    "cnn: unknown norm": (lambda: models.cnn(norm="bn"), ValueError, "norm"),
-    "cnn: zero channels": (lambda: models.cnn(channels=(0, 4)), ValueError, "channels"),
-    "cnn: channels a number": (lambda: models.cnn(channels=16), TypeError, "channels"),
-    "cnn: GroupNorm channels not multiples of 4": (lambda: models.cnn(norm="group", channels=(16, 30)), ValueError,
-                                                   "channels"),
-    "cnn: seed as text": (lambda: models.cnn(seed="a"), TypeError, "seed"),
-    "cnn: integer dtype": (lambda: models.cnn(dtype=torch.int64), TypeError, "dtype"),
-    "mlp: hidden 0": (lambda: models.mlp(hidden=0), ValueError, "hidden"),
 }
 if not torch.cuda.is_available():
     CASES["step: cuda where there is none"] = (lambda: step(device="cuda"), ValueError, "device")

@@ -33,7 +33,7 @@ from torch import nn
 import accumlib
 from accumlib import memory
 from accumlib.timing import HostReads
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(48)
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import accumlib
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.token_sequences(48, seed=3)  # token sequences for normalize="count": micro-batch 4 x 2 = 6 steps/epoch
 COUNTED = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", micro_batch_size=4,

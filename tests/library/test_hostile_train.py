@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import accumlib
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(48)  # 48 samples, micro-batch 4 x accum_steps 2: 6 optimizer steps per epoch
 
@@ -228,7 +228,7 @@ CYCLE_CASES = [
     ("on-nonfinite-unknown", dict(on_nonfinite="warn"), ValueError, ["on_nonfinite", "'warn'"]),
     ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float"]),
     ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
-    ("autocast-string", dict(autocast_dtype="bf16"), TypeError, ["autocast_dtype", "'bf16'"]),
+    ("amp-dtype", dict(amp=torch.bfloat16), ValueError, ["amp", "torch.bfloat16", "'bf16'"]),
     ("scheduler-is-the-optimizer", dict(scheduler=Built(lambda m, o: o)), TypeError, ["scheduler", "Adam"]),
     ("ddp-no-sync-int", dict(ddp_no_sync=1), TypeError, ["ddp_no_sync", "1"]),
     ("check-gradients-int", dict(check_gradients=0), TypeError, ["check_gradients", "0"]),

@@ -1,5 +1,5 @@
-"""accumlib.train, accumulate_and_step, gradient_gap and parameter_gap: exact equivalence, once-per-step work,
-NaN, interruption, and the valid set-ups that used to give silently wrong results. Bad input: test_hostile_train.py."""
+"""accumlib.loop (train) and the cycle it drives: exact equivalence, once-per-step work, NaN, interruption, and the
+valid set-ups that used to give silently wrong results. Bad input: test_hostile_train.py; the gaps: test_gaps.py."""
 import copy
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import data, models
+from builders import data, models
 
 X64, Y64 = data.digits(flat=True, dtype=torch.float64)
 
@@ -21,17 +21,6 @@ def run(m, k, n, *, epochs=2, lr=0.5, normalize="samples", **kwargs):
 
 
 max_param_diff = accumlib.parameter_gap
-
-
-def test_parameter_gap_compares_every_tensor_and_refuses_other_layouts():
-    a, b = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
-    assert accumlib.parameter_gap(a, b) == 0
-    with torch.no_grad():
-        b[2].bias[3] += 0.25
-    assert accumlib.parameter_gap(a, b) == 0.25
-    assert accumlib.parameter_gap(a.state_dict(), b) == 0.25
-    with pytest.raises(ValueError, match="differ in layout"):
-        accumlib.parameter_gap(a, models.cnn())
 
 
 @pytest.mark.parametrize("m,k", [(4, 3), (3, 4), (1, 8), (5, 2), (16, 4)])
@@ -71,21 +60,6 @@ def test_no_gradient_leaks_into_the_next_epoch():
     opt = torch.optim.SGD(one_by_one.parameters(), lr=0.5)
     accumlib.train(one_by_one, (X64[:50], Y64[:50]), opt, micro_batch_size=12, accum_steps=1, epochs=3)
     assert max_param_diff(model, one_by_one) <= 1e-10
-
-
-def test_gradient_gap_proves_the_trick_and_leaves_the_model_alone():
-    model = models.mlp(dtype=torch.float64)
-    model[0].weight.grad = torch.ones_like(model[0].weight)
-    before = [p.detach().clone() for p in model.parameters()]
-    x, y = X64[:64], Y64[:64]
-    loss = torch.nn.functional.cross_entropy
-    assert accumlib.gradient_gap(model, loss, x, y, 4) < 1e-14
-    assert accumlib.gradient_gap(model, loss, x[:62], y[:62], 4) < 1e-14  # chunks of 16, 16, 16, 14
-    without_division = accumlib.gradient_gap(model, loss, x, y, 4, normalize="none")
-    full_grad_max = max(g.abs().max().item() for g in torch.autograd.grad(loss(model(x), y), model.parameters()))
-    assert without_division == pytest.approx(3 * full_grad_max, rel=1e-9)  # 4x the gradient: off by 3x
-    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 class Counting(torch.optim.lr_scheduler.StepLR):
@@ -268,26 +242,6 @@ def test_same_seed_gives_bit_identical_history_and_other_seed_does_not():
         histories.append(h.deterministic())
     assert histories[0] == histories[1]
     assert histories[0] != histories[2]
-
-
-def test_dataset_input_matches_tensor_tuple():
-    a, _ = run(4, 3, 50)
-    model = models.mlp(dtype=torch.float64)
-    accumlib.train(model, torch.utils.data.TensorDataset(X64[:50], Y64[:50]),
-                   torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4, accum_steps=3, epochs=2)
-    assert max_param_diff(a, model) == 0
-
-
-def test_history_columns_for_plotting_and_memory_only_when_asked():
-    _, history = run(4, 3, 50, epochs=1)
-    columns = history.columns()
-    assert columns["step"] == [1, 2, 3, 4, 5]
-    assert columns["samples_seen"] == [12, 24, 36, 48, 50]
-    assert columns["peak_memory_bytes"] == [None] * 5  # measure_memory is off by default
-    assert all(s > 0 for s in columns["seconds"])
-    _, measured = run(4, 3, 50, epochs=1, measure_memory=True)
-    peaks = [r.peak_memory_bytes for r in measured]
-    assert peaks[0] == peaks[1] == peaks[2] == peaks[3] > peaks[4] > 0  # full cycles alike; the last is smaller
 
 
 def test_token_count_normalisation_equals_the_full_batch():
@@ -476,26 +430,6 @@ def test_an_exception_from_user_code_carries_the_records_so_far(where, recorded)
                        accum_steps=3, **{where: failing_at_step(3, where)})
     assert [r.step for r in info.value.history] == list(range(1, recorded + 1))
     assert all(p.grad is None for p in model.parameters())
-
-
-def test_gradient_gap_runs_exactly_accum_steps_micro_batches():
-    """9 samples in 4 micro-batches (3, 2, 2, 2), not ceil(9 / 4) = 3 per micro-batch, which gives only 3."""
-    calls = []
-
-    def counting_loss(output, target):
-        calls.append(len(target))
-        return torch.nn.functional.cross_entropy(output, target)
-
-    model = models.mlp(dtype=torch.float64)
-    assert accumlib.gradient_gap(model, counting_loss, X64[:9], Y64[:9], 4) < 1e-15
-    assert calls == [9, 3, 2, 2, 2]
-
-
-def test_parameter_gap_never_hides_a_nan():
-    model, reference = models.mlp(), models.mlp()
-    with torch.no_grad():
-        model[2].bias[0] = float("nan")  # the last tensor compared: Python's max() kept the earlier value
-    assert math.isnan(accumlib.parameter_gap(model, reference))
 
 
 def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_nothing_in_the_norm():

@@ -4,7 +4,7 @@ import torch
 
 import accumlib
 from accumlib import measured_step, memory
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)
@@ -133,7 +133,7 @@ def test_history_records_carry_the_cpu_peak():
 
 
 def train_quickly(model, optimizer, plan, **kwargs):
-    """One optimizer step of the plan on real digits under its own budget."""
+    """One optimizer step of the plan on real images (builders.data) under its own budget."""
     n = plan.micro_batch_size * plan.accum_steps
     Xs, Ys = data.digits(n) if n <= data.DIGITS else (X.repeat(-(-n // 256), 1, 1, 1)[:n], Y.repeat(-(-n // 256))[:n])
     return accumlib.train(model, (Xs, Ys), optimizer, micro_batch_size=plan.micro_batch_size,
@@ -220,7 +220,7 @@ def test_an_amp_step_is_planned_and_recorded_with_its_autocast_byte_for_byte(mak
     the step does, so the plan is the trained peak; the bf16 activations are fewer bytes than float32's."""
     net = models.cnn()
     amp = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4,
-                              autocast_dtype=torch.bfloat16, fake=True)
+                              amp="bf16", fake=True)
     full = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4, fake=True)
     assert amp.activations < full.activations and amp.peak < full.peak
     with pytest.raises(accumlib.OutOfMemory):

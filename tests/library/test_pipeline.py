@@ -472,19 +472,19 @@ def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from accumlib import loop
+    from accumlib import source
 
     Pair = collections.namedtuple("Pair", "a b")
     with FakeTensorMode():
         def cuda(*shape):
             return torch.ones(*shape, device="cuda")
         batch = {"input_ids": cuda(2, 3), "nested": [cuda(2), (cuda(2, 1), "text")], "pair": Pair(cuda(2), 3)}
-        moved = loop._to(batch, torch.device("cpu"))
+        moved = source._to(batch, torch.device("cpu"))
     assert moved.keys() == batch.keys() and isinstance(moved["nested"], list) and isinstance(moved["pair"], Pair)
     assert moved["nested"][1][1] == "text" and moved["pair"].b == 3
-    tensors = list(loop._tensors(moved))
+    tensors = list(source._tensors(moved))
     assert len(tensors) == 4 and all(t.device.type == "cpu" for t in tensors)
-    assert [t.shape for t in tensors] == [t.shape for t in loop._tensors(batch)]
+    assert [t.shape for t in tensors] == [t.shape for t in source._tensors(batch)]
 
 
 def test_memory_is_measured_once_per_layout_of_a_loader_s_batches():

@@ -12,7 +12,7 @@ from torch import nn
 
 import accumlib
 from accumlib import memory, timing
-from accumlib.lessons import data
+from builders import data
 
 X, Y = data.digits(96, flat=True)
 
@@ -238,17 +238,17 @@ def test_a_buffer_first_changed_in_a_skipped_cycle_is_named_and_kept_from_then_o
 
 
 def test_a_buffer_remembered_as_changing_is_forgotten_with_its_model():
-    from accumlib import cycle
+    from accumlib import restore
     model = Counting()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     bad = [(torch.full_like(X[:8], float("nan")), Y[:8])]
     with pytest.warns(RuntimeWarning, match="changed the buffer\\(s\\) passes"):
         accumlib.accumulate_and_step(model, sgd, bad, [1.0])
     key = id(model.passes)
-    assert cycle._CHANGED[key]() is model.passes  # copied from the next cycle on
+    assert restore._CHANGED[key]() is model.passes  # copied from the next cycle on
     del model, sgd
     gc.collect()
-    assert key not in cycle._CHANGED  # the module keeps nothing of a model that is gone
+    assert key not in restore._CHANGED  # the module keeps nothing of a model that is gone
 
 
 class Stacked(nn.Module):

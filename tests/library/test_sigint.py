@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(48, flat=True, dtype=torch.float64)  # micro-batch 4 x accum_steps 2: 6 optimizer steps
 STEPS = 6

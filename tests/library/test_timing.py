@@ -6,7 +6,7 @@ import torch
 
 import accumlib
 from accumlib import timing
-from accumlib.lessons import data, models
+from builders import data, models
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)

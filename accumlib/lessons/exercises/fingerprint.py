@@ -37,7 +37,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ... import devices
 from ...i18n import _, ngettext
-from ...loop import parameter_gap, train
+from ...gaps import parameter_gap
+from ...loop import train
 from .. import data, models
 from ..pitfalls import loss_weights
 from .contained import kernel_side

@@ -13,7 +13,8 @@ from torch.nn import functional as F
 from ... import devices, memory
 from .. import data, models
 from ...i18n import N_
-from ...loop import gradient_gap, parameter_gap, train
+from ...gaps import gradient_gap, parameter_gap
+from ...loop import train
 
 
 def _device(device) -> torch.device:

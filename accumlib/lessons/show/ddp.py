@@ -9,7 +9,7 @@ import ipywidgets as w
 from IPython.display import display
 
 from ...i18n import _, ngettext
-from ...loop import parameter_gap
+from ...gaps import parameter_gap
 from .._view import view_bundle
 from ._format import FLOAT64_ROUNDING, print_table
 from .memory import category_name

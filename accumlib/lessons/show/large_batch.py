@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 from .. import plots
 from ...i18n import _, ngettext
-from ...loop import History
+from ...records import History
 from ...memory import MemoryReport
 from ._format import figure, print_table
 

@@ -9,7 +9,8 @@ import torch
 
 from .. import data
 from ...i18n import N_, _, ngettext
-from ...loop import History, parameter_gap
+from ...gaps import parameter_gap
+from ...records import History
 from ..pitfalls import LAST_CYCLE_CHOICES, ClassicStep, loss_weights
 from ._format import FLOAT64_ROUNDING as ROUNDING, listing, print_table, rounding_or_gap
 

@@ -9,7 +9,8 @@ from typing import Mapping, Sequence
 import torch
 
 from ...i18n import N_, _, ngettext
-from ...loop import History, parameter_gap
+from ...gaps import parameter_gap
+from ...records import History
 from ..pitfalls import ClassicStep, classic_train
 from ._format import FLOAT64_ROUNDING as ROUNDING, print_table, rounding_or_gap
 

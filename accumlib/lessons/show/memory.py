@@ -11,7 +11,7 @@ from typing import Sequence
 
 from .. import plots
 from ...i18n import _, ngettext
-from ...loop import History
+from ...records import History
 from ...memory import CATEGORIES, FitPlan, MemoryReport
 from ._format import figure, print_table
 

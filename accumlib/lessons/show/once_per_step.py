@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import plots
 from ...i18n import _, pgettext
-from ...loop import parameter_gap
+from ...gaps import parameter_gap
 from ._format import figure, print_table
 
 # The GradScaler calls of the optimizer step that lesson 8 moves into the micro-batch loop, one or both at a time

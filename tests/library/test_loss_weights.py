@@ -1,0 +1,41 @@
+"""accumlib.loss_weights: each micro-batch's share of its cycle (the last-cycle rule) and count's calling rule."""
+import warnings
+
+import pytest
+import torch
+
+from accumlib import loss_weights
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_samples_weights_make_a_short_last_cycle_one_batch_of_its_samples(reduction):
+    """sizes [4, 4, 2] (a last cycle of 10 samples): a mean loss weighted by size / 10 (a sum by 1 / 10) is the mean
+    over the cycle's samples; a 0-row micro-batch gets 0."""
+    weights = loss_weights._loss_weights("samples", reduction, [4, 4, 2, 0], 10, 4, 1)
+    assert weights == ([0.4, 0.4, 0.2, 0.0] if reduction == "mean" else [0.1, 0.1, 0.1, 0.0])
+
+
+def test_steps_weights_are_the_classic_one_over_accum_steps_even_on_a_short_cycle():
+    assert loss_weights._loss_weights("steps", "mean", [4, 2], 6, 4, 1) == [0.25, 0.25]  # too small: 2 of 4 ran
+
+
+def test_count_weights_share_the_cycles_terms_and_ddp_multiplies_by_the_processes():
+    """A mean over its terms weighs terms / total; a micro-batch without terms (or rows) 0. Under DDP (world 2) the
+    gradients are averaged over processes, so each share is doubled: the processes' weights add up to the cycle."""
+    one = loss_weights._loss_weights("count", "mean", [4, 4, 4], 12, 3, 1, [3.0, 0.0, 5.0], 8.0)
+    assert one == [3 / 8, 0.0, 5 / 8]
+    two = loss_weights._loss_weights("count", "sum", [4, 4], 16, 2, 2, [3.0, 5.0], 16.0)
+    assert two == [2 / 16, 2 / 16]
+
+
+def test_count_gets_the_target_and_the_old_two_argument_form_warns():
+    seen = []
+    target = loss_weights._of_batch(lambda y: seen.append(y) or 1)
+    assert target((torch.zeros(2), "y")) == 1 and seen == ["y"]
+    assert target({"labels": 1}) == 1 and seen[-1] == {"labels": 1}  # a dict batch is its own target
+    with pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated"):
+        pair = loss_weights._of_batch(lambda x, y: len(x) + len(y))
+    assert pair(("ab", "c")) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss_weights._of_batch(len)  # a builtin takes the one rule, silently
