@@ -55,8 +55,9 @@ test: $(VENV)/.installed $(SITE_VENV)/.installed  ## every test: the library, th
 test-fast: $(VENV)/.installed  ## the library's tests without the slow ones (under a minute)
 	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests/library -m "not slow" -p no:cacheprovider -q
 
-lint: $(VENV)/.installed  ## ruff's checks (pyproject.toml [tool.ruff]: E, F, W, B at 120 columns; notebooks left out)
+lint: $(VENV)/.installed  ## ruff's checks and its formatter's (pyproject.toml [tool.ruff]: E, F, W, B at 120 columns; notebooks left out)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 format: $(VENV)/.installed  ## ruff format over the tree, then the string literals it left too long split (tools/format_all.py)
 	$(PY) tools/format_all.py

@@ -7,6 +7,7 @@ them in `accumlib.lessons` (data, models, pitfalls, show, plots, widgets, quiz, 
 extra: matplotlib, ipywidgets and jsonschema); `import accumlib` imports none of it. `set_language` picks the
 language of everything a learner reads.
 """
+
 from .i18n import language, set_language
 from .cycle import CycleOptions, CycleResult, Inputs, NonFiniteError, accumulate_and_step
 from .gaps import gradient_gap, parameter_gap
@@ -15,7 +16,26 @@ from .records import History, StepRecord, StopTraining
 from .memory import FitPlan, MemoryReport, OutOfMemory, fit_batch, measure_step
 from .timing import TimingReport, time_config
 
-__all__ = ["set_language", "language", "accumulate_and_step", "CycleOptions", "CycleResult", "Inputs", "train",
-           "History", "StepRecord", "StopTraining", "NonFiniteError", "gradient_gap", "parameter_gap", "measure_step",
-           "MemoryReport", "fit_batch", "FitPlan", "OutOfMemory", "time_config", "TimingReport"]
+__all__ = [
+    "set_language",
+    "language",
+    "accumulate_and_step",
+    "CycleOptions",
+    "CycleResult",
+    "Inputs",
+    "train",
+    "History",
+    "StepRecord",
+    "StopTraining",
+    "NonFiniteError",
+    "gradient_gap",
+    "parameter_gap",
+    "measure_step",
+    "MemoryReport",
+    "fit_batch",
+    "FitPlan",
+    "OutOfMemory",
+    "time_config",
+    "TimingReport",
+]
 __version__ = "0.2.0"

@@ -26,6 +26,7 @@ measures them on held-out data, with the number of running-statistic updates hel
 - SyncBatchNorm computes the statistics over the micro-batches of all DDP processes in the same forward pass (not
   over the micro-batches of a cycle); PyTorch runs it on GPUs only, so nothing here measures it.
 """
+
 from __future__ import annotations
 from __future__ import annotations
 
@@ -58,22 +59,34 @@ def total(deviations: list[LayerDeviation]) -> float:
 
 def batchnorm_layers(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
     """The model's BatchNorm layers by name (every `_BatchNorm`: BatchNorm1d/2d/3d, SyncBatchNorm)."""
-    return {name: m for name, m in _validate.module("model", model).named_modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    return {
+        name: m
+        for name, m in _validate.module("model", model).named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    }
 
 
 def _layers_with_running_stats(model: nn.Module, name: str = "model") -> dict[str, nn.modules.batchnorm._BatchNorm]:
     """The BatchNorm layers of model; raise ValueError naming `name` when there are none or one keeps no statistics."""
-    layers = {layer_name: m for layer_name, m in _validate.module(name, model).named_modules()
-              if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    layers = {
+        layer_name: m
+        for layer_name, m in _validate.module(name, model).named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    }
     if not layers:
-        raise ValueError(_("{name} has no BatchNorm layer (BatchNorm1d/2d/3d): there are no batch statistics to "
-                           "measure").format(name=name))
+        raise ValueError(
+            _("{name} has no BatchNorm layer (BatchNorm1d/2d/3d): there are no batch statistics to measure").format(
+                name=name
+            )
+        )
     for layer_name, layer in layers.items():
         if layer.running_mean is None:
-            raise ValueError(_("{name}'s BatchNorm layer {layer!r} keeps no running statistics "
-                               "(track_running_stats=False): build it with track_running_stats=True").format(
-                name=name, layer=layer_name))
+            raise ValueError(
+                _(
+                    "{name}'s BatchNorm layer {layer!r} keeps no running statistics "
+                    "(track_running_stats=False): build it with track_running_stats=True"
+                ).format(name=name, layer=layer_name)
+            )
     return layers
 
 
@@ -85,8 +98,9 @@ def _on_model(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _check_samples(name: str, x, at_least: int = 1) -> None:
     _validate.samples(name, x)
     if len(x) < at_least:
-        raise ValueError(_("{name} must hold at least {at_least} samples, got {n}").format(name=name, at_least=at_least,
-                                                                                           n=len(x)))
+        raise ValueError(
+            _("{name} must hold at least {at_least} samples, got {n}").format(name=name, at_least=at_least, n=len(x))
+        )
 
 
 def _bn_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -111,8 +125,11 @@ def micro_batch_deviation(model: nn.Module, x: torch.Tensor, micro_batch_size: i
     _check_samples("x", x)
     micro_batch_size = _validate.positive_int("micro_batch_size", micro_batch_size)
     if micro_batch_size > len(x):
-        raise ValueError(_("micro_batch_size must be between 1 and {n} (the batch), got {value}").format(
-            n=len(x), value=micro_batch_size))
+        raise ValueError(
+            _("micro_batch_size must be between 1 and {n} (the batch), got {value}").format(
+                n=len(x), value=micro_batch_size
+            )
+        )
     x = _on_model(model, x)
     result = []
     for name, inputs in _bn_inputs(model, x).items():
@@ -140,9 +157,13 @@ def running_stats_error(model: nn.Module, x: torch.Tensor) -> list[LayerDeviatio
     for name, inputs in _bn_inputs(model, x).items():
         mean, var = _channel_stats(inputs, unbiased=True)
         layer = layers[name]
-        result.append(LayerDeviation(
-            name, ((layer.running_mean - mean).abs() / (var + layer.eps).sqrt()).mean().item(),
-            ((layer.running_var - var).abs() / (var + layer.eps)).mean().item()))
+        result.append(
+            LayerDeviation(
+                name,
+                ((layer.running_mean - mean).abs() / (var + layer.eps).sqrt()).mean().item(),
+                ((layer.running_var - var).abs() / (var + layer.eps)).mean().item(),
+            )
+        )
     return result
 
 
@@ -152,8 +173,7 @@ def _running(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 def running_statistics(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A copy of every BatchNorm layer's (running_mean, running_var), by layer name: a snapshot to compare later."""
-    return {name: (mean.clone(), var.clone()) for name, (mean, var) in _running(model).items()
-            if mean is not None}
+    return {name: (mean.clone(), var.clone()) for name, (mean, var) in _running(model).items() if mean is not None}
 
 
 def _divergence(stats: dict, reference: dict, scale: dict) -> list[LayerDeviation]:
@@ -162,8 +182,13 @@ def _divergence(stats: dict, reference: dict, scale: dict) -> list[LayerDeviatio
     for name, (mean, var) in stats.items():
         ref_mean, ref_var = reference[name]
         scale_var, eps = scale[name]
-        result.append(LayerDeviation(name, ((mean - ref_mean).abs() / (scale_var + eps).sqrt()).mean().item(),
-                                     ((var - ref_var).abs() / (scale_var + eps)).mean().item()))
+        result.append(
+            LayerDeviation(
+                name,
+                ((mean - ref_mean).abs() / (scale_var + eps).sqrt()).mean().item(),
+                ((var - ref_var).abs() / (scale_var + eps)).mean().item(),
+            )
+        )
     return result
 
 
@@ -174,9 +199,11 @@ def _scale(model: nn.Module) -> dict:
 def running_stats_divergence(model: nn.Module, reference: nn.Module) -> list[LayerDeviation]:
     """Per BatchNorm layer: how far model's running statistics are from those of `reference` (same layout)."""
     if _layers_with_running_stats(model).keys() != _layers_with_running_stats(reference, "reference").keys():
-        raise ValueError(_("model and reference must have BatchNorm layers of the same names: {model} against "
-                           "{reference}").format(model=sorted(batchnorm_layers(model)),
-                                                 reference=sorted(batchnorm_layers(reference))))
+        raise ValueError(
+            _("model and reference must have BatchNorm layers of the same names: {model} against {reference}").format(
+                model=sorted(batchnorm_layers(model)), reference=sorted(batchnorm_layers(reference))
+            )
+        )
     return _divergence(_running(model), _running(reference), _scale(reference))
 
 
@@ -190,10 +217,12 @@ def reestimate(model: nn.Module, x: torch.Tensor, batch_size: int | None = None)
     _check_samples("x", x, 2)
     batch_size = len(x) if batch_size is None else _validate.positive_int("batch_size", batch_size)
     if batch_size > len(x):
-        raise ValueError(_("batch_size must be between 1 and {n} (the samples of x), got {value}").format(
-            n=len(x), value=batch_size))
-    torch.optim.swa_utils.update_bn(DataLoader(TensorDataset(x), batch_size=batch_size), model,
-                                    device=resolve_device(model, None))  # each batch moved to the model's device
+        raise ValueError(
+            _("batch_size must be between 1 and {n} (the samples of x), got {value}").format(n=len(x), value=batch_size)
+        )
+    torch.optim.swa_utils.update_bn(
+        DataLoader(TensorDataset(x), batch_size=batch_size), model, device=resolve_device(model, None)
+    )  # each batch moved to the model's device
     return model
 
 
@@ -205,14 +234,22 @@ def to_groupnorm(model: nn.Module, groups: int = 4) -> nn.Module:
     groups = _validate.positive_int("groups", groups)
     for name, layer in layers.items():
         if layer.num_features % groups:
-            raise ValueError(_("groups={groups} must divide the {channels} channels of layer {name}").format(
-                groups=groups, channels=layer.num_features, name=name))
+            raise ValueError(
+                _("groups={groups} must divide the {channels} channels of layer {name}").format(
+                    groups=groups, channels=layer.num_features, name=name
+                )
+            )
     model = copy.deepcopy(model)
     for name, layer in list(batchnorm_layers(model).items()):
         like = next(iter(layer.parameters()), None)
         like = like if like is not None else layer.running_mean
-        gn = nn.GroupNorm(groups, layer.num_features, eps=layer.eps, affine=layer.affine,
-                          **({} if like is None else dict(dtype=like.dtype, device=like.device)))  # the layer's own
+        gn = nn.GroupNorm(
+            groups,
+            layer.num_features,
+            eps=layer.eps,
+            affine=layer.affine,
+            **({} if like is None else dict(dtype=like.dtype, device=like.device)),
+        )  # the layer's own
         if layer.affine:
             gn.load_state_dict({"weight": layer.weight.detach(), "bias": layer.bias.detach()})
         parent, _dot, child = name.rpartition(".")

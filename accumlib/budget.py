@@ -16,6 +16,7 @@ allocator's own granularity, not the simulated card, would decide). The 512-byte
 larger than its rounded size, which no trace predicts. On the CPU bytes are counted as they are: the CPU's numbers
 (and the lessons' stored outputs) do not change. Only `benchmarks/gpu_check.py` on a GPU confirms the CUDA rules.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,15 +41,22 @@ def allocation_bytes(nbytes: int, device: torch.device) -> int:
 class OutOfMemory(torch.OutOfMemoryError):
     """A step needs more bytes than the (simulated) card has. needed_bytes, available_bytes: bytes."""
 
-    def __init__(self, needed_bytes: int, available_bytes: int, what: str | None = None, *,
-                 advice: str | None = None):
+    def __init__(self, needed_bytes: int, available_bytes: int, what: str | None = None, *, advice: str | None = None):
         self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
         advice = advice if advice is not None else _("use a smaller micro_batch_size and more accum_steps")
-        super().__init__(_("out of memory: {what} needs {needed:,} bytes ({needed_mib:.2f} MiB) but the budget is "
-                           "{available:,} bytes ({available_mib:.2f} MiB); {advice}").format(
-            what=what if what is not None else _("this micro-batch"), needed=needed_bytes,
-            needed_mib=needed_bytes / 2**20, available=available_bytes,
-            available_mib=available_bytes / 2**20, advice=advice))
+        super().__init__(
+            _(
+                "out of memory: {what} needs {needed:,} bytes ({needed_mib:.2f} MiB) but the budget is "
+                "{available:,} bytes ({available_mib:.2f} MiB); {advice}"
+            ).format(
+                what=what if what is not None else _("this micro-batch"),
+                needed=needed_bytes,
+                needed_mib=needed_bytes / 2**20,
+                available=available_bytes,
+                available_mib=available_bytes / 2**20,
+                advice=advice,
+            )
+        )
 
 
 def cuda_budget(device: torch.device, budget_bytes: int | None):

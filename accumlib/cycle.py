@@ -8,6 +8,7 @@ gradients are synchronised once (`accumlib.sharded`). Nothing reads a tensor's v
 but once, after its last backward(): on a GPU every such read makes the host wait until the device has caught up.
 `accumlib.loop.train` drives it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -68,33 +69,67 @@ class CycleOptions:
     Args:
     """
 
-    loss_fn: Callable | None = _option(None, (
-        "loss_fn(output, target) -> the micro-batch's loss, a scalar tensor. None: the model's own (its output's "
-        "`.loss` or 'loss' key, as a Hugging Face model given labels returns), else cross_entropy(output, target)."))
-    clip_grad_norm: float | None = _option(None, (
-        "clip the accumulated gradient to this L2 norm, once per step; the norm (the result's grad_norm, before "
-        "clipping) and clipping cover exactly the optimizer's parameters."))
-    amp: bool | str = _option(False, (
-        "mixed precision, the forward passes under torch.autocast: False; 'bf16'; 'fp16' (with a GradScaler: "
-        "`scaler`, or in train a new one); True (fp16 on CUDA, bf16 elsewhere). bf16 is refused on a CUDA GPU "
-        "without native bf16 (a T4: accumlib.devices.supports_bf16)."))
-    scaler: torch.amp.GradScaler | None = _option(None, (
-        "a GradScaler (fp16): unscale, step and update once per step; train refuses one without amp. A disabled "
-        "one (GradScaler(enabled=False), PyTorch's enabled=use_amp) is no scaler, refused with amp 'fp16' or True."),
-        run_state=True)
-    scheduler: object = _option(None, (
-        "a learning-rate scheduler built on the optimizer, stepped once per step taken (a ReduceLROnPlateau with "
-        "the step's loss); in train a OneCycleLR must have total_steps for every step of the run."), run_state=True)
-    ddp_no_sync: bool = _option(True, (
-        "under DDP or FSDP2 (compiled or not), synchronise the gradients only in the last micro-batch's backward "
-        "(DDP's no_sync(), FSDP2's set_requires_gradient_sync)."))
-    on_nonfinite: str = _option("skip", (
-        "a NaN/inf loss or gradient norm 'skip's the step (the model, its buffers, the optimizer and .grad left as "
-        "found) or 'raise's NonFiniteError; with a scaler only a non-finite loss raises (an overflow is its routine)."))
-    check_gradients: bool = _option(True, (
-        "read the gradient's L2 norm every step, so a NaN/inf gradient under a finite loss is caught too; False "
-        "leaves it out unless clipping or a scaler needs it (grad_norm None; one reduction per parameter tensor "
-        "less, and such a gradient reaches the weights)."))
+    loss_fn: Callable | None = _option(
+        None,
+        (
+            "loss_fn(output, target) -> the micro-batch's loss, a scalar tensor. None: the model's own (its output's "
+            "`.loss` or 'loss' key, as a Hugging Face model given labels returns), else cross_entropy(output, target)."
+        ),
+    )
+    clip_grad_norm: float | None = _option(
+        None,
+        (
+            "clip the accumulated gradient to this L2 norm, once per step; the norm (the result's grad_norm, before "
+            "clipping) and clipping cover exactly the optimizer's parameters."
+        ),
+    )
+    amp: bool | str = _option(
+        False,
+        (
+            "mixed precision, the forward passes under torch.autocast: False; 'bf16'; 'fp16' (with a GradScaler: "
+            "`scaler`, or in train a new one); True (fp16 on CUDA, bf16 elsewhere). bf16 is refused on a CUDA GPU "
+            "without native bf16 (a T4: accumlib.devices.supports_bf16)."
+        ),
+    )
+    scaler: torch.amp.GradScaler | None = _option(
+        None,
+        (
+            "a GradScaler (fp16): unscale, step and update once per step; train refuses one without amp. A disabled "
+            "one (GradScaler(enabled=False), PyTorch's enabled=use_amp) is no scaler, refused with amp 'fp16' or True."
+        ),
+        run_state=True,
+    )
+    scheduler: object = _option(
+        None,
+        (
+            "a learning-rate scheduler built on the optimizer, stepped once per step taken (a ReduceLROnPlateau with "
+            "the step's loss); in train a OneCycleLR must have total_steps for every step of the run."
+        ),
+        run_state=True,
+    )
+    ddp_no_sync: bool = _option(
+        True,
+        (
+            "under DDP or FSDP2 (compiled or not), synchronise the gradients only in the last micro-batch's backward "
+            "(DDP's no_sync(), FSDP2's set_requires_gradient_sync)."
+        ),
+    )
+    on_nonfinite: str = _option(
+        "skip",
+        (
+            "a NaN/inf loss or gradient norm 'skip's the step (the model, its buffers, the optimizer and .grad left as "
+            "found) or 'raise's NonFiniteError; with a scaler only a non-finite loss raises (an overflow is its "
+            "routine)."
+        ),
+    )
+    check_gradients: bool = _option(
+        True,
+        (
+            "read the gradient's L2 norm every step, so a NaN/inf gradient under a finite loss is caught too; False "
+            "leaves it out unless clipping or a scaler needs it (grad_norm None; one reduction per parameter tensor "
+            "less, and such a gradient reaches the weights)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.loss_fn is not None:
@@ -103,20 +138,31 @@ class CycleOptions:
             object.__setattr__(self, "clip_grad_norm", positive_number("clip_grad_norm", self.clip_grad_norm))
         one_of("amp", self.amp, (False, True, "fp16", "bf16"))
         if self.scaler is not None and not isinstance(self.scaler, torch.amp.GradScaler):
-            raise TypeError(_("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
-                value=self.scaler, type=type(self.scaler).__name__))
+            raise TypeError(
+                _("scaler must be a torch.amp.GradScaler, got {value!r} of type {type}").format(
+                    value=self.scaler, type=type(self.scaler).__name__
+                )
+            )
         if self.scaler is not None and not self.scaler.is_enabled():  # GradScaler(enabled=use_amp), use_amp False
             if self.amp in ("fp16", True):
-                raise ValueError(_("scaler is disabled (GradScaler(enabled=False)) but amp={value!r} asks for mixed "
-                                   "precision, whose fp16 needs an enabled one: pass an enabled GradScaler (or, to "
-                                   "train, none: train makes one), or amp=False").format(value=self.amp))
+                raise ValueError(
+                    _(
+                        "scaler is disabled (GradScaler(enabled=False)) but amp={value!r} asks for mixed "
+                        "precision, whose fp16 needs an enabled one: pass an enabled GradScaler (or, to "
+                        "train, none: train makes one), or amp=False"
+                    ).format(value=self.amp)
+                )
             object.__setattr__(self, "scaler", None)  # a disabled scaler is no scaler: it scales and skips nothing
         scheduler = self.scheduler
-        if scheduler is not None and (not callable(getattr(scheduler, "step", None)) or
-                                      not hasattr(scheduler, "optimizer")):
-            raise TypeError(_("scheduler must be a learning-rate scheduler (torch.optim.lr_scheduler) built on the "
-                              "optimizer, got {value!r} of type {type}").format(value=scheduler,
-                                                                                type=type(scheduler).__name__))
+        if scheduler is not None and (
+            not callable(getattr(scheduler, "step", None)) or not hasattr(scheduler, "optimizer")
+        ):
+            raise TypeError(
+                _(
+                    "scheduler must be a learning-rate scheduler (torch.optim.lr_scheduler) built on the "
+                    "optimizer, got {value!r} of type {type}"
+                ).format(value=scheduler, type=type(scheduler).__name__)
+            )
         boolean("ddp_no_sync", self.ddp_no_sync)
         one_of("on_nonfinite", self.on_nonfinite, ("skip", "raise"))
         boolean("check_gradients", self.check_gradients)
@@ -127,18 +173,26 @@ class CycleOptions:
         name when both are given, when a keyword is no option, or when `options` is no CycleOptions."""
         unknown = sorted(set(keywords) - set(cls.__dataclass_fields__))
         if unknown:
-            raise TypeError(_("{where}() got an unexpected keyword argument {names}; the cycle's options are "
-                              "{valid}").format(where=where, names=", ".join(map(repr, unknown)),
-                                                valid=", ".join(cls.__dataclass_fields__)))
+            raise TypeError(
+                _("{where}() got an unexpected keyword argument {names}; the cycle's options are {valid}").format(
+                    where=where, names=", ".join(map(repr, unknown)), valid=", ".join(cls.__dataclass_fields__)
+                )
+            )
         if options is None:
             return cls(**keywords)
         if not isinstance(options, cls):
-            raise TypeError(_("options must be an accumlib.CycleOptions, got {value!r} of type {type}").format(
-                value=options, type=type(options).__name__))
+            raise TypeError(
+                _("options must be an accumlib.CycleOptions, got {value!r} of type {type}").format(
+                    value=options, type=type(options).__name__
+                )
+            )
         if keywords:
-            raise TypeError(_("{where}() got {names} both as a keyword and in options=: give each option once, "
-                              "inside CycleOptions(...) or as a keyword without options=").format(
-                                  where=where, names=", ".join(map(repr, sorted(keywords)))))
+            raise TypeError(
+                _(
+                    "{where}() got {names} both as a keyword and in options=: give each option once, "
+                    "inside CycleOptions(...) or as a keyword without options="
+                ).format(where=where, names=", ".join(map(repr, sorted(keywords))))
+            )
         return options
 
     def check_scheduler(self, optimizer: torch.optim.Optimizer, steps: int | None = 0) -> None:
@@ -148,17 +202,27 @@ class CycleOptions:
         if scheduler is None:
             return
         if scheduler.optimizer is not optimizer:
-            raise ValueError(_("scheduler was built on another optimizer: it would change that optimizer's learning "
-                               "rate, not this one's; build it on the optimizer you pass to train"))
+            raise ValueError(
+                _(
+                    "scheduler was built on another optimizer: it would change that optimizer's learning "
+                    "rate, not this one's; build it on the optimizer you pass to train"
+                )
+            )
         if steps is None and isinstance(scheduler, OneCycleLR):
-            raise ValueError(_("scheduler: a OneCycleLR must last for every optimizer step of the run, and this "
-                               "run's steps are not known before it starts (data has no len()); give max_steps (and "
-                               "build the OneCycleLR with total_steps=max_steps)"))
+            raise ValueError(
+                _(
+                    "scheduler: a OneCycleLR must last for every optimizer step of the run, and this "
+                    "run's steps are not known before it starts (data has no len()); give max_steps (and "
+                    "build the OneCycleLR with total_steps=max_steps)"
+                )
+            )
         if isinstance(scheduler, OneCycleLR) and scheduler.last_epoch + steps > scheduler.total_steps:
-            raise ValueError(_("scheduler: this OneCycleLR has {left} of its total_steps={total} left, but this run "
-                               "takes {steps} optimizer steps; build it with total_steps={steps}").format(
-                                   left=scheduler.total_steps - scheduler.last_epoch, total=scheduler.total_steps,
-                                   steps=steps))
+            raise ValueError(
+                _(
+                    "scheduler: this OneCycleLR has {left} of its total_steps={total} left, but this run "
+                    "takes {steps} optimizer steps; build it with total_steps={steps}"
+                ).format(left=scheduler.total_steps - scheduler.last_epoch, total=scheduler.total_steps, steps=steps)
+            )
 
     def measured(self) -> CycleOptions:
         """These options as a measurement of the cycle runs them on copies of the model and optimizer: without the
@@ -169,9 +233,16 @@ class CycleOptions:
 
 # CycleOptions' Args: written from its fields, so that each option's words live once, where it is declared
 if CycleOptions.__doc__:  # None under python -OO
-    CycleOptions.__doc__ = CycleOptions.__doc__.rstrip() + "\n" + "".join(
-        textwrap.fill(f"{f.name}: {f.metadata['doc']}", 116, initial_indent=" " * 8, subsequent_indent=" " * 12) +
-        "\n" for f in dataclasses.fields(CycleOptions)) + "    "
+    CycleOptions.__doc__ = (
+        CycleOptions.__doc__.rstrip()
+        + "\n"
+        + "".join(
+            textwrap.fill(f"{f.name}: {f.metadata['doc']}", 116, initial_indent=" " * 8, subsequent_indent=" " * 12)
+            + "\n"
+            for f in dataclasses.fields(CycleOptions)
+        )
+        + "    "
+    )
 
 
 class Inputs(NamedTuple):
@@ -181,10 +252,15 @@ class Inputs(NamedTuple):
     kwargs: dict
 
 
-def accumulate_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        micro_batches: Sequence[tuple[torch.Tensor | Inputs, Any]],
-                        loss_weights: Sequence[float | torch.Tensor], *, options: CycleOptions | None = None,
-                        **cycle_options) -> CycleResult:
+def accumulate_and_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[tuple[torch.Tensor | Inputs, Any]],
+    loss_weights: Sequence[float | torch.Tensor],
+    *,
+    options: CycleOptions | None = None,
+    **cycle_options,
+) -> CycleResult:
     """One optimizer step from a cycle of micro-batches: zero once, weight each loss, backward each, step once.
 
     Args:
@@ -235,14 +311,22 @@ def _check_amp(amp, device: torch.device) -> torch.dtype | None:
     (a T4: `devices.supports_bf16`), which would only emulate it, slowly."""
     dtype = _amp_dtype(amp, device.type)
     if dtype is torch.bfloat16 and device.type == "cuda" and not devices.supports_bf16(device):
-        raise ValueError(_("amp={value!r} but the GPU {device} has no native bfloat16 (it would only emulate it, "
-                           "slowly); valid here: amp='fp16', which trains with a GradScaler, or amp=False").format(
-                               value=amp, device=str(device)))
+        raise ValueError(
+            _(
+                "amp={value!r} but the GPU {device} has no native bfloat16 (it would only emulate it, "
+                "slowly); valid here: amp='fp16', which trains with a GradScaler, or amp=False"
+            ).format(value=amp, device=str(device))
+        )
     return dtype
 
 
-def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches, loss_weights: Sequence[float],
-           options: CycleOptions) -> CycleResult:
+def _cycle(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches,
+    loss_weights: Sequence[float],
+    options: CycleOptions,
+) -> CycleResult:
     """The recipe, its arguments checked (`options` built; what train and the measurements run): set the .grad
     aside (zero once), backward() each weighted loss, read the loss and the norm once, step once, or skip the step
     and put everything back."""
@@ -303,9 +387,13 @@ def _cycle(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch
     if not skipped:
         return result
     if options.on_nonfinite == "raise" and not (options.scaler and math.isfinite(loss)):  # an overflow: routine
-        raise NonFiniteError(_("non-finite loss ({loss}) or gradient norm ({grad_norm}): no step was taken; the "
-                               "weights, buffers, optimizer and the optimizer's .grad are as they were before the "
-                               "cycle").format(loss=loss, grad_norm=grad_norm))
+        raise NonFiniteError(
+            _(
+                "non-finite loss ({loss}) or gradient norm ({grad_norm}): no step was taken; the "
+                "weights, buffers, optimizer and the optimizer's .grad are as they were before the "
+                "cycle"
+            ).format(loss=loss, grad_norm=grad_norm)
+        )
     return CycleResult(loss, grad_norm, lr, True)
 
 
@@ -355,8 +443,9 @@ def _weighted(loss: torch.Tensor, weight, total: torch.Tensor | None, scaler, no
     return (scaler.scale(root) if scaler else root), 1, total
 
 
-def _read(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], total: torch.Tensor, options: CycleOptions,
-          sync) -> tuple[float, float | None]:
+def _read(
+    optimizer: torch.optim.Optimizer, params: list[torch.Tensor], total: torch.Tensor, options: CycleOptions, sync
+) -> tuple[float, float | None]:
     """The cycle's loss and gradient norm, the gradients unscaled (a scaler's) and clipped first: one host read.
     The norm is read even with check_gradients=False when clipping computes it anyway, or with a scaler (a step it
     skips for an overflow must be recorded as skipped)."""
@@ -408,8 +497,9 @@ def _forward(model: torch.nn.Module, loss_fn: Callable, x, y) -> torch.Tensor:
     return _scalar_loss(loss)  # any other: checked there (a tensor subclass passes as well)
 
 
-def _read_loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
-                        with_norm: bool, sync) -> tuple[float, float | None]:
+def _read_loss_and_norm(
+    total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None, with_norm: bool, sync
+) -> tuple[float, float | None]:
     """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm (None unless
     with_norm), read from the device at once.
 

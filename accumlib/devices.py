@@ -6,6 +6,7 @@ else the first CUDA GPU where there is one, else the CPU. Apple's GPU (MPS) is u
 (ACCUMLIB_DEVICE=mps): accumlib measures memory with the CUDA allocator or on the CPU, not on MPS. A choice this
 machine cannot honour is refused with a message naming it, never replaced by another device.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,20 +28,34 @@ def pick(environ: Mapping[str, str] = os.environ) -> torch.device:
     try:
         device = torch.device(asked)
     except (RuntimeError, ValueError):
-        raise ValueError(_("{variable}={value!r} is not a device; valid: cpu, cuda, cuda:N, mps").format(
-            variable=VARIABLE, value=asked)) from None
+        raise ValueError(
+            _("{variable}={value!r} is not a device; valid: cpu, cuda, cuda:N, mps").format(
+                variable=VARIABLE, value=asked
+            )
+        ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(_("{variable}={value!r} but this machine has no CUDA GPU that torch can use; unset it or "
-                           "set {variable}=cpu").format(variable=VARIABLE, value=asked))
+        raise ValueError(
+            _(
+                "{variable}={value!r} but this machine has no CUDA GPU that torch can use; unset it or "
+                "set {variable}=cpu"
+            ).format(variable=VARIABLE, value=asked)
+        )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(_("{variable}={value!r} but this machine has {count} CUDA GPU(s), numbered from 0").format(
-            variable=VARIABLE, value=asked, count=torch.cuda.device_count()))
+        raise ValueError(
+            _("{variable}={value!r} but this machine has {count} CUDA GPU(s), numbered from 0").format(
+                variable=VARIABLE, value=asked, count=torch.cuda.device_count()
+            )
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(_("{variable}={value!r} but Apple's GPU (MPS) is not available here; unset it or set "
-                           "{variable}=cpu").format(variable=VARIABLE, value=asked))
+        raise ValueError(
+            _(
+                "{variable}={value!r} but Apple's GPU (MPS) is not available here; unset it or set {variable}=cpu"
+            ).format(variable=VARIABLE, value=asked)
+        )
     if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(_("{variable}={value!r}: accumlib runs on cpu, cuda or mps").format(
-            variable=VARIABLE, value=asked))
+        raise ValueError(
+            _("{variable}={value!r}: accumlib runs on cpu, cuda or mps").format(variable=VARIABLE, value=asked)
+        )
     return device
 
 

@@ -1,5 +1,6 @@
 """Under DDP, a failure on one process stops every process: the failure flags are all-reduced before a
 collective that the failed process would never reach, and each process says which rank failed and why."""
+
 from __future__ import annotations
 
 import torch
@@ -27,9 +28,13 @@ def _agree(error: BaseException | None, device: torch.device) -> None:
     if failed:
         why = _told(error, failed)
         if error is None:
-            raise RuntimeError(_("{why}: it failed in this cycle, in a micro-batch's forward pass or loss_fn; this "
-                                 "process stops with it, before the step: its weights, optimizer and .grad are as "
-                                 "they were").format(why=why))
+            raise RuntimeError(
+                _(
+                    "{why}: it failed in this cycle, in a micro-batch's forward pass or loss_fn; this "
+                    "process stops with it, before the step: its weights, optimizer and .grad are as "
+                    "they were"
+                ).format(why=why)
+            )
 
 
 class _Told:

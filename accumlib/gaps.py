@@ -1,5 +1,6 @@
 """The checks of the trick: `gradient_gap` (accumulated against full-batch gradient) and `parameter_gap` (two
 models' weights), both as a max absolute difference in float64."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -19,14 +20,20 @@ def _state(name: str, value) -> dict:
         return value.state_dict()
     if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
         return value
-    raise TypeError(_("{name} must be a torch.nn.Module or a state dict of tensors, got {type}").format(
-        name=name, type=type(value).__name__))
+    raise TypeError(
+        _("{name} must be a torch.nn.Module or a state dict of tensors, got {type}").format(
+            name=name, type=type(value).__name__
+        )
+    )
 
 
 def _max_abs_difference(pairs) -> float:
     """max |a - b| over pairs of same-shaped tensors (in float64, on the CPU); NaN if any difference is NaN."""
-    gaps = [(a.detach().to("cpu", torch.float64) - b.detach().to("cpu", torch.float64)).abs().max()
-            for a, b in pairs if a.numel()]
+    gaps = [
+        (a.detach().to("cpu", torch.float64) - b.detach().to("cpu", torch.float64)).abs().max()
+        for a, b in pairs
+        if a.numel()
+    ]
     return torch.stack(gaps).max().item() if gaps else 0.0  # torch's max keeps a NaN (Python's max may drop it)
 
 
@@ -40,13 +47,22 @@ def parameter_gap(model, reference) -> float:
         raise ValueError(_("model and reference differ in layout: {keys}").format(keys=sorted(a.keys() ^ b.keys())[:5]))
     for key in a:
         if a[key].shape != b[key].shape:
-            raise ValueError(_("model and reference differ in layout: {key} has shape {a} in model and {b} in "
-                               "reference").format(key=key, a=tuple(a[key].shape), b=tuple(b[key].shape)))
+            raise ValueError(
+                _("model and reference differ in layout: {key} has shape {a} in model and {b} in reference").format(
+                    key=key, a=tuple(a[key].shape), b=tuple(b[key].shape)
+                )
+            )
     return _max_abs_difference((a[key], b[key]) for key in a)
 
 
-def gradient_gap(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor, accum_steps: int,
-                 normalize: str = "samples") -> float:
+def gradient_gap(
+    model: torch.nn.Module,
+    loss_fn: Callable,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    accum_steps: int,
+    normalize: str = "samples",
+) -> float:
     """Max |accumulated gradient - full-batch gradient| over all parameters, for (x, y) split into `accum_steps`
     micro-batches.
 
@@ -60,16 +76,21 @@ def gradient_gap(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: 
     for name, tensor in (("x", x), ("y", y)):
         _refuse_dict(tensor, name)
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-            raise TypeError(_("{name} must be a tensor with one row per sample, got {value!r}").format(
-                name=name, value=tensor))
+            raise TypeError(
+                _("{name} must be a tensor with one row per sample, got {value!r}").format(name=name, value=tensor)
+            )
     if len(x) != len(y):
-        raise ValueError(_("x has {x} samples but y has {y}; they must have the same length").format(x=len(x),
-                                                                                                     y=len(y)))
+        raise ValueError(
+            _("x has {x} samples but y has {y}; they must have the same length").format(x=len(x), y=len(y))
+        )
     accum_steps = positive_int("accum_steps", accum_steps)
     one_of("normalize", normalize, ("samples", "steps", "none"))
     if accum_steps > len(x):
-        raise ValueError(_("accum_steps={value} is larger than the batch ({n} samples); valid range: 1 to {n}").format(
-            value=accum_steps, n=len(x)))
+        raise ValueError(
+            _("accum_steps={value} is larger than the batch ({n} samples); valid range: 1 to {n}").format(
+                value=accum_steps, n=len(x)
+            )
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(_("model has no trainable parameters (requires_grad=True): there is no gradient to compare"))

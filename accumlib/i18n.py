@@ -9,6 +9,7 @@ English needs no catalogue: the English text is the message id.
     import accumlib
     accumlib.set_language("hi")   # every plot, widget, finding and quiz from here on speaks Hindi
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,11 @@ def set_language(code: str) -> None:
     """Choose the language of everything accumlib shows from now on: "en" (English) or "hi" (Hindi)."""
     global _language
     if not isinstance(code, str) or code not in LANGUAGES:
-        raise ValueError(_("language must be one of {choices}; got {value!r}").format(
-            choices=", ".join(repr(c) for c in LANGUAGES), value=code))
+        raise ValueError(
+            _("language must be one of {choices}; got {value!r}").format(
+                choices=", ".join(repr(c) for c in LANGUAGES), value=code
+            )
+        )
     _language = code
 
 

@@ -1,6 +1,7 @@
 """Ctrl-C (SIGINT) held while a step is made: `STEP`, one per thread, makes the optimizer step, the scaler's
 and scheduler's steps and (in `train`) the step's record one unit that a SIGINT waits for, so a step is never torn
 and never left without its record. `train` installs its handler once per run (`STEP.run()`)."""
+
 from __future__ import annotations
 
 import _signal

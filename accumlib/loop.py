@@ -11,6 +11,7 @@ on the other micro-batches). Nothing reads a tensor's value on the host inside a
 backward() (and, with normalize="count", once before its first forward: the cycle's counts): on a GPU every such
 read makes the host wait until the device has caught up.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,14 +40,31 @@ from .restore import _ModesKept
 from .source import _Cycle, _Indexed, _Loader, _as_pair, _source
 
 
-def train(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor] | Dataset | Iterable,
-          optimizer: torch.optim.Optimizer, *, accum_steps: int, micro_batch_size: int | None = None,
-          epochs: int | None = None, max_steps: int | None = None, normalize: str = "samples",
-          loss_reduction: str | None = None, count: Callable | None = None, device: str | torch.device | None = None,
-          seed: int = 0, shuffle: bool = True, on_step: Callable[[StepRecord], None] | None = None,
-          max_skipped_steps: int = 50, resume_from_step: int = 0, measure_memory: bool = False,
-          memory_budget: int | None = None, checkpoint: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, options: CycleOptions | None = None, **cycle_options) -> History:
+def train(
+    model: torch.nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor] | Dataset | Iterable,
+    optimizer: torch.optim.Optimizer,
+    *,
+    accum_steps: int,
+    micro_batch_size: int | None = None,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    normalize: str = "samples",
+    loss_reduction: str | None = None,
+    count: Callable | None = None,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    on_step: Callable[[StepRecord], None] | None = None,
+    max_skipped_steps: int = 50,
+    resume_from_step: int = 0,
+    measure_memory: bool = False,
+    memory_budget: int | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    options: CycleOptions | None = None,
+    **cycle_options,
+) -> History:
     """Train with gradient accumulation: one `accumulate_and_step` per cycle of `accum_steps` micro-batches.
 
     Args:
@@ -107,12 +125,30 @@ def train(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor] | Data
     Every argument is checked before anything changes (a loader's batches and the counts as each cycle comes,
     before that cycle changes anything); any other exception carries the records so far as `history`.
     """
-    run = _check_train(model, data, optimizer, options, cycle_options,
-                       accum_steps=accum_steps, micro_batch_size=micro_batch_size, epochs=epochs, max_steps=max_steps,
-                       normalize=normalize, loss_reduction=loss_reduction, count=count, device=device, seed=seed,
-                       shuffle=shuffle, on_step=on_step, max_skipped_steps=max_skipped_steps,
-                       resume_from_step=resume_from_step, measure_memory=measure_memory, memory_budget=memory_budget,
-                       checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    run = _check_train(
+        model,
+        data,
+        optimizer,
+        options,
+        cycle_options,
+        accum_steps=accum_steps,
+        micro_batch_size=micro_batch_size,
+        epochs=epochs,
+        max_steps=max_steps,
+        normalize=normalize,
+        loss_reduction=loss_reduction,
+        count=count,
+        device=device,
+        seed=seed,
+        shuffle=shuffle,
+        on_step=on_step,
+        max_skipped_steps=max_skipped_steps,
+        resume_from_step=resume_from_step,
+        measure_memory=measure_memory,
+        memory_budget=memory_budget,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+    )
     return _train(model, optimizer, run)
 
 
@@ -140,10 +176,31 @@ class _Run(NamedTuple):
     checkpoint: object  # `checkpoints.Checkpoint`, or `checkpoints.NONE`
 
 
-def _check_train(model, data, optimizer, options: CycleOptions | None, cycle_options: dict, *, accum_steps,
-                 micro_batch_size, epochs, max_steps, normalize, loss_reduction, count, device, seed, shuffle, on_step,
-                 max_skipped_steps, resume_from_step, measure_memory, memory_budget, checkpoint,
-                 checkpoint_every) -> _Run:
+def _check_train(
+    model,
+    data,
+    optimizer,
+    options: CycleOptions | None,
+    cycle_options: dict,
+    *,
+    accum_steps,
+    micro_batch_size,
+    epochs,
+    max_steps,
+    normalize,
+    loss_reduction,
+    count,
+    device,
+    seed,
+    shuffle,
+    on_step,
+    max_skipped_steps,
+    resume_from_step,
+    measure_memory,
+    memory_budget,
+    checkpoint,
+    checkpoint_every,
+) -> _Run:
     """Every argument of `train`, checked before anything changes (each refusal names the parameter, the value and
     what is valid); the cycle's options are checked once, as one `CycleOptions`, which every step then uses."""
     _check_model(model)
@@ -160,7 +217,7 @@ def _check_train(model, data, optimizer, options: CycleOptions | None, cycle_opt
     world, rank = sharded.world_and_rank(model)  # DDP or FSDP2, compiled or not: the data shared out by rank
     ddp = sharded.is_ddp(model) or sharded.is_fsdp(model)  # the counts all-reduced, the data shared out
     device = _device(device)
-    seed = integer("seed", seed, -2 ** 63, 2 ** 64)  # a Python int before the source draws its order from it
+    seed = integer("seed", seed, -(2**63), 2**64)  # a Python int before the source draws its order from it
     history = History()
     source = _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, history.notes)
     params = _check_optimizer(model, optimizer)
@@ -168,21 +225,31 @@ def _check_train(model, data, optimizer, options: CycleOptions | None, cycle_opt
     one_of("normalize", normalize, ("samples", "steps", "count"))
     count = function("count", count, optional=True)
     if (normalize == "count") != (count is not None):
-        raise ValueError(_("count= (a function giving a micro-batch's number of loss terms) goes with "
-                           "normalize='count', and only with it; got normalize={normalize!r}, count={count!r}").format(
-                               normalize=normalize, count=count))
+        raise ValueError(
+            _(
+                "count= (a function giving a micro-batch's number of loss terms) goes with "
+                "normalize='count', and only with it; got normalize={normalize!r}, count={count!r}"
+            ).format(normalize=normalize, count=count)
+        )
     count = None if count is None else _of_batch(count)
     if loss_reduction is not None:
         one_of("loss_reduction", loss_reduction, ("mean", "sum"))
         if normalize == "steps":
-            raise ValueError(_("loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
-                               "divides every loss by accum_steps, whatever its reduction").format(
-                                   value=loss_reduction))
+            raise ValueError(
+                _(
+                    "loss_reduction={value!r} goes with normalize='samples' or 'count'; normalize='steps' "
+                    "divides every loss by accum_steps, whatever its reduction"
+                ).format(value=loss_reduction)
+            )
     elif normalize == "count" and options.loss_fn is not None:  # never guessed: a wrong guess trains other weights too
-        raise ValueError(_("loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
-                           "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
-                           "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
-                           "loss_reduction='sum' (their sum, as reduction='sum' gives it)"))
+        raise ValueError(
+            _(
+                "loss_reduction is missing: with normalize='count' and your own loss_fn, say what loss_fn "
+                "returns over a micro-batch's counted items: loss_reduction='mean' (their mean, as "
+                "PyTorch's losses by default and a Hugging Face model's .loss give it) or "
+                "loss_reduction='sum' (their sum, as reduction='sum' gives it)"
+            )
+        )
     reduction = loss_reduction or "mean"  # the model's own loss is a mean (a Hugging Face model's: over its tokens)
     boolean("shuffle", shuffle)
     boolean("measure_memory", measure_memory)
@@ -197,19 +264,55 @@ def _check_train(model, data, optimizer, options: CycleOptions | None, cycle_opt
     source.check_epochs(epochs)
     steps = source.steps(epochs)  # the run's optimizer steps, when they are known before it starts
     steps = max_steps if steps is None else steps if max_steps is None else min(steps, max_steps)
-    checkpoint = checkpoints.NONE if path is None else checkpoints.Checkpoint(
-        path, checkpoint_every, model, optimizer, options.scheduler, options.scaler, StepRecord, device, dict(
-            accum_steps=accum_steps, micro_batch_size=micro_batch_size, seed=seed, shuffle=shuffle, processes=world),
-        rank)
+    checkpoint = (
+        checkpoints.NONE
+        if path is None
+        else checkpoints.Checkpoint(
+            path,
+            checkpoint_every,
+            model,
+            optimizer,
+            options.scheduler,
+            options.scaler,
+            StepRecord,
+            device,
+            dict(
+                accum_steps=accum_steps, micro_batch_size=micro_batch_size, seed=seed, shuffle=shuffle, processes=world
+            ),
+            rank,
+        )
+    )
     checkpoint.read(steps)  # the file, if it exists: compared with this run, refused before anything changes
     resume_from_step = resume_from_step or checkpoint.step
     if steps is not None and resume_from_step >= steps and not checkpoint.finished:
-        raise ValueError(_("resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
-                           "valid: 0 to {last}").format(value=resume_from_step, steps=steps, last=steps - 1))
+        raise ValueError(
+            _(
+                "resume_from_step={value} leaves nothing to train: this run takes {steps} optimizer steps; "
+                "valid: 0 to {last}"
+            ).format(value=resume_from_step, steps=steps, last=steps - 1)
+        )
     options.check_scheduler(optimizer, None if steps is None else max(steps - resume_from_step, 0))
-    return _Run(history, source, device, params, options, accum_steps, world, ddp, normalize, reduction, count,
-                epochs, max_steps, resume_from_step, max_skipped_steps, on_step, measure_memory, memory_budget,
-                checkpoint)
+    return _Run(
+        history,
+        source,
+        device,
+        params,
+        options,
+        accum_steps,
+        world,
+        ddp,
+        normalize,
+        reduction,
+        count,
+        epochs,
+        max_steps,
+        resume_from_step,
+        max_skipped_steps,
+        on_step,
+        measure_memory,
+        memory_budget,
+        checkpoint,
+    )
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) -> History:
@@ -217,8 +320,15 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     history, source, device, options, accum_steps = run.history, run.source, run.device, run.options, run.accum_steps
     example = source.example() if run.memory_budget is not None and isinstance(source, _Indexed) else None
     if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
-        memory.check_fits(model, optimizer, *example, options=options, accum_steps=accum_steps,
-                          budget_bytes=run.memory_budget, device=device)  # traced on the run's device, not moved
+        memory.check_fits(
+            model,
+            optimizer,
+            *example,
+            options=options,
+            accum_steps=accum_steps,
+            budget_bytes=run.memory_budget,
+            device=device,
+        )  # traced on the run's device, not moved
     each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
     model.to(device)
     run.checkpoint.restore(history)  # the file's states and records, if the run goes on from one
@@ -243,23 +353,46 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 began = time.perf_counter()
                 terms, total = _cycle_terms(cycle, run.count, device, run.ddp, step) if run.count else (None, 1)
                 if not (cycle.samples and total):  # nothing to learn, on every process (the totals are theirs)
-                    record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                        cycle.samples, math.nan, float(optimizer.param_groups[0]["lr"]), None,
-                                        time.perf_counter() - began, None, empty=True)
+                    record = StepRecord(
+                        step + 1,
+                        cycle.epoch,
+                        seen,
+                        len(cycle.sizes) - cycle.sizes.count(0),
+                        cycle.samples,
+                        math.nan,
+                        float(optimizer.param_groups[0]["lr"]),
+                        None,
+                        time.perf_counter() - began,
+                        None,
+                        empty=True,
+                    )
                     history.records.append(record)  # not stepped: model, optimizer, scheduler and scaler untouched
                     if run.on_step is not None:
                         run.on_step(record)
                     continue
                 if run.count:
-                    weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
-                                            run.world, terms, total)
+                    weights = _loss_weights(
+                        run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps, run.world, terms, total
+                    )
                 elif (cycle.sizes, cycle.samples) != shape:  # the weights depend on the sizes only: computed again
                     shape = cycle.sizes, cycle.samples  # when they change (the last cycle, a loader's batches)
-                    weights = _loss_weights(run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps,
-                                            run.world)
+                    weights = _loss_weights(
+                        run.normalize, run.reduction, cycle.sizes, cycle.samples, accum_steps, run.world
+                    )
                 if each_cycle and (run.ddp or cycle.layout not in fitted):  # DDP: every cycle, the verdicts agreed
-                    _check_fits(model, optimizer, cycle, weights, options, run.memory_budget, step,
-                                isinstance(source, _Loader), fitted, run.ddp, device)
+                    _check_fits(
+                        model,
+                        optimizer,
+                        cycle,
+                        weights,
+                        options,
+                        run.memory_budget,
+                        step,
+                        isinstance(source, _Loader),
+                        fitted,
+                        run.ddp,
+                        device,
+                    )
                 # the CPU's peak depends on the shapes and on whether the optimizer holds state yet (Adam's first step
                 # creates it): one traced cycle per such layout
                 layout = (cycle.layout, bool(optimizer.state)) if run.measure_memory else None
@@ -272,17 +405,27 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                         peaks[layout] = peak.bytes
                     else:
                         result = _cycle(model, optimizer, cycle.micro_batches, weights, options)  # checked: once
-                    record = StepRecord(step + 1, cycle.epoch, seen, len(cycle.sizes) - cycle.sizes.count(0),
-                                        cycle.samples, result.loss, result.lr, result.grad_norm,
-                                        time.perf_counter() - started,
-                                        peaks.get(layout) if run.measure_memory else None, result.skipped,
-                                        result.empty)
+                    record = StepRecord(
+                        step + 1,
+                        cycle.epoch,
+                        seen,
+                        len(cycle.sizes) - cycle.sizes.count(0),
+                        cycle.samples,
+                        result.loss,
+                        result.lr,
+                        result.grad_norm,
+                        time.perf_counter() - started,
+                        peaks.get(layout) if run.measure_memory else None,
+                        result.skipped,
+                        result.empty,
+                    )
                     history.records.append(record)
                 if measure and device.type != "cuda" and not layout[1] and optimizer.state and not run.ddp:
                     # this step made the optimizer's state: the layout's peak is the heavier of this step and a later
                     # one, as measure_step reports it (the same cycle, traced on copies, after the step's record)
-                    peaks[layout] = peaks[cycle.layout, True] = max(peak.bytes, _later_peak(
-                        model, optimizer, cycle, weights, options))
+                    peaks[layout] = peaks[cycle.layout, True] = max(
+                        peak.bytes, _later_peak(model, optimizer, cycle, weights, options)
+                    )
                     record = history.records[-1] = dataclasses.replace(record, peak_memory_bytes=peaks[layout])
                 if run.on_step is not None:
                     run.on_step(record)
@@ -304,8 +447,11 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
         if any(p.grad is not None for p in run.params):  # after a step the cycle has zeroed them already
             optimizer.zero_grad(set_to_none=True)  # a half-accumulated gradient is never applied later
     if history.stopped is None and step < run.resume_from_step:  # the data ended before the stopped run's steps
-        raise ValueError(_("resume_from_step={value} is past the end of the run: data gives {steps} optimizer "
-                           "steps").format(value=run.resume_from_step, steps=step + 1))
+        raise ValueError(
+            _("resume_from_step={value} is past the end of the run: data gives {steps} optimizer steps").format(
+                value=run.resume_from_step, steps=step + 1
+            )
+        )
     run.checkpoint.ended(history)  # done, max_steps, StopTraining or Ctrl-C: the file holds the last step
     return history
 
@@ -317,8 +463,10 @@ def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
     with checkpoints.random_states_kept():
         batches = [_as_pair(batch) for batch in cycle.raw()]  # a loader's 0-row batches too, in order
     # strict=False: raw() stops before the padding micro-batches (size 0) that end cycle.sizes under DDP
-    return ([batch for batch, size in zip(batches, cycle.sizes, strict=False) if size],
-            [weight for weight, size in zip(weights, cycle.sizes, strict=True) if size])
+    return (
+        [batch for batch, size in zip(batches, cycle.sizes, strict=False) if size],
+        [weight for weight, size in zip(weights, cycle.sizes, strict=True) if size],
+    )
 
 
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
@@ -328,8 +476,19 @@ def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: 
     return memory.measured_cycle_peak(model, optimizer, *_real(cycle, weights), options)
 
 
-def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions, budget: int,
-                step: int, loader: bool, fitted: set, ddp: bool, device: torch.device) -> None:
+def _check_fits(
+    model,
+    optimizer,
+    cycle: _Cycle,
+    weights: list[float],
+    options: CycleOptions,
+    budget: int,
+    step: int,
+    loader: bool,
+    fitted: set,
+    ddp: bool,
+    device: torch.device,
+) -> None:
     """memory_budget: memory.OutOfMemory unless this cycle, its micro-batches as they are, fits `budget` bytes,
     traced as memory.check_fits traces a step (each layout once: the same shapes peak at the same bytes, `fitted`
     holds those that fit); before the cycle changes anything. Under DDP every process comes here every cycle and
@@ -338,14 +497,20 @@ def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: 
     refused = None
     if cycle.layout not in fitted:
         n = len(cycle.sizes) - cycle.sizes.count(0)
-        what = ngettext("the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
-                        "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)", n).format(
-                            step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
-        advice = (_("give the loader a smaller batch_size and train with more accum_steps") if loader else
-                  _("use a smaller micro_batch_size and more accum_steps"))
+        what = ngettext(
+            "the cycle of step {step} (epoch {epoch}, {n} batch, {samples} samples)",
+            "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)",
+            n,
+        ).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
+        advice = (
+            _("give the loader a smaller batch_size and train with more accum_steps")
+            if loader
+            else _("use a smaller micro_batch_size and more accum_steps")
+        )
         try:
-            memory.check_cycle_fits(model, optimizer, *_real(cycle, weights), options=options, budget_bytes=budget,
-                                    what=what, advice=advice)
+            memory.check_cycle_fits(
+                model, optimizer, *_real(cycle, weights), options=options, budget_bytes=budget, what=what, advice=advice
+            )
             fitted.add(cycle.layout)
         except Exception as error:  # under DDP the others learn of it below
             if not ddp:
@@ -363,25 +528,32 @@ def _check_fits(model, optimizer, cycle: _Cycle, weights: list[float], options: 
     why = _told(refused, failures)
     if refused is not None:
         raise refused
-    raise ValueError(ngettext(
-        "the cycle of the process of rank {ranks} does not fit memory_budget={budget} for step {step} (epoch "
-        "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes anything",
-        "the cycles of the processes of ranks {ranks} do not fit memory_budget={budget} for step {step} (epoch "
-        "{epoch}): {reasons}. This process (rank {rank}) stops with them, before this step changes anything",
-        len(failures)).format(ranks=", ".join(map(str, failures)), budget=budget, step=step + 1, epoch=cycle.epoch,
-                              rank=rank, reasons=why))
+    raise ValueError(
+        ngettext(
+            "the cycle of the process of rank {ranks} does not fit memory_budget={budget} for step {step} (epoch "
+            "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes anything",
+            "the cycles of the processes of ranks {ranks} do not fit memory_budget={budget} for step {step} (epoch "
+            "{epoch}): {reasons}. This process (rank {rank}) stops with them, before this step changes anything",
+            len(failures),
+        ).format(
+            ranks=", ".join(map(str, failures)), budget=budget, step=step + 1, epoch=cycle.epoch, rank=rank, reasons=why
+        )
+    )
 
 
 def _skipped_message(skips: int, scaler) -> str:
     """NonFiniteError's words for `skips` skipped steps in a row (one host read of the scale, at the error only)."""
     if scaler is None:
-        return _("{count} optimizer steps in a row were skipped for a NaN or infinite loss or gradient "
-                 "(max_skipped_steps={count}): the model has not changed since; check the data, the loss and the "
-                 "learning rate").format(count=skips)
-    return _("{count} optimizer steps in a row were skipped for a NaN or infinite loss or gradient "
-             "(max_skipped_steps={count}); the GradScaler's scale is now {scale:g}: no scale makes these gradients "
-             "finite in fp16; check the loss and the learning rate, or train in bf16 or float32").format(
-                 count=skips, scale=scaler.get_scale())
+        return _(
+            "{count} optimizer steps in a row were skipped for a NaN or infinite loss or gradient "
+            "(max_skipped_steps={count}): the model has not changed since; check the data, the loss and the "
+            "learning rate"
+        ).format(count=skips)
+    return _(
+        "{count} optimizer steps in a row were skipped for a NaN or infinite loss or gradient "
+        "(max_skipped_steps={count}); the GradScaler's scale is now {scale:g}: no scale makes these gradients "
+        "finite in fp16; check the loss and the learning rate, or train in bf16 or float32"
+    ).format(count=skips, scale=scaler.get_scale())
 
 
 def _device(device) -> torch.device:
@@ -390,19 +562,28 @@ def _device(device) -> torch.device:
     if device is None:
         return devices.pick()
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise TypeError(_("device must be a torch.device or a string such as 'cpu' or 'cuda', got {value!r} of type "
-                          "{type}").format(value=device, type=type(device).__name__))
+        raise TypeError(
+            _("device must be a torch.device or a string such as 'cpu' or 'cuda', got {value!r} of type {type}").format(
+                value=device, type=type(device).__name__
+            )
+        )
     try:
         device = torch.device(device)
     except RuntimeError as error:
-        raise ValueError(_("device={value!r} is not a device: use 'cpu', 'cuda' or 'cuda:0'").format(
-            value=device)) from error
+        raise ValueError(
+            _("device={value!r} is not a device: use 'cpu', 'cuda' or 'cuda:0'").format(value=device)
+        ) from error
     if device.type == "meta":
-        raise ValueError(_("device='meta' holds shapes but no values: moving the model there would wipe its "
-                           "weights; use 'cpu' or 'cuda'"))
+        raise ValueError(
+            _(
+                "device='meta' holds shapes but no values: moving the model there would wipe its "
+                "weights; use 'cpu' or 'cuda'"
+            )
+        )
     try:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
-        raise ValueError(_("device={value!r} is not available on this machine: use 'cpu'").format(
-            value=str(device))) from error
+        raise ValueError(
+            _("device={value!r} is not available on this machine: use 'cpu'").format(value=str(device))
+        ) from error
     return device

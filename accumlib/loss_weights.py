@@ -1,6 +1,7 @@
 """The last-cycle rule: what each micro-batch's loss is multiplied by (`_loss_weights`), so that a cycle's
 gradient is that of one batch of the whole cycle, a short last cycle included; and, with normalize="count", the
 cycle's loss terms (`_cycle_terms`, from the user's `count`)."""
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,16 @@ from .i18n import _
 from .source import _Cycle
 
 
-def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_samples: int, accum_steps: int, world: int,
-                  terms: list[float] | None = None, total_terms: float | None = None) -> list[float]:
+def _loss_weights(
+    normalize: str,
+    reduction: str,
+    sizes: list[int],
+    cycle_samples: int,
+    accum_steps: int,
+    world: int,
+    terms: list[float] | None = None,
+    total_terms: float | None = None,
+) -> list[float]:
     """What each micro-batch's loss is multiplied by before backward(); 0 (not run) for a micro-batch without rows
     (DDP's padding, a 0-row batch) or, with counts, without loss terms. The cycle has some (`_empty`)."""
     if normalize == "steps":  # the classic loss / accum_steps: every micro-batch alike, even in a short last cycle
@@ -28,8 +37,10 @@ def _loss_weights(normalize: str, reduction: str, sizes: list[int], cycle_sample
     elif normalize == "samples":  # a mean: the micro-batch's share of the cycle's samples; a sum: 1 per sample
         shares = [(size if reduction == "mean" else 1.0 if size else 0.0) / cycle_samples for size in sizes]
     else:  # "count": a mean over its terms, the micro-batch's share of the cycle's terms; a sum: 1 per term
-        shares = [(n if reduction == "mean" else 1.0) / total_terms if size and n else 0.0
-                  for size, n in zip(sizes, terms, strict=True)]
+        shares = [
+            (n if reduction == "mean" else 1.0) / total_terms if size and n else 0.0
+            for size, n in zip(sizes, terms, strict=True)
+        ]
     # DDP averages the gradients of its `world` processes; times `world`, that mean becomes the sum of every
     # process's shares, which add up to the whole cycle (on one process world is 1)
     return [world * share for share in shares]
@@ -57,22 +68,32 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
         summary = torch.cat([summary.to(device), flags.to(device)])
         dist.all_reduce(summary)  # the cycle's terms (and bad counts, failures) over all processes: one all-reduce
     values = torch.cat([local.to(summary.device), summary]).tolist()  # the one host read
-    values, (total, bad, *failed) = values[:len(local)], values[len(local):]
+    values, (total, bad, *failed) = values[: len(local)], values[len(local) :]
     if any(failed):
         why = _told(error, [rank for rank, flag in enumerate(failed) if flag])
         if error is not None:
             raise error
-        raise RuntimeError(_("{why}: count failed there for step {step} (epoch {epoch}); this process stops with "
-                             "it, before this step changes anything").format(why=why, step=step + 1,
-                                                                             epoch=cycle.epoch))
+        raise RuntimeError(
+            _(
+                "{why}: count failed there for step {step} (epoch {epoch}); this process stops with "
+                "it, before this step changes anything"
+            ).format(why=why, step=step + 1, epoch=cycle.epoch)
+        )
     for value in values:
         if not 0 <= value < math.inf:
-            raise ValueError(_("count must give a finite, non-negative number of loss terms; it gave {value} for a "
-                               "micro-batch of step {step} (epoch {epoch})").format(
-                                   value=value, step=step + 1, epoch=cycle.epoch))
+            raise ValueError(
+                _(
+                    "count must give a finite, non-negative number of loss terms; it gave {value} for a "
+                    "micro-batch of step {step} (epoch {epoch})"
+                ).format(value=value, step=step + 1, epoch=cycle.epoch)
+            )
     if bad:
-        raise ValueError(_("count gave a negative or non-finite number of loss terms on another process, for step "
-                           "{step} (epoch {epoch})").format(step=step + 1, epoch=cycle.epoch))
+        raise ValueError(
+            _(
+                "count gave a negative or non-finite number of loss terms on another process, for step "
+                "{step} (epoch {epoch})"
+            ).format(step=step + 1, epoch=cycle.epoch)
+        )
     # raw() is the real micro-batches (0-row batches of a loader included), in order, before any padding
     return values + [0.0] * (len(cycle.sizes) - len(values)), total
 
@@ -102,9 +123,14 @@ def _of_batch(count: Callable) -> Callable:
     try:
         signature.bind(None)
     except TypeError:  # two parameters, both needed: count(x, y)
-        warnings.warn(_("count(x, y) is deprecated: count gets the micro-batch's target, as loss_fn does: count(y) "
-                        "for an (x, y) or (inputs, y) batch, count(batch) for a dict batch"), DeprecationWarning,
-                      stacklevel=4)
+        warnings.warn(
+            _(
+                "count(x, y) is deprecated: count gets the micro-batch's target, as loss_fn does: count(y) "
+                "for an (x, y) or (inputs, y) batch, count(batch) for a dict batch"
+            ),
+            DeprecationWarning,
+            stacklevel=4,
+        )
         return functools.partial(_count_pair, count)
     return functools.partial(_count_target, count)
 
@@ -117,5 +143,9 @@ def _count_value(value) -> torch.Tensor:
     number = as_real(value) if not isinstance(value, torch.Tensor) else None  # a NumPy number as Python takes it
     if number is not None:
         return torch.tensor(number, dtype=torch.float64)
-    raise TypeError(_("count must return the number of loss terms of a micro-batch (a number or a 0-d tensor), got "
-                      "{value!r} of type {type}").format(value=value, type=type(value).__name__))
+    raise TypeError(
+        _(
+            "count must return the number of loss terms of a micro-batch (a number or a 0-d tensor), got "
+            "{value!r} of type {type}"
+        ).format(value=value, type=type(value).__name__)
+    )

@@ -1,5 +1,6 @@
 """One step's memory, measured on the model and optimizer it is given (`tracing` gives it copies): the tracker
 adopts what exists before the step, names each storage the step creates as it goes, and fills a `MemoryReport`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -50,12 +51,14 @@ class MemoryReport:
         return {name: getattr(self, name.replace(" ", "_")) for name in CATEGORIES}
 
 
-MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(f"    {name}: {definition}.\n"
-                                                                  for name, definition in CATEGORY_DEFINITIONS.items())
+MemoryReport.__doc__ = MemoryReport.__doc__.rstrip(" ") + "".join(
+    f"    {name}: {definition}.\n" for name, definition in CATEGORY_DEFINITIONS.items()
+)
 
 
-def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn.Module,
-                     copied: torch.nn.Module) -> torch.optim.Optimizer:
+def _clone_optimizer(
+    optimizer: torch.optim.Optimizer | None, original: torch.nn.Module, copied: torch.nn.Module
+) -> torch.optim.Optimizer:
     """An optimizer of the same type and settings for `copied`, holding the copies of the parameters of `original`
     that `optimizer` holds, group by group with each group's settings (a head being fine-tuned keeps state for the
     head alone); all trainable parameters, with the first group's settings, when it holds none of them (an
@@ -67,9 +70,13 @@ def _clone_optimizer(optimizer: torch.optim.Optimizer | None, original: torch.nn
     if optimizer is None:
         return torch.optim.SGD(trainable, lr=0.1)
     copies = {id(o): c for o, c in zip(original.parameters(), copied.parameters(), strict=True)}
-    groups = [{**{k: v for k, v in group.items() if k != "params"},
-               "params": [copies[id(p)] for p in group["params"] if id(p) in copies and copies[id(p)].requires_grad]}
-              for group in optimizer.param_groups]
+    groups = [
+        {
+            **{k: v for k, v in group.items() if k != "params"},
+            "params": [copies[id(p)] for p in group["params"] if id(p) in copies and copies[id(p)].requires_grad],
+        }
+        for group in optimizer.param_groups
+    ]
     groups = [group for group in groups if group["params"]] or [{**groups[0], "params": trainable}]
     accepted = inspect.signature(type(optimizer).__init__).parameters
     anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
@@ -106,6 +113,7 @@ def _copied(batch, copy_of: Callable):
         if id(t) not in copies:
             copies[id(t)] = copy_of(t)
         return copies[id(t)]
+
     return tree_map(one, batch)
 
 
@@ -113,8 +121,9 @@ def _leaves(batch) -> list[torch.Tensor]:
     return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
 
 
-def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorBytes,
-                 options: cycle.CycleOptions) -> None:
+def _named_cycle(
+    model, optimizer, batches, loss_weights, tracker: LiveTensorBytes, options: cycle.CycleOptions
+) -> None:
     """One cycle of `batches` with `loss_weights` (train's cycle: `cycle._cycle`, with `options`) under `tracker`,
     naming what each new storage holds as the step goes."""
     hooks, model_ = [], model
@@ -133,8 +142,10 @@ def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorByt
             tracker.tag(optimizer_state_tensors(optimizer), "optimizer state")
 
     try:
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t), \
-                cycle.watched(watch):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t),
+            cycle.watched(watch),
+        ):
             cycle._cycle(model, optimizer, _Fetched(batches, tracker), loss_weights, options)
     finally:
         for hook in hooks:
@@ -159,15 +170,18 @@ def explained_failure(x: torch.Tensor, y: torch.Tensor):
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, IndexError, TypeError) as error:
-        raise ValueError(_("a training pass of the model on x (shape {x_shape}, {x_dtype}) and y (shape {y_shape}, "
-                           "{y_dtype}) with loss_fn failed: {error}. Check that x is what the model takes and y what "
-                           "loss_fn compares its output with").format(x_shape=tuple(x.shape), x_dtype=x.dtype,
-                                                                      y_shape=tuple(y.shape), y_dtype=y.dtype,
-                                                                      error=error)) from error
+        raise ValueError(
+            _(
+                "a training pass of the model on x (shape {x_shape}, {x_dtype}) and y (shape {y_shape}, "
+                "{y_dtype}) with loss_fn failed: {error}. Check that x is what the model takes and y what "
+                "loss_fn compares its output with"
+            ).format(x_shape=tuple(x.shape), x_dtype=x.dtype, y_shape=tuple(y.shape), y_dtype=y.dtype, error=error)
+        ) from error
 
 
-def _measure(model, opt, batches, loss_weights, method, device_name, options, micro_batch_size, explain,
-             cuda=None) -> MemoryReport:
+def _measure(
+    model, opt, batches, loss_weights, method, device_name, options, micro_batch_size, explain, cuda=None
+) -> MemoryReport:
     """Track the run's first step (the optimizer creates its state in it) and, if it made state, a later one;
     report the heavier. On CUDA a whole warm-up step runs first (the allocator's cache, the libraries' workspaces)."""
     params = list(model.parameters())
@@ -191,9 +205,17 @@ def _measure(model, opt, batches, loss_weights, method, device_name, options, mi
             torch.cuda.synchronize(cuda)
             peak = torch.cuda.max_memory_allocated(cuda) - before
             categories["other"] += peak - tracker.peak  # the allocator holds at least the live bytes: rounding
-        reports.append(MemoryReport(device=device_name, method=method, micro_batch_size=micro_batch_size,
-                                    accum_steps=len(batches), peak=peak, peak_phase=tracker.peak_phase,
-                                    **{name.replace(" ", "_"): value for name, value in categories.items()}))
+        reports.append(
+            MemoryReport(
+                device=device_name,
+                method=method,
+                micro_batch_size=micro_batch_size,
+                accum_steps=len(batches),
+                peak=peak,
+                peak_phase=tracker.peak_phase,
+                **{name.replace(" ", "_"): value for name, value in categories.items()},
+            )
+        )
         _far_along(opt)
     return max(reports, key=lambda report: report.peak)
 

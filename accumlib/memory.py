@@ -6,6 +6,7 @@ The rooms below them: `tracker` (the CPU's live-tensor count, the categories, `s
 tracked step and its `MemoryReport`), `tracing` (on what copy: fake, real, or an FSDP2 model itself) and `budget`
 (`OutOfMemory`, what a budget means on CUDA, `cuda_budget`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,22 @@ from .measured_step import MemoryReport, _leaves, explained_failure
 from .tracing import _measure_cycle
 from .tracker import CATEGORIES, step_peak
 
-__all__ = ["measure_step", "MemoryReport", "CATEGORIES", "check_fits", "check_cycle_fits",
-           "measured_cycle_peak", "fit_batch", "FitPlan", "MAX_TARGET_BATCH", "batch_of", "resolve_device",
-           "OutOfMemory", "cuda_budget", "step_peak"]
+__all__ = [
+    "measure_step",
+    "MemoryReport",
+    "CATEGORIES",
+    "check_fits",
+    "check_cycle_fits",
+    "measured_cycle_peak",
+    "fit_batch",
+    "FitPlan",
+    "MAX_TARGET_BATCH",
+    "batch_of",
+    "resolve_device",
+    "OutOfMemory",
+    "cuda_budget",
+    "step_peak",
+]
 
 
 def resolve_device(model: torch.nn.Module, device) -> torch.device:
@@ -32,19 +46,25 @@ def resolve_device(model: torch.nn.Module, device) -> torch.device:
     if device is None:
         return next(model.parameters()).device
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(_("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r} of type "
-                          "{type}").format(value=device, type=type(device).__name__))
+        raise TypeError(
+            _("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r} of type {type}").format(
+                value=device, type=type(device).__name__
+            )
+        )
     try:
         resolved = torch.device(device)
     except RuntimeError:
-        raise ValueError(_("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r}").format(
-            value=device)) from None
+        raise ValueError(
+            _("device must be None, 'cpu', 'cuda' or a torch.device, got {value!r}").format(value=device)
+        ) from None
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(_("device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {value!r}").format(
-            value=device))
+        raise ValueError(
+            _("device must be 'cpu' or 'cuda' (the devices accumlib measures on), got {value!r}").format(value=device)
+        )
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(_("device={value!r} but CUDA is not available here: use 'cpu' or fake=True").format(
-            value=device))
+        raise ValueError(
+            _("device={value!r} but CUDA is not available here: use 'cpu' or fake=True").format(value=device)
+        )
     return resolved
 
 
@@ -57,9 +77,18 @@ def _check_step_inputs(model, x, y, optimizer, accum_steps) -> int:
     return _validate.positive_int("accum_steps", accum_steps)
 
 
-def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, optimizer=None,
-                 loss_fn: Callable | None = None, accum_steps: int = 1, fake: bool = False,
-                 device=None, **cycle_options) -> MemoryReport:
+def measure_step(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    optimizer=None,
+    loss_fn: Callable | None = None,
+    accum_steps: int = 1,
+    fake: bool = False,
+    device=None,
+    **cycle_options,
+) -> MemoryReport:
     """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
 
     The step is `train`'s own: one `accumulate_and_step` of accum_steps passes of (x, y), each weighted
@@ -89,18 +118,31 @@ def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, op
     if home.type == "meta" and not fake:
         raise ValueError(_("model is on the meta device (weights without data): only fake=True can measure it"))
     if fake and device is not None and resolve_device(model, device).type != home.type:
-        raise ValueError(_("device={value!r} with fake=True: a fake measurement runs where the model is "
-                           "({home}); move the model there first, or leave device=None").format(value=device,
-                                                                                              home=home))
+        raise ValueError(
+            _(
+                "device={value!r} with fake=True: a fake measurement runs where the model is "
+                "({home}); move the model there first, or leave device=None"
+            ).format(value=device, home=home)
+        )
     device = home if fake else resolve_device(model, device)
-    return _measure_cycle(model, optimizer, [(x, y)] * accum_steps, [1 / accum_steps] * accum_steps, options,
-                          len(x), fake, device, functools.partial(explained_failure, x, y))
+    return _measure_cycle(
+        model,
+        optimizer,
+        [(x, y)] * accum_steps,
+        [1 / accum_steps] * accum_steps,
+        options,
+        len(x),
+        fake,
+        device,
+        functools.partial(explained_failure, x, y),
+    )
 
 
 # the cycle's options measure_step takes as keywords: every CycleOptions field but loss_fn (its own parameter) and
 # a run's objects (the scaler, the scheduler)
-_MEASURED_OPTIONS = tuple(f.name for f in dataclasses.fields(cycle.CycleOptions)
-                          if f.name != "loss_fn" and not f.metadata["run_state"])
+_MEASURED_OPTIONS = tuple(
+    f.name for f in dataclasses.fields(cycle.CycleOptions) if f.name != "loss_fn" and not f.metadata["run_state"]
+)
 
 
 def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:
@@ -108,10 +150,14 @@ def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:
     _MEASURED_OPTIONS."""
     unknown = sorted(set(cycle_options) - set(_MEASURED_OPTIONS))
     if unknown:
-        raise TypeError(_("measure_step got {names}: the options of the cycle it takes are {valid}").format(
-            names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))))
-    return cycle.CycleOptions(loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn,
-                              **cycle_options)
+        raise TypeError(
+            _("measure_step got {names}: the options of the cycle it takes are {valid}").format(
+                names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
+            )
+        )
+    return cycle.CycleOptions(
+        loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn, **cycle_options
+    )
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,8 +168,9 @@ def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[tor
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
 
 
-def _step_peak(model, optimizer, x, y, options: cycle.CycleOptions, accum_steps: int,
-               device: torch.device | None = None) -> MemoryReport:
+def _step_peak(
+    model, optimizer, x, y, options: cycle.CycleOptions, accum_steps: int, device: torch.device | None = None
+) -> MemoryReport:
     """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
 
     Exact, not an estimate: from the second pass on every pass starts from the same live tensors (weights, the
@@ -131,14 +178,32 @@ def _step_peak(model, optimizer, x, y, options: cycle.CycleOptions, accum_steps:
     pass 2 does.
     """
     passes = min(accum_steps, 2)
-    report = _measure_cycle(model, optimizer, [(x, y)] * passes, [1 / passes] * passes, options.measured(), len(x),
-                            True, device or next(model.parameters()).device,
-                            functools.partial(explained_failure, x, y))
+    report = _measure_cycle(
+        model,
+        optimizer,
+        [(x, y)] * passes,
+        [1 / passes] * passes,
+        options.measured(),
+        len(x),
+        True,
+        device or next(model.parameters()).device,
+        functools.partial(explained_failure, x, y),
+    )
     return dataclasses.replace(report, accum_steps=accum_steps)
 
 
-def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, loss_fn: Callable | None = None,
-               options: cycle.CycleOptions | None = None, device=None) -> MemoryReport:
+def check_fits(
+    model,
+    optimizer,
+    x,
+    y,
+    *,
+    accum_steps: int,
+    budget_bytes: int,
+    loss_fn: Callable | None = None,
+    options: cycle.CycleOptions | None = None,
+    device=None,
+) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
 
     Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `cycle.CycleOptions`
@@ -152,13 +217,15 @@ def check_fits(model, optimizer, x, y, *, accum_steps: int, budget_bytes: int, l
     if options is None:
         options = _step_options(loss_fn, {})
     elif not isinstance(options, cycle.CycleOptions):
-        raise TypeError(_("options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
-                          "e.g. CycleOptions(clip_grad_norm=1.0)) or None, got {value!r} of type {type}").format(
-                              value=_validate.Shown(options), type=type(options).__name__))
+        raise TypeError(
+            _(
+                "options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
+                "e.g. CycleOptions(clip_grad_norm=1.0)) or None, got {value!r} of type {type}"
+            ).format(value=_validate.Shown(options), type=type(options).__name__)
+        )
     elif loss_fn is not None:
         raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
-    report = _step_peak(model, optimizer, x, y, options, accum_steps,
-                        None if device is None else torch.device(device))
+    report = _step_peak(model, optimizer, x, y, options, accum_steps, None if device is None else torch.device(device))
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
     return report
@@ -173,12 +240,21 @@ def measured_cycle_peak(model, optimizer, batches, loss_weights, options: cycle.
 def _traced_cycle(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> MemoryReport:
     """The report of the cycle of `batches` (any shapes), traced under FakeTensorMode where the model is."""
     sizes = [len(leaves[0]) for leaves in map(_leaves, batches) if leaves and leaves[0].dim()]
-    return _measure_cycle(model, optimizer, list(batches), list(loss_weights), options.measured(),
-                          max(sizes, default=0), True, next(model.parameters()).device)
+    return _measure_cycle(
+        model,
+        optimizer,
+        list(batches),
+        list(loss_weights),
+        options.measured(),
+        max(sizes, default=0),
+        True,
+        next(model.parameters()).device,
+    )
 
 
-def check_cycle_fits(model, optimizer, batches, loss_weights, *, options: cycle.CycleOptions, budget_bytes: int,
-                     what: str, advice: str) -> MemoryReport:
+def check_cycle_fits(
+    model, optimizer, batches, loss_weights, *, options: cycle.CycleOptions, budget_bytes: int, what: str, advice: str
+) -> MemoryReport:
     """Raise OutOfMemory (needing `what`, with `advice`) when the cycle of `batches` ((x, y) pairs as
     `cycle.accumulate_and_step` takes them, any shapes) with `loss_weights` needs more than `budget_bytes`.
 
@@ -213,12 +289,19 @@ MAX_TARGET_BATCH = 10**9  # samples: fit_batch lists the divisors of target_batc
 
 
 def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
-def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_bytes: int, *, optimizer=None,
-              loss_fn: Callable | None = None) -> FitPlan:
+def fit_batch(
+    model: torch.nn.Module,
+    example_batch,
+    target_batch: int,
+    budget_bytes: int,
+    *,
+    optimizer=None,
+    loss_fn: Callable | None = None,
+) -> FitPlan:
     """Plan (micro_batch_size, accum_steps) for an effective batch of exactly `target_batch` under `budget_bytes`.
 
     The micro-batch is the largest divisor d of target_batch whose step -- target_batch // d passes of d samples
@@ -235,8 +318,11 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     options = _step_options(loss_fn, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:
-        raise ValueError(_("target_batch must be between 1 and {most:,} samples, got {value:,}").format(
-            most=MAX_TARGET_BATCH, value=target_batch))
+        raise ValueError(
+            _("target_batch must be between 1 and {most:,} samples, got {value:,}").format(
+                most=MAX_TARGET_BATCH, value=target_batch
+            )
+        )
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
 
     def peak(size: int) -> int:  # a step of `size` samples per pass, with the passes an effective batch needs
@@ -257,11 +343,20 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     if smallest not in peaks:
         peaks[smallest] = peak(smallest)
     if peaks[smallest] > budget_bytes:
-        what = _("even one sample per pass") if smallest == 1 else _(
-            "even {size} samples per pass, the smallest micro-batch that divides target_batch={target} and that "
-            "BatchNorm accepts in training").format(size=smallest, target=target_batch)
-        raise OutOfMemory(peaks[smallest], budget_bytes, what,
-                          advice=_("a larger card, a smaller model or an optimizer with less state is needed"))
+        what = (
+            _("even one sample per pass")
+            if smallest == 1
+            else _(
+                "even {size} samples per pass, the smallest micro-batch that divides target_batch={target} and that "
+                "BatchNorm accepts in training"
+            ).format(size=smallest, target=target_batch)
+        )
+        raise OutOfMemory(
+            peaks[smallest],
+            budget_bytes,
+            what,
+            advice=_("a larger card, a smaller model or an optimizer with less state is needed"),
+        )
     # Below target_batch every candidate accumulates (>= 2 passes) and its peak grows with the micro-batch:
     # bisect for the largest divisor that fits; the one after it (at worst target_batch itself) does not.
     low, high = 0, len(candidates) - 2  # indices; candidates[low] fits, candidates[high + 1] does not
@@ -276,5 +371,6 @@ def fit_batch(model: torch.nn.Module, example_batch, target_batch: int, budget_b
     while too_big - fitting > 1:
         mid = (fitting + too_big) // 2
         fitting, too_big = (mid, too_big) if peak(mid) <= budget_bytes else (fitting, mid)
-    return FitPlan(target_batch, budget_bytes, micro, target_batch // micro, peaks[micro], fitting, following,
-                   peaks[following])
+    return FitPlan(
+        target_batch, budget_bytes, micro, target_batch // micro, peaks[micro], fitting, following, peaks[following]
+    )

@@ -1,5 +1,6 @@
 """What `train` returns and records: one `StepRecord` per optimizer step, gathered in a `History`; and
 `StopTraining`, which an `on_step` callback raises to end a run."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -1,6 +1,7 @@
 """Leave the model as found: what a cycle changes before its step (the .grad of the optimizer's parameters, the
 buffers a forward pass updates, BatchNorm's running statistics) set aside and put back when the step is skipped or
 fails (`_Kept`, `_BuffersKept`); every module's training/eval mode put back after a run (`_ModesKept`)."""
+
 from __future__ import annotations
 
 import functools
@@ -50,9 +51,14 @@ class _BuffersKept:
             _CHANGED[id(buffer)] = weakref.ref(buffer, functools.partial(_forget, id(buffer)))
         if changed:
             names = [name for name, b in self.model.named_buffers() if any(b is c for c in changed)]
-            warnings.warn(_("the forward pass changed the buffer(s) {names}, which were not copied before this "
-                            "cycle, so they could not be put back; from the next cycle on they are").format(
-                                names=", ".join(names)), RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                _(
+                    "the forward pass changed the buffer(s) {names}, which were not copied before this "
+                    "cycle, so they could not be put back; from the next cycle on they are"
+                ).format(names=", ".join(names)),
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def __exit__(self, kind, error, traceback) -> None:
         if error is not None and not self.done:

@@ -15,6 +15,7 @@ between a cycle's micro-batches (no all-gather in the next forward); the cycle r
 micro-batch's backward, as the step updates the shards, and puts your setting back after it (docs/scaling.md says
 what each choice costs).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,17 +39,21 @@ def start() -> torch.device:
     torchrun (no LOCAL_RANK, RANK or WORLD_SIZE in the environment)."""
     missing = [name for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE") if name not in os.environ]
     if missing:
-        raise RuntimeError(_("{names} not set: this script runs one process per device under torchrun, e.g. "
-                             "torchrun --standalone --nproc_per_node=2 {script}").format(
-                                 names=", ".join(missing), script=sys.argv[0]))
+        raise RuntimeError(
+            _(
+                "{names} not set: this script runs one process per device under torchrun, e.g. "
+                "torchrun --standalone --nproc_per_node=2 {script}"
+            ).format(names=", ".join(missing), script=sys.argv[0])
+        )
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
+        )
     return device
 
 
@@ -67,8 +72,15 @@ def held_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
     for group in _groups(inner):
         for param in group.fsdp_params:
             unsharded = getattr(param, "_unsharded_param", None)
-            held += [t for t in (param.sharded_param.grad, param.unsharded_accumulated_grad,
-                                 None if unsharded is None else unsharded.grad) if t is not None]
+            held += [
+                t
+                for t in (
+                    param.sharded_param.grad,
+                    param.unsharded_accumulated_grad,
+                    None if unsharded is None else unsharded.grad,
+                )
+                if t is not None
+            ]
     return [local(t) for t in held]
 
 
@@ -124,10 +136,13 @@ def world_and_rank(model: torch.nn.Module) -> tuple[int, int]:
     world, groups = dist.get_world_size(), _groups(_unwrapped(model))
     size = groups[0].mesh_info.mesh.size() if groups else world  # processes the parameters are sharded over
     if size != world:
-        raise ValueError(_("model is sharded with fully_shard over a mesh of {size} processes but the process "
-                           "group has {world}: train shares the data out over every process; shard the model over "
-                           "all of them (a 1-D mesh, or HSDP's 2-D mesh over every process)").format(
-                               size=size, world=world))
+        raise ValueError(
+            _(
+                "model is sharded with fully_shard over a mesh of {size} processes but the process "
+                "group has {world}: train shares the data out over every process; shard the model over "
+                "all of them (a 1-D mesh, or HSDP's 2-D mesh over every process)"
+            ).format(size=size, world=world)
+        )
     return world, dist.get_rank()
 
 
@@ -169,8 +184,12 @@ def _groups(model: FSDPModule) -> list:
     """The FSDP parameter groups of every fully_shard'ed module in `model` (found once per model)."""
     groups = _GROUPS.get(model)
     if groups is None:
-        groups = _GROUPS[model] = [group for module in model.modules() if isinstance(module, FSDPModule)
-                                   for group in module._get_fsdp_state()._fsdp_param_groups]
+        groups = _GROUPS[model] = [
+            group
+            for module in model.modules()
+            if isinstance(module, FSDPModule)
+            for group in module._get_fsdp_state()._fsdp_param_groups
+        ]
     return groups
 
 
@@ -216,22 +235,27 @@ class _FSDPSync:
             group.reduce_grads = group.all_reduce_grads = True
             group.reshard_after_backward = reshard
 
-    def loss_and_norm(self, total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
-                      with_norm: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def loss_and_norm(
+        self, total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None, with_norm: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """After the cycle's last backward, its settings put back: (the cycle's loss averaged over the processes,
         [the gradient's L2 norm over every shard], or [] without with_norm and clipping), on the device."""
         self.done()
         return _loss_and_norm(total, params, clip_grad_norm, with_norm)
 
 
-def _loss_and_norm(total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None,
-                   with_norm: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _loss_and_norm(
+    total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None, with_norm: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """FSDP2's loss and norm, from one all-reduce of [loss, this process's sum of squares of its shards]. With
     clip_grad_norm the local shards are clipped by the factor torch.nn.utils.clip_grad_norm_ computes from that
     global norm (the norm returned is the one before clipping): the same clipping as on one process."""
     with_norm = with_norm or clip_grad_norm is not None
-    local = [grad.to_local() if isinstance(grad, dist.tensor.DTensor) else grad
-             for p in params if (grad := p.grad) is not None]
+    local = [
+        grad.to_local() if isinstance(grad, dist.tensor.DTensor) else grad
+        for p in params
+        if (grad := p.grad) is not None
+    ]
     if with_norm and local:
         squares = torch.stack(torch._foreach_norm(local)).to(total.device, total.dtype).square().sum()
     else:

@@ -5,6 +5,7 @@ micro-batches (`_Cycle`), each micro-batch's form checked (`_check_batch`) and m
 seed (`_Plan`), `_Loader` takes a loader's batches `accum_steps` at a time. Under DDP each process takes its share
 and the busiest process's count of micro-batches, the others padding theirs with weight-0 micro-batches.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,25 +38,40 @@ class _Cycle(NamedTuple):
 
 def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
     """Where the cycles come from: (X, y) tensors or a Dataset split by micro_batch_size, or a loader's batches."""
-    indexed = isinstance(data, tuple) or isinstance(data, list) and bool(data) and all(
-        isinstance(item, torch.Tensor) for item in data)  # a list of tensors is (X, y); any other list, batches
+    indexed = (
+        isinstance(data, tuple)
+        or isinstance(data, list)
+        and bool(data)
+        and all(isinstance(item, torch.Tensor) for item in data)
+    )  # a list of tensors is (X, y); any other list, batches
     indexed = indexed or isinstance(data, Dataset) and not isinstance(data, IterableDataset)
     if indexed:
         samples = _Samples(data)
         if micro_batch_size is None:
-            raise TypeError(_("micro_batch_size is missing: data given as (X, y) tensors or a Dataset is split into "
-                              "micro-batches of micro_batch_size samples; give it, or pass a DataLoader whose "
-                              "batches are the micro-batches"))
+            raise TypeError(
+                _(
+                    "micro_batch_size is missing: data given as (X, y) tensors or a Dataset is split into "
+                    "micro-batches of micro_batch_size samples; give it, or pass a DataLoader whose "
+                    "batches are the micro-batches"
+                )
+            )
         return _Indexed(samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes)
     if isinstance(data, (Mapping, str, bytes, torch.Tensor)) or not hasattr(data, "__iter__"):
         _refuse_dict(data, "data")
-        raise TypeError(_("data must be (X, y) tensors, a Dataset, or a DataLoader (any iterable of batches), got "
-                          "{type}").format(type=type(data).__name__))
+        raise TypeError(
+            _("data must be (X, y) tensors, a Dataset, or a DataLoader (any iterable of batches), got {type}").format(
+                type=type(data).__name__
+            )
+        )
     if micro_batch_size is not None:
-        raise ValueError(_("micro_batch_size={value} was given with data of type {type}, whose batches are the "
-                           "micro-batches: omit micro_batch_size (the loader's batch size is the micro-batch's; for "
-                           "a stream of samples, pass DataLoader(data, batch_size={value})), or give (X, y) tensors "
-                           "or a map-style Dataset").format(value=micro_batch_size, type=type(data).__name__))
+        raise ValueError(
+            _(
+                "micro_batch_size={value} was given with data of type {type}, whose batches are the "
+                "micro-batches: omit micro_batch_size (the loader's batch size is the micro-batch's; for "
+                "a stream of samples, pass DataLoader(data, batch_size={value})), or give (X, y) tensors "
+                "or a map-style Dataset"
+            ).format(value=micro_batch_size, type=type(data).__name__)
+        )
     return _Loader(data, accum_steps, world, rank, device, notes)
 
 
@@ -65,17 +81,26 @@ class _Samples:
     def __init__(self, data):
         if isinstance(data, (tuple, list)):
             if len(data) != 2:
-                raise TypeError(_("data must be a Dataset or a tuple (X, y) of two tensors, got a {type} of {n} "
-                                  "items").format(type=type(data).__name__, n=len(data)))
+                raise TypeError(
+                    _("data must be a Dataset or a tuple (X, y) of two tensors, got a {type} of {n} items").format(
+                        type=type(data).__name__, n=len(data)
+                    )
+                )
             for name, tensor in zip(("data[0] (X)", "data[1] (y)"), data, strict=True):
                 _refuse_dict(tensor, name)
                 if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-                    raise TypeError(_("data must be a tuple (X, y) of two tensors with one row per sample; {name} "
-                                      "is {value!r}").format(name=name, value=tensor))
+                    raise TypeError(
+                        _(
+                            "data must be a tuple (X, y) of two tensors with one row per sample; {name} is {value!r}"
+                        ).format(name=name, value=tensor)
+                    )
             X, y = data
             if len(X) != len(y):
-                raise ValueError(_("data: X has {x} samples but y has {y}; they must have the same length").format(
-                    x=len(X), y=len(y)))
+                raise ValueError(
+                    _("data: X has {x} samples but y has {y}; they must have the same length").format(
+                        x=len(X), y=len(y)
+                    )
+                )
             _refuse_meta(data)
             self.n, self.dataset = len(X), None
             self.device = X.device if X.device == y.device else None
@@ -87,8 +112,11 @@ class _Samples:
                     _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
-            raise TypeError(_("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got "
-                              "{type}").format(type=type(data).__name__))
+            raise TypeError(
+                _("data must be a torch Dataset with a length or a tuple (X, y) of tensors, got {type}").format(
+                    type=type(data).__name__
+                )
+            )
         if self.n == 0:
             raise ValueError(_("data is empty: it must hold at least one sample"))
 
@@ -101,9 +129,13 @@ class _Samples:
 
 def _refuse_dict(value, name: str) -> None:
     if isinstance(value, Mapping):
-        raise TypeError(_("{name} is a dict (keys {keys}): a dict of whole tensors as data is not supported; give "
-                          "a DataLoader (or any iterable) of dict batches, or a Dataset of dict samples with "
-                          "micro_batch_size").format(name=name, keys=", ".join(repr(k) for k in list(value)[:5])))
+        raise TypeError(
+            _(
+                "{name} is a dict (keys {keys}): a dict of whole tensors as data is not supported; give "
+                "a DataLoader (or any iterable) of dict batches, or a Dataset of dict samples with "
+                "micro_batch_size"
+            ).format(name=name, keys=", ".join(repr(k) for k in list(value)[:5]))
+        )
 
 
 def _tensors(value):
@@ -120,8 +152,12 @@ def _tensors(value):
 
 def _refuse_meta(batch) -> None:
     if any(t.device.type == "meta" for t in _tensors(batch)):
-        raise ValueError(_("data holds tensors on the meta device (shapes without values): there is nothing to train "
-                           "on; load the data on 'cpu' or 'cuda'"))
+        raise ValueError(
+            _(
+                "data holds tensors on the meta device (shapes without values): there is nothing to train "
+                "on; load the data on 'cpu' or 'cuda'"
+            )
+        )
 
 
 def _check_batch(batch, name: str, sample: bool = False) -> int | None:
@@ -129,17 +165,24 @@ def _check_batch(batch, name: str, sample: bool = False) -> int | None:
     returns a micro-batch's samples (the first dimension of y, or of its first tensor that has one)."""
     pair = isinstance(batch, (tuple, list)) and len(batch) == 2
     if not (pair or isinstance(batch, Mapping)):
-        raise TypeError(_("{name} must be (x, y), (inputs, y) with a tuple or dict of inputs, or a dict of model "
-                          "inputs, got {value!r} of type {type}").format(name=name, value=Shown(batch),
-                                                                        type=type(batch).__name__))
+        raise TypeError(
+            _(
+                "{name} must be (x, y), (inputs, y) with a tuple or dict of inputs, or a dict of model "
+                "inputs, got {value!r} of type {type}"
+            ).format(name=name, value=Shown(batch), type=type(batch).__name__)
+        )
     _refuse_meta(batch)
     if sample:
         return None
-    first = batch[1] if pair and isinstance(batch[1], torch.Tensor) and batch[1].dim() else next(
-        (t for t in _tensors(batch) if t.dim()), None)
+    first = (
+        batch[1]
+        if pair and isinstance(batch[1], torch.Tensor) and batch[1].dim()
+        else next((t for t in _tensors(batch) if t.dim()), None)
+    )
     if first is None:
-        raise TypeError(_("{name} holds no tensor with a batch dimension: its samples cannot be counted").format(
-            name=name))
+        raise TypeError(
+            _("{name} holds no tensor with a batch dimension: its samples cannot be counted").format(name=name)
+        )
     return len(first)
 
 
@@ -175,18 +218,24 @@ class _Indexed:
 
     def __init__(self, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
         if micro_batch_size > samples.n:
-            raise ValueError(_("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to "
-                               "{n}").format(value=micro_batch_size, n=samples.n))
+            raise ValueError(
+                _("micro_batch_size={value} is larger than the dataset ({n} samples); valid range: 1 to {n}").format(
+                    value=micro_batch_size, n=samples.n
+                )
+            )
         self.samples, self.micro, self.device = samples, micro_batch_size, device
         self.move = samples.device != device  # (X, y) elsewhere, or a Dataset (its device is known once fetched)
         self.pairs = samples.dataset is None and not self.move  # (X, y) on the device: (x, y) pairs as fetched
         self.plan = functools.partial(_Plan, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle)
         self.effective = micro_batch_size * accum_steps * world
         if self.effective > samples.n:
-            notes.append(_("the effective batch (micro_batch_size {micro} x accum_steps {k} x {world} processes = "
-                           "{effective} samples) is larger than the data ({n} samples): every epoch is one step of "
-                           "{n} samples").format(micro=micro_batch_size, k=accum_steps, world=world,
-                                                  effective=self.effective, n=samples.n))
+            notes.append(
+                _(
+                    "the effective batch (micro_batch_size {micro} x accum_steps {k} x {world} processes = "
+                    "{effective} samples) is larger than the data ({n} samples): every epoch is one step of "
+                    "{n} samples"
+                ).format(micro=micro_batch_size, k=accum_steps, world=world, effective=self.effective, n=samples.n)
+            )
 
     def check_epochs(self, epochs) -> None:
         pass  # (X, y) and a Dataset can be read again and again
@@ -204,8 +253,7 @@ class _Indexed:
     def cycles(self, epochs: int | None):
         for epoch, cycle_samples, indices, sizes in self.plan(epochs):
             raw = functools.partial(_real_batches, self.samples.fetch, indices, sizes)  # built only when called
-            yield _Cycle(epoch, _MicroBatches(self, indices), sizes, cycle_samples, tuple(sizes),
-                         raw)
+            yield _Cycle(epoch, _MicroBatches(self, indices), sizes, cycle_samples, tuple(sizes), raw)
 
 
 def _real_batches(fetch: Callable, indices: list, sizes: list[int]):
@@ -225,8 +273,17 @@ class _Plan:
     without end.
     """
 
-    def __init__(self, samples: _Samples, micro_batch_size: int, accum_steps: int, world: int, rank: int, seed: int,
-                 shuffle: bool, epochs: int | None):
+    def __init__(
+        self,
+        samples: _Samples,
+        micro_batch_size: int,
+        accum_steps: int,
+        world: int,
+        rank: int,
+        seed: int,
+        shuffle: bool,
+        epochs: int | None,
+    ):
         self.samples, self.micro, self.accum_steps, self.epochs = samples, micro_batch_size, accum_steps, epochs
         self.world, self.rank, self.seed, self.shuffle = world, rank, seed, shuffle
 
@@ -236,11 +293,11 @@ class _Plan:
         for epoch in range(self.epochs) if self.epochs is not None else itertools.count():
             order = self.samples.indices(torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n))
             if self.world == 1:  # one process: the epoch split into micro-batches once, a cycle is a slice of them
-                micro = [order[i:i + m] for i in range(0, n, m)]
+                micro = [order[i : i + m] for i in range(0, n, m)]
                 sizes = [min(m, n - i) for i in range(0, n, m)]
                 for first in range(0, len(micro), self.accum_steps):
-                    cycle_sizes = sizes[first:first + self.accum_steps]
-                    yield epoch, sum(cycle_sizes), micro[first:first + self.accum_steps], cycle_sizes
+                    cycle_sizes = sizes[first : first + self.accum_steps]
+                    yield epoch, sum(cycle_sizes), micro[first : first + self.accum_steps], cycle_sizes
                 continue
             pad = order[:1]
             effective = m * self.accum_steps * self.world
@@ -249,7 +306,7 @@ class _Plan:
                 share, extra = divmod(cycle_samples, self.world)
                 first = start + self.rank * share + min(self.rank, extra)
                 end = first + share + (self.rank < extra)
-                indices = [order[i:min(i + m, end)] for i in range(first, end, m)]
+                indices = [order[i : min(i + m, end)] for i in range(first, end, m)]
                 sizes = [min(m, end - i) for i in range(first, end, m)]
                 padding = math.ceil((share + (extra > 0)) / m) - len(indices)  # the busiest process's count
                 yield epoch, cycle_samples, indices + [pad] * padding, sizes + [0] * padding
@@ -270,8 +327,10 @@ class _MicroBatches:
         source = self.source
         if source.pairs:
             return map(source.samples.fetch, self.indices)
-        return (_as_pair(_to(batch, source.device) if source.move else batch)
-                for batch in map(source.samples.fetch, self.indices))
+        return (
+            _as_pair(_to(batch, source.device) if source.move else batch)
+            for batch in map(source.samples.fetch, self.indices)
+        )
 
 
 class _Loader:
@@ -279,7 +338,13 @@ class _Loader:
 
     def __init__(self, data, accum_steps, world, rank, device, notes):
         self.data, self.accum_steps, self.world, self.rank, self.device, self.notes = (
-            data, accum_steps, world, rank, device, notes)
+            data,
+            accum_steps,
+            world,
+            rank,
+            device,
+            notes,
+        )
         self.once = isinstance(data, _Iterator)  # a generator, say: read once
         try:
             self.length = len(data)
@@ -307,17 +372,21 @@ class _Loader:
 
     def check_epochs(self, epochs) -> None:
         if self.once and epochs is not None and epochs > 1:
-            raise ValueError(_("epochs={value}: data is an iterator of type {type}, which can be read only once; give "
-                               "epochs=1, or data that can be read again (a DataLoader, a list)").format(
-                                   value=epochs, type=type(self.data).__name__))
+            raise ValueError(
+                _(
+                    "epochs={value}: data is an iterator of type {type}, which can be read only once; give "
+                    "epochs=1, or data that can be read again (a DataLoader, a list)"
+                ).format(value=epochs, type=type(self.data).__name__)
+            )
 
     def steps(self, epochs: int | None) -> int | None:
         if self.length is None or epochs is None or self.length == 0:  # 0: under DDP, the first cycle says it
             return None
         return epochs * math.ceil(self.length / self.accum_steps)
 
-    def _busiest(self, batches: int, samples: int, failed: bool = False,
-                 empty: bool = False) -> tuple[int, int, list[int], list[int]]:
+    def _busiest(
+        self, batches: int, samples: int, failed: bool = False, empty: bool = False
+    ) -> tuple[int, int, list[int], list[int]]:
         """(the most batches any process holds in this cycle, the cycle's samples over all processes, the ranks of
         the processes that failed fetching or checking their batches, the ranks of those that never had a batch),
         from one all-reduce (one host read) of every process's counts: a process that stops, stops every process,
@@ -328,9 +397,13 @@ class _Loader:
         counts[1 + world + self.rank], counts[1 + 2 * world + self.rank] = float(failed), float(empty)
         dist.all_reduce(counts)
         total, *per_process = counts.tolist()
-        failures, empties = per_process[world:2 * world], per_process[2 * world:]
-        return (int(max(per_process[:world])), int(total), [rank for rank, f in enumerate(failures) if f],
-                [rank for rank, e in enumerate(empties) if e])
+        failures, empties = per_process[world : 2 * world], per_process[2 * world :]
+        return (
+            int(max(per_process[:world])),
+            int(total),
+            [rank for rank, f in enumerate(failures) if f],
+            [rank for rank, e in enumerate(empties) if e],
+        )
 
     def cycles(self, epochs: int | None):
         pad = None  # one of this process's batches, for a padding micro-batch (weight 0: see _Plan)
@@ -347,8 +420,13 @@ class _Loader:
                     if self.refused is not None:  # a list's bad batch: every process stops at the first cycle
                         raise self.refused
                     held = list(itertools.islice(batches, self.accum_steps))  # this cycle's batches, until its step
-                    sizes = [_check_batch(b, _("data's batch {i} of epoch {epoch}").format(
-                        i=cycle * self.accum_steps + i, epoch=epoch)) for i, b in enumerate(held)]
+                    sizes = [
+                        _check_batch(
+                            b,
+                            _("data's batch {i} of epoch {epoch}").format(i=cycle * self.accum_steps + i, epoch=epoch),
+                        )
+                        for i, b in enumerate(held)
+                    ]
                 except Exception as error:  # under DDP the other processes learn of it in the counts' all-reduce
                     if self.world > 1:  # and stop too, with its words, instead of waiting for this one
                         self._busiest(0, 0, failed=True)
@@ -361,32 +439,48 @@ class _Loader:
                     busiest, samples, failures, empties = self._busiest(len(held), sum(sizes), empty=pad is None)
                 if failures:
                     why = _told(None, failures)
-                    raise ValueError(ngettext(
-                        "the process of rank {ranks} failed fetching or checking its batches for step {step} (epoch "
-                        "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes "
-                        "anything",
-                        "the processes of ranks {ranks} failed fetching or checking their batches for step {step} "
-                        "(epoch {epoch}): {reasons}. This process (rank {rank}) stops with them, before this step "
-                        "changes anything", len(failures)).format(
-                            ranks=", ".join(map(str, failures)), step=made + 1, epoch=epoch, rank=self.rank,
-                            reasons=why))
+                    raise ValueError(
+                        ngettext(
+                            "the process of rank {ranks} failed fetching or checking its batches for step {step} "
+                            "(epoch "
+                            "{epoch}): {reasons}. This process (rank {rank}) stops with it, before this step changes "
+                            "anything",
+                            "the processes of ranks {ranks} failed fetching or checking their batches for step {step} "
+                            "(epoch {epoch}): {reasons}. This process (rank {rank}) stops with them, before this step "
+                            "changes anything",
+                            len(failures),
+                        ).format(
+                            ranks=", ".join(map(str, failures)), step=made + 1, epoch=epoch, rank=self.rank, reasons=why
+                        )
+                    )
                 if busiest == 0:  # the epoch has ended on every process
                     if cycle == 0:
                         raise ValueError(_("data gave no batch in epoch {epoch}: it is empty").format(epoch=epoch))
                     break
                 if empties:  # every process stops: the one without a batch says so, the others which it is
-                    raise ValueError(_("data gave this process (rank {rank}) no batch while another process has "
-                                       "some: give every process a share of the data (a DistributedSampler)").format(
-                                           rank=self.rank) if pad is None else ngettext(
-                        "data gave the process of rank {ranks} no batch while this one (rank {rank}) has some: give "
-                        "every process a share of the data (a DistributedSampler)",
-                        "data gave the processes of ranks {ranks} no batch while this one (rank {rank}) has some: "
-                        "give every process a share of the data (a DistributedSampler)", len(empties)).format(
-                            ranks=", ".join(map(str, empties)), rank=self.rank))
+                    raise ValueError(
+                        _(
+                            "data gave this process (rank {rank}) no batch while another process has "
+                            "some: give every process a share of the data (a DistributedSampler)"
+                        ).format(rank=self.rank)
+                        if pad is None
+                        else ngettext(
+                            "data gave the process of rank {ranks} no batch while this one (rank {rank}) has some: "
+                            "give "
+                            "every process a share of the data (a DistributedSampler)",
+                            "data gave the processes of ranks {ranks} no batch while this one (rank {rank}) has some: "
+                            "give every process a share of the data (a DistributedSampler)",
+                            len(empties),
+                        ).format(ranks=", ".join(map(str, empties)), rank=self.rank)
+                    )
                 padding = busiest - len(held)
                 if epoch == 0 and cycle == 0 and busiest < self.accum_steps:
-                    self.notes.append(_("accum_steps={k} is more than the {n} batches of an epoch of data: every "
-                                        "epoch is one step of {n} micro-batches").format(k=self.accum_steps, n=busiest))
+                    self.notes.append(
+                        _(
+                            "accum_steps={k} is more than the {n} batches of an epoch of data: every "
+                            "epoch is one step of {n} micro-batches"
+                        ).format(k=self.accum_steps, n=busiest)
+                    )
                 moved = _Moved(held + [pad] * padding, self.device)
                 layout = tuple(tuple(tuple(t.shape) for t in _tensors(b)) for b in held)
                 yield _Cycle(epoch, moved, sizes + [0] * padding, samples, layout, functools.partial(iter, held))

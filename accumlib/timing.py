@@ -23,6 +23,7 @@ fill it, what accumulating adds is a fixed cost per pass beside the same arithme
 time. To measure a card: `decompose_time(..., device="cuda")` (wall time, synchronised before each reading, which
 adds a little to each pass; not run on our CPUs).
 """
+
 from __future__ import annotations
 
 import copy
@@ -64,8 +65,9 @@ def _timing_device(model: torch.nn.Module, device) -> torch.device:
     """Where to time: `device` ("cpu", "cuda") or the model's; a model on the meta device has nothing to run."""
     device = memory.resolve_device(model, device)
     if next(model.parameters()).is_meta:
-        raise ValueError(_("model is on the meta device (weights without data): nothing can be timed; build it on "
-                           "the CPU or a GPU"))
+        raise ValueError(
+            _("model is on the meta device (weights without data): nothing can be timed; build it on the CPU or a GPU")
+        )
     return device
 
 
@@ -76,9 +78,18 @@ def _copy_with_optimizer(model, optimizer_fn) -> tuple[torch.nn.Module, torch.op
     return model, _validate.made_optimizer("optimizer_fn", optimizer_fn(model.parameters()))
 
 
-def time_config(model: torch.nn.Module, data, *, micro_batch_size: int, accum_steps: int,
-                optimizer_fn: Callable = _default_optimizer, loss_fn: Callable | None = None, warmup: int = 2,
-                repeats: int = 7, device=None) -> TimingReport:
+def time_config(
+    model: torch.nn.Module,
+    data,
+    *,
+    micro_batch_size: int,
+    accum_steps: int,
+    optimizer_fn: Callable = _default_optimizer,
+    loss_fn: Callable | None = None,
+    warmup: int = 2,
+    repeats: int = 7,
+    device=None,
+) -> TimingReport:
     """Time optimizer steps of `train` at (micro_batch_size, accum_steps) on a copy of `model` (left untouched).
 
     data: (X, y) with at least micro_batch_size * accum_steps samples; each step uses that many of them.
@@ -93,13 +104,24 @@ def time_config(model: torch.nn.Module, data, *, micro_batch_size: int, accum_st
     _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
     effective = micro_batch_size * accum_steps
     if effective > len(X):
-        raise ValueError(_("micro_batch_size * accum_steps = {effective} exceeds the {n} samples of data").format(
-            effective=effective, n=len(X)))
+        raise ValueError(
+            _("micro_batch_size * accum_steps = {effective} exceeds the {n} samples of data").format(
+                effective=effective, n=len(X)
+            )
+        )
     device = _timing_device(model, device)
     model, optimizer = _copy_with_optimizer(model, optimizer_fn)
-    history = train(model, (X[:effective], y[:effective]), optimizer, micro_batch_size=micro_batch_size,
-                    accum_steps=accum_steps, epochs=warmup + repeats, loss_fn=loss_fn, device=device,
-                    measure_memory=False)
+    history = train(
+        model,
+        (X[:effective], y[:effective]),
+        optimizer,
+        micro_batch_size=micro_batch_size,
+        accum_steps=accum_steps,
+        epochs=warmup + repeats,
+        loss_fn=loss_fn,
+        device=device,
+        measure_memory=False,
+    )
     seconds = tuple(r.seconds for r in history.records[warmup:])
     return TimingReport(micro_batch_size, accum_steps, statistics.median(seconds), seconds)
 
@@ -163,10 +185,19 @@ def _least_squares(sizes: list[int], seconds: list[float]) -> tuple[float, float
     return mean_seconds - slope * mean_size, slope
 
 
-def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
-                   accum_steps: tuple[int, ...] = (1, 2, 4, 8, 16), optimizer_fn: Callable = _default_optimizer,
-                   loss_fn: Callable | None = None, repeats: int = 7, warmup: int = 1, threads: int | None = 1,
-                   device=None) -> TimeDecomposition:
+def decompose_time(
+    model: torch.nn.Module,
+    data,
+    *,
+    effective_batch: int = 64,
+    accum_steps: tuple[int, ...] = (1, 2, 4, 8, 16),
+    optimizer_fn: Callable = _default_optimizer,
+    loss_fn: Callable | None = None,
+    repeats: int = 7,
+    warmup: int = 1,
+    threads: int | None = 1,
+    device=None,
+) -> TimeDecomposition:
     """Time one effective batch split into each accum_steps, pass by pass, and fit pass time = overhead + per-sample.
 
     data: (X, y) with at least effective_batch samples; every step trains on X[:effective_batch] split into
@@ -185,22 +216,35 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     _validate.trainable_parameters("model", model)
     effective_batch = _validate.positive_int("effective_batch", effective_batch)
     if isinstance(accum_steps, (str, bytes)) or not hasattr(accum_steps, "__iter__"):
-        raise TypeError(_("accum_steps must be a sequence of positive integers such as (1, 2, 4), got "
-                          "{value!r}").format(value=accum_steps))
+        raise TypeError(
+            _("accum_steps must be a sequence of positive integers such as (1, 2, 4), got {value!r}").format(
+                value=accum_steps
+            )
+        )
     splits = [_validate.positive_int("accum_steps", k) for k in accum_steps]
     for k in splits:
         if effective_batch % k:
-            raise ValueError(_("accum_steps must divide effective_batch={effective_batch} into equal micro-batches, "
-                               "got {k}").format(effective_batch=effective_batch, k=k))
+            raise ValueError(
+                _("accum_steps must divide effective_batch={effective_batch} into equal micro-batches, got {k}").format(
+                    effective_batch=effective_batch, k=k
+                )
+            )
     if len(set(splits)) != len(splits) or len(splits) < 2:
-        raise ValueError(_("accum_steps must hold two or more different values (one line needs two points), each "
-                           "once, got {value!r}").format(value=accum_steps))
+        raise ValueError(
+            _(
+                "accum_steps must hold two or more different values (one line needs two points), each "
+                "once, got {value!r}"
+            ).format(value=accum_steps)
+        )
     warmup, repeats = _validate.non_negative_int("warmup", warmup), _validate.positive_int("repeats", repeats)
     threads = torch.get_num_threads() if threads is None else _validate.positive_int("threads", threads)
     X, y = _validate.pair("data", data)
     if len(X) < effective_batch:
-        raise ValueError(_("data has {n} samples but effective_batch={effective_batch} needs at least that "
-                           "many").format(n=len(X), effective_batch=effective_batch))
+        raise ValueError(
+            _("data has {n} samples but effective_batch={effective_batch} needs at least that many").format(
+                n=len(X), effective_batch=effective_batch
+            )
+        )
     _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     device = _timing_device(model, device)
@@ -213,8 +257,9 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     torch.set_num_threads(threads)
     try:
         with torch.random.fork_rng(devices=[]), explained_failure(X, y):  # dropout: the caller's RNG stays
-            passes, steps, optimizer_seconds = _timed_rounds(model, optimizer, batches, loss_fn, warmup, repeats,
-                                                             device, clock)
+            passes, steps, optimizer_seconds = _timed_rounds(
+                model, optimizer, batches, loss_fn, warmup, repeats, device, clock
+            )
     finally:
         torch.set_num_threads(threads_before)
     sizes = sorted(passes)
@@ -222,17 +267,32 @@ def decompose_time(model: torch.nn.Module, data, *, effective_batch: int = 64,
     overhead, per_sample = _least_squares(sizes, medians)
     step_cost = statistics.median(optimizer_seconds)
     return TimeDecomposition(
-        device=str(device), clock=clock, threads=threads, effective_batch=effective_batch, overhead_seconds=overhead,
-        seconds_per_sample=per_sample, optimizer_seconds=step_cost,
-        passes=tuple(PassTiming(m, t, overhead + per_sample * m, tuple(passes[m]))
-                     for m, t in zip(sizes, medians, strict=True)),
-        steps=tuple(StepTiming(k, effective_batch // k, statistics.median(steps[k]),
-                               k * (overhead + per_sample * (effective_batch // k)) + step_cost, k * overhead,
-                               per_sample * effective_batch, tuple(steps[k])) for k in splits))
+        device=str(device),
+        clock=clock,
+        threads=threads,
+        effective_batch=effective_batch,
+        overhead_seconds=overhead,
+        seconds_per_sample=per_sample,
+        optimizer_seconds=step_cost,
+        passes=tuple(
+            PassTiming(m, t, overhead + per_sample * m, tuple(passes[m])) for m, t in zip(sizes, medians, strict=True)
+        ),
+        steps=tuple(
+            StepTiming(
+                k,
+                effective_batch // k,
+                statistics.median(steps[k]),
+                k * (overhead + per_sample * (effective_batch // k)) + step_cost,
+                k * overhead,
+                per_sample * effective_batch,
+                tuple(steps[k]),
+            )
+            for k in splits
+        ),
+    )
 
 
-def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: int, repeats: int, device,
-                  clock: str):
+def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: int, repeats: int, device, clock: str):
     """Run the rounds of `decompose_time`; return (pass seconds by micro-batch size, step seconds by
     accum_steps, seconds of the cycle's work outside the passes: setting .grad aside, the gradient norm, the one
     host read and optimizer.step), timed rounds only."""

@@ -1,6 +1,7 @@
 """Where a step is measured, leaving the model as it was: on a fake copy (FakeTensorMode: nothing computed; a step
 that reads a value falls back to a real copy on the CPU), on a real copy, or, for an FSDP2 model, on the model
 itself, put back after; a DistributedDataParallel model as its module and DDP's gradient buckets."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,16 +14,30 @@ import warnings
 from typing import Callable
 
 import torch
-from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeCopyMode,
-                                          FakeTensorMode)
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeCopyMode,
+    FakeTensorMode,
+)
 
 from . import cycle, sharded
 from .i18n import _
 from .measured_step import ALLOCATOR, FAKE, TRACKER, MemoryReport, _clone_optimizer, _measure, _on
 from .tracker import _no_collection
 
-def _measure_cycle(model, optimizer, batches, loss_weights, options: cycle.CycleOptions, micro_batch_size: int,
-                   fake: bool, device: torch.device, explain: Callable = contextlib.nullcontext) -> MemoryReport:
+
+def _measure_cycle(
+    model,
+    optimizer,
+    batches,
+    loss_weights,
+    options: cycle.CycleOptions,
+    micro_batch_size: int,
+    fake: bool,
+    device: torch.device,
+    explain: Callable = contextlib.nullcontext,
+) -> MemoryReport:
     """The memory of the cycle of `batches` with `loss_weights` and `options` (checked) on a copy of the model and
     of the optimizer, on `device` (fake: under FakeTensorMode where the model is; a step that reads a value is then
     measured for real on the CPU, with a warning). explain(): a context that words a failure of the model.
@@ -47,8 +62,17 @@ def _one_process(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
     return ddp.module, 0 if ddp.gradient_as_bucket_view else sum(p.numel() * p.element_size() for p in trainable)
 
 
-def _measure_copy(model, optimizer, batches, loss_weights, options: cycle.CycleOptions, micro_batch_size: int,
-                  fake: bool, device: torch.device, explain: Callable) -> MemoryReport:
+def _measure_copy(
+    model,
+    optimizer,
+    batches,
+    loss_weights,
+    options: cycle.CycleOptions,
+    micro_batch_size: int,
+    fake: bool,
+    device: torch.device,
+    explain: Callable,
+) -> MemoryReport:
     """`_measure_cycle` of a model that is no DistributedDataParallel."""
     home = next(model.parameters()).device
     if sharded.is_fsdp(model):  # a copy is refused by FSDP, and a trace cannot run its collectives
@@ -56,31 +80,57 @@ def _measure_copy(model, optimizer, batches, loss_weights, options: cycle.CycleO
     with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the caller's random state
         if fake:
             try:
-                return _fake_measure(model, batches, loss_weights, optimizer, device, options, micro_batch_size,
-                                     explain)
+                return _fake_measure(
+                    model, batches, loss_weights, optimizer, device, options, micro_batch_size, explain
+                )
             except _Untraceable as untraceable:
                 if home.type == "meta":
-                    raise ValueError(_("this training step cannot be traced without values: {line} reads a "
-                                       "tensor's value ({what}), and a model on the meta device has none to "
-                                       "measure with: build it on the CPU to measure a real step").format(
-                                           line=untraceable.line, what=untraceable.what)) from untraceable.error
-                warnings.warn(_("this training step cannot be traced without values: {line} reads a tensor's "
-                                "value ({what}); it was measured with a real step on the CPU instead (exact for "
-                                "this micro-batch; code that branches on values may need more on "
-                                "others)").format(line=untraceable.line, what=untraceable.what), RuntimeWarning,
-                              stacklevel=3)
+                    raise ValueError(
+                        _(
+                            "this training step cannot be traced without values: {line} reads a "
+                            "tensor's value ({what}), and a model on the meta device has none to "
+                            "measure with: build it on the CPU to measure a real step"
+                        ).format(line=untraceable.line, what=untraceable.what)
+                    ) from untraceable.error
+                warnings.warn(
+                    _(
+                        "this training step cannot be traced without values: {line} reads a tensor's "
+                        "value ({what}); it was measured with a real step on the CPU instead (exact for "
+                        "this micro-batch; code that branches on values may need more on "
+                        "others)"
+                    ).format(line=untraceable.line, what=untraceable.what),
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 device = torch.device("cpu")
         # copies: a slice would count its whole dataset otherwise
         batches = _on(batches, lambda t: t.to(device, copy=True))
         copied = copy.deepcopy(model).to(device)
         cuda = device if device.type == "cuda" else None
-        return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights,
-                        ALLOCATOR if cuda else TRACKER, torch.cuda.get_device_name(device) if cuda else "cpu",
-                        options, micro_batch_size, explain, cuda=cuda)
+        return _measure(
+            copied,
+            _clone_optimizer(optimizer, model, copied),
+            batches,
+            loss_weights,
+            ALLOCATOR if cuda else TRACKER,
+            torch.cuda.get_device_name(device) if cuda else "cpu",
+            options,
+            micro_batch_size,
+            explain,
+            cuda=cuda,
+        )
 
 
-def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.CycleOptions, micro_batch_size: int,
-                      fake: bool, explain: Callable) -> MemoryReport:
+def _measured_sharded(
+    model,
+    optimizer,
+    batches,
+    loss_weights,
+    options: cycle.CycleOptions,
+    micro_batch_size: int,
+    fake: bool,
+    explain: Callable,
+) -> MemoryReport:
     """The memory one process holds in a step of an FSDP2 (fully_shard) model: its shards of the parameters,
     gradients and optimizer state, the parameters and gradients each unit gathers, the micro-batches' activations.
 
@@ -93,9 +143,15 @@ def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.Cy
     unit's gradient); what this process needed less is counted in `other`. The collectives run on copies
     (`_collective`): the backend's thread frees none of the counted storages."""
     if fake:
-        warnings.warn(_("model is sharded with fully_shard (FSDP2): its step cannot be traced without values (a "
-                        "trace runs no all-gather or reduce-scatter), so it was measured with a real step on every "
-                        "process, then undone"), RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            _(
+                "model is sharded with fully_shard (FSDP2): its step cannot be traced without values (a "
+                "trace runs no all-gather or reduce-scatter), so it was measured with a real step on every "
+                "process, then undone"
+            ),
+            RuntimeWarning,
+            stacklevel=4,
+        )
     params, buffers = list(model.parameters()), list(model.buffers())
     shards = [sharded.local(p).detach().clone() for p in params]
     kept = [b.detach().clone() for b in buffers]
@@ -107,9 +163,18 @@ def _measured_sharded(model, optimizer, batches, loss_weights, options: cycle.Cy
         with torch.random.fork_rng(devices=[device] if cuda else []), _no_collection():
             for p in params:
                 p.grad = None
-            report = _measure(model, _clone_optimizer(optimizer, model, model), batches, loss_weights,
-                              ALLOCATOR if cuda else TRACKER, torch.cuda.get_device_name(device) if cuda else "cpu",
-                              options, micro_batch_size, explain, cuda=cuda)
+            report = _measure(
+                model,
+                _clone_optimizer(optimizer, model, model),
+                batches,
+                loss_weights,
+                ALLOCATOR if cuda else TRACKER,
+                torch.cuda.get_device_name(device) if cuda else "cpu",
+                options,
+                micro_batch_size,
+                explain,
+                cuda=cuda,
+            )
         busiest = torch.tensor([report.peak], dtype=torch.float64, device=device)
         torch.distributed.all_reduce(busiest, torch.distributed.ReduceOp.MAX)  # the same answer on every process
         more = int(busiest.item()) - report.peak
@@ -136,10 +201,12 @@ class _Untraceable(Exception):
         optimizer = [f for f in frames if f"{os.sep}optim{os.sep}" in f.filename]
         if mine:
             self.line = _("the model or loss_fn ({file}, line {number}: {code})").format(
-                file=mine[-1].filename, number=mine[-1].lineno, code=mine[-1].line)
+                file=mine[-1].filename, number=mine[-1].lineno, code=mine[-1].line
+            )
         elif optimizer:
             self.line = _("the optimizer's step ({file}, line {number}: {code})").format(
-                file=optimizer[-1].filename, number=optimizer[-1].lineno, code=optimizer[-1].line)
+                file=optimizer[-1].filename, number=optimizer[-1].lineno, code=optimizer[-1].line
+            )
         else:
             self.line = _("a line of the step")
 
@@ -152,8 +219,7 @@ def _library_file(filename: str) -> bool:
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
-def _fake_measure(model, batches, loss_weights, optimizer, device, options, micro_batch_size,
-                  explain) -> MemoryReport:
+def _fake_measure(model, batches, loss_weights, optimizer, device, options, micro_batch_size, explain) -> MemoryReport:
     """_measure_cycle under FakeTensorMode; _Untraceable when the forward pass reads a tensor's value."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with FakeCopyMode(mode):
@@ -163,9 +229,17 @@ def _fake_measure(model, batches, loss_weights, optimizer, device, options, micr
     try:
         with mode:  # where the step runs (a fake 'cuda' one too); new storages of the micro-batch's size
             batches = _on(batches, functools.partial(_fake_made_on, device=device))
-            return _measure(copied, _clone_optimizer(optimizer, model, copied), batches, loss_weights, FAKE,
-                            f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)", options, micro_batch_size,
-                            explain)
+            return _measure(
+                copied,
+                _clone_optimizer(optimizer, model, copied),
+                batches,
+                loss_weights,
+                FAKE,
+                f"{'cuda' if device.type == 'cuda' else 'cpu'} (fake)",
+                options,
+                micro_batch_size,
+                explain,
+            )
     except _DATA_DEPENDENT as error:  # not worded by explain()
         raise _Untraceable(error) from None
     except ValueError as error:

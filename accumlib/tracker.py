@@ -10,6 +10,7 @@ Every storage alive at the moment of the peak is put in one category (`CATEGORIE
 gradient, optimizer state); tensors that existed before the step (weights, the micro-batch, `.grad`, optimizer
 state) keep their own names.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,25 +29,25 @@ from .budget import allocation_bytes
 # then what one micro-batch brings.
 CATEGORY_DEFINITIONS = {
     "parameters": "the model's weights and buffers (BatchNorm's running statistics, a registered mask); fixed "
-                  "by the model",
+    "by the model",
     "gradients": "the .grad of every trainable parameter, summed over the micro-batches of the step; fixed by "
-                 "the model (during a step's first backward pass only the part built so far)",
+    "the model (during a step's first backward pass only the part built so far)",
     "incoming gradients": "a parameter's gradient from the current micro-batch, computed by backward() and not "
-                          "yet added into .grad: from the second micro-batch of a step on, at most the size of "
-                          "the model (with one micro-batch per step it becomes .grad itself)",
+    "yet added into .grad: from the second micro-batch of a step on, at most the size of "
+    "the model (with one micro-batch per step it becomes .grad itself)",
     "optimizer state": "what the optimizer keeps between steps (Adam: two moments per parameter and a step "
-                       "count; plain SGD: nothing); fixed by the model",
+    "count; plain SGD: nothing); fixed by the model",
     "optimizer temporaries": "tensors optimizer.step() creates and frees while it updates the weights; "
-                             "fixed by the model",
+    "fixed by the model",
     "inputs": "the micro-batch itself (x and y); proportional to the micro-batch",
     "activations": "intermediate results of the forward pass saved for backward() (the input batch and the "
-                   "weights are counted under their own names); proportional to the micro-batch",
+    "weights are counted under their own names); proportional to the micro-batch",
     "activation gradients": "gradients with respect to the activations, which backward() computes layer by "
-                            "layer on its way to the parameters; proportional to the micro-batch",
+    "layer on its way to the parameters; proportional to the micro-batch",
     "other": "everything else alive at the peak: results of the forward pass that backward() does not need "
-             "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
-             "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
-             "rounding and workspaces",
+    "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
+    "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
+    "rounding and workspaces",
 }
 CATEGORIES = tuple(CATEGORY_DEFINITIONS)
 
@@ -211,8 +212,10 @@ def step_peak(device: torch.device, params, optimizer):
         # step's (the data, other models, cuBLAS's workspace, taken first), as check_fits traces it
         budget._take_workspaces(device)
         torch.cuda.synchronize(device)
-        held = {id(t.untyped_storage()): allocation_bytes(t.untyped_storage().nbytes(), device)
-                for t in _persistent_tensors(params, optimizer)}
+        held = {
+            id(t.untyped_storage()): allocation_bytes(t.untyped_storage().nbytes(), device)
+            for t in _persistent_tensors(params, optimizer)
+        }
         before = torch.cuda.memory_allocated(device) - sum(held.values())
         torch.cuda.reset_peak_memory_stats(device)
         yield result

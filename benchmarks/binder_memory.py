@@ -12,6 +12,7 @@ the kernel and all of the kernel's descendants every 20 ms, and prints the peak 
 Linux only (/proc). Run it with OMP_NUM_THREADS=1 as `make test` does; the numbers are this machine's and move by
 a few MiB from run to run (allocator and import order), so they are rounded to 10 MiB.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def pss(pid: int) -> int:
@@ -120,16 +121,21 @@ def main() -> int:
         import platform
         from importlib.metadata import version  # not `import torch`: this process's PSS would count it
 
-        print(f"Python {platform.python_version()}, torch {version('torch')}, OMP_NUM_THREADS="
-              f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {os.cpu_count()} CPUs; PSS of the driving process, "
-              f"the kernel and its descendants, sampled every 20 ms; one fresh driving process per notebook",
-              flush=True)
+        print(
+            f"Python {platform.python_version()}, torch {version('torch')}, OMP_NUM_THREADS="
+            f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {os.cpu_count()} CPUs; PSS of the driving process, "
+            f"the kernel and its descendants, sampled every 20 ms; one fresh driving process per notebook",
+            flush=True,
+        )
         import subprocess
+
         return max(subprocess.run([sys.executable, __file__, str(path)]).returncode for path in args.notebooks)
     path = args.notebooks[0]
     sampler = measure(path.resolve())
-    print(f"{path}: peak {round(sampler.peak / MIB, -1):.0f} MiB PSS, during {sampler.peak_label}, "
-          f"{len(sampler.peak_processes)} processes:")
+    print(
+        f"{path}: peak {round(sampler.peak / MIB, -1):.0f} MiB PSS, during {sampler.peak_label}, "
+        f"{len(sampler.peak_processes)} processes:"
+    )
     for process, size in sampler.peak_processes:
         print(f"    {size / MIB:4.0f} MiB  {process}")
     print("  peak by cell:")

@@ -32,6 +32,7 @@ The checks, each on the device `accumlib.lessons.devices.pick()` chooses (ACCUML
    started by torchrun on the GPUs (one process per GPU, at most 2) with nccl; each must exit 0 and say what it checks
    (the LM: every process holds the same weights). On the CPU, tests/library/test_torchrun.py runs them with gloo.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,10 @@ def clock(device: torch.device) -> float:
 def lessons(device: torch.device, options) -> tuple[str, list[str]]:
     """Every notebook of notebooks/en executed in a fresh kernel on `device`."""
     if device.type == "cpu" and not options.notebooks:
-        return "skipped", ["on the CPU, `make test` (nbval) runs every lesson and compares its outputs; "
-                           "pass --notebooks to execute them here too"]
+        return "skipped", [
+            "on the CPU, `make test` (nbval) runs every lesson and compares its outputs; "
+            "pass --notebooks to execute them here too"
+        ]
     try:
         import nbclient
         import nbformat
@@ -97,11 +100,19 @@ def lessons(device: torch.device, options) -> tuple[str, list[str]]:
         nb = nbformat.read(path, as_version=4)
         started = time.perf_counter()
         try:
-            nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                                    resources={"metadata": {"path": str(path.parent)}}).execute()
+            nbclient.NotebookClient(
+                nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+            ).execute()
         except nbclient.exceptions.CellExecutionError as error:
-            cell = next((i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code" and any(
-                o.get("output_type") == "error" for o in c.get("outputs", []))), "?")
+            cell = next(
+                (
+                    i
+                    for i, c in enumerate(nb.cells)
+                    if c.get("cell_type") == "code"
+                    and any(o.get("output_type") == "error" for o in c.get("outputs", []))
+                ),
+                "?",
+            )
             return "FAILED", f"{path.name}: cell {cell}: {error.ename}: {str(error.evalue)[:200]}"
         except Exception as error:  # noqa: BLE001 - a kernel that died or timed out is a result too
             return "FAILED", f"{path.name}: {type(error).__name__}: {str(error)[:200]}"
@@ -124,8 +135,10 @@ def allocator_against_tracker(device: torch.device, options) -> tuple[str, list[
     if device.type != "cuda":
         return "skipped", lines + ["no CUDA device: the allocator's peak is not measured"]
     cuda = memory.measure_step(copy.deepcopy(model).to(device), X.to(device), y.to(device), device=device)
-    lines.append(f"CUDA allocator ({cuda.method}): peak {cuda.peak:,} bytes in {cuda.peak_phase}: "
-                 f"{cuda.peak / cpu.peak:.2f}x the tracker, {cuda.peak - cpu.peak:+,} bytes")
+    lines.append(
+        f"CUDA allocator ({cuda.method}): peak {cuda.peak:,} bytes in {cuda.peak_phase}: "
+        f"{cuda.peak / cpu.peak:.2f}x the tracker, {cuda.peak - cpu.peak:+,} bytes"
+    )
     ok = cuda.peak >= cpu.peak  # the allocator holds at least the live tensors (rounded up to blocks)
     return ("ok" if ok else "FAILED"), lines
 
@@ -141,25 +154,43 @@ def fit_batch_under_a_real_cap(device: torch.device, options) -> tuple[str, list
 
     model = build().to(device)  # planned where it trains: on CUDA the trace counts the allocator's 512-byte blocks
     plan = memory.fit_batch(model, (X[:1], y[:1]), target_batch=512, budget_bytes=budget)
-    lines = [f"plan: {plan.micro_batch_size} x {plan.accum_steps}, peak {plan.peak_bytes:,} bytes of {budget:,} "
-             f"(the next larger micro-batch, {plan.next_micro_batch_size}, needs {plan.next_peak_bytes or 0:,})"]
+    lines = [
+        f"plan: {plan.micro_batch_size} x {plan.accum_steps}, peak {plan.peak_bytes:,} bytes of {budget:,} "
+        f"(the next larger micro-batch, {plan.next_micro_batch_size}, needs {plan.next_peak_bytes or 0:,})"
+    ]
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05),
-                             micro_batch_size=plan.micro_batch_size, accum_steps=plan.accum_steps, epochs=1,
-                             memory_budget=budget, measure_memory=True, device=device)
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=plan.micro_batch_size,
+        accum_steps=plan.accum_steps,
+        epochs=1,
+        memory_budget=budget,
+        measure_memory=True,
+        device=device,
+    )
     peaks = [r.peak_memory_bytes for r in history if r.peak_memory_bytes is not None]
-    lines.append(f"trained under memory_budget={budget:,} on {device}: {len(history)} steps, peak "
-                 f"{max(peaks):,} bytes" + (f", allocator reserved at most {torch.cuda.max_memory_reserved(device):,}"
-                                            if device.type == "cuda" else ""))
+    lines.append(
+        f"trained under memory_budget={budget:,} on {device}: {len(history)} steps, peak "
+        f"{max(peaks):,} bytes"
+        + (f", allocator reserved at most {torch.cuda.max_memory_reserved(device):,}" if device.type == "cuda" else "")
+    )
     refused = plan.next_micro_batch_size is None
     if plan.next_micro_batch_size is not None:
         try:
             bigger = build().to(device)
-            accumlib.train(bigger, (X, y), torch.optim.SGD(bigger.parameters(), lr=0.05),
-                           micro_batch_size=plan.next_micro_batch_size,
-                           accum_steps=512 // plan.next_micro_batch_size, memory_budget=budget, device=device)
+            accumlib.train(
+                bigger,
+                (X, y),
+                torch.optim.SGD(bigger.parameters(), lr=0.05),
+                micro_batch_size=plan.next_micro_batch_size,
+                accum_steps=512 // plan.next_micro_batch_size,
+                memory_budget=budget,
+                device=device,
+            )
         except accumlib.OutOfMemory as error:
             refused = True
             lines.append(f"next size refused: {str(error)[:160]}")
@@ -178,8 +209,16 @@ def amp(device: torch.device, options) -> tuple[str, list[str]]:
     for label, mode in modes:
         model = models.mlp().to(device)
         try:
-            history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=16,
-                                     accum_steps=4, epochs=2, amp=mode, device=device)
+            history = accumlib.train(
+                model,
+                (X, y),
+                torch.optim.SGD(model.parameters(), lr=0.5),
+                micro_batch_size=16,
+                accum_steps=4,
+                epochs=2,
+                amp=mode,
+                device=device,
+            )
         except Exception as error:  # noqa: BLE001 - reported as the check's result
             ok = False
             lines.append(f"{label}: {type(error).__name__}: {str(error)[:160]}")
@@ -187,8 +226,10 @@ def amp(device: torch.device, options) -> tuple[str, list[str]]:
         finite = all(math.isfinite(r.loss) for r in history)
         skipped = sum(r.skipped for r in history)
         ok &= finite and skipped < len(history) // 2
-        lines.append(f"{label}: {len(history)} steps, {skipped} skipped, every loss finite: "
-                     f"{'yes' if finite else 'no'}, final loss {history[-1].loss:.3f}")
+        lines.append(
+            f"{label}: {len(history)} steps, {skipped} skipped, every loss finite: "
+            f"{'yes' if finite else 'no'}, final loss {history[-1].loss:.3f}"
+        )
     if not bf16:
         lines.append("bf16: skipped, this GPU has no native bf16 (accumlib.devices.supports_bf16)")
     return ("ok" if ok else "FAILED"), lines
@@ -203,8 +244,10 @@ def host_reads(device: torch.device, options) -> tuple[str, list[str]]:
     accumlib.train(model, (X[:64], y[:64]), optimizer, micro_batch_size=8, accum_steps=4, device=device)  # warm-up
     with HostReads() as reads:
         history = accumlib.train(model, (X, y), optimizer, micro_batch_size=8, accum_steps=4, device=device)
-    lines = [f"host reads: {reads.count} for {len(history)} steps of 4 micro-batches ({reads.count / len(history):.1f} "
-             f"per step)"]
+    lines = [
+        f"host reads: {reads.count} for {len(history)} steps of 4 micro-batches ({reads.count / len(history):.1f} "
+        f"per step)"
+    ]
     ok = reads.count / len(history) < 4  # fewer than one per micro-batch
     if device.type != "cuda":
         return ("ok" if ok else "FAILED"), lines + ["CUDA sync debug mode: skipped, no CUDA device"]
@@ -216,8 +259,10 @@ def host_reads(device: torch.device, options) -> tuple[str, list[str]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     syncs = sum("synchroniz" in str(w.message) for w in caught)
-    lines.append(f"CUDA syncs reported by set_sync_debug_mode('warn'): {syncs} for {len(history)} steps "
-                 f"({syncs / len(history):.1f} per step)")
+    lines.append(
+        f"CUDA syncs reported by set_sync_debug_mode('warn'): {syncs} for {len(history)} steps "
+        f"({syncs / len(history):.1f} per step)"
+    )
     return ("ok" if ok and syncs / len(history) < 4 else "FAILED"), lines
 
 
@@ -241,8 +286,9 @@ def overhead(device: torch.device, options) -> tuple[str, list[str]]:
     ratios = []
     for round_ in range(11):
         seconds = {}
-        for name, loop in ((("hand", hand_written), ("train", library)) if round_ % 2 else
-                           (("train", library), ("hand", hand_written))):
+        for name, loop in (
+            (("hand", hand_written), ("train", library)) if round_ % 2 else (("train", library), ("hand", hand_written))
+        ):
             model = models.mlp().to(device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
             started = clock(device)
@@ -252,8 +298,10 @@ def overhead(device: torch.device, options) -> tuple[str, list[str]]:
             ratios.append(seconds["train"] / seconds["hand"])
     ratio = statistics.median(ratios)
     what = "wall time after synchronize" if device.type == "cuda" else "CPU time of this process"
-    return "ok", [f"accumlib.train / hand-written loop, {len(X) // (m * k)} steps of {k} x {m}: median {ratio:.2f}x "
-                  f"over {len(ratios)} rounds ({what}; from {min(ratios):.2f}x to {max(ratios):.2f}x)"]
+    return "ok", [
+        f"accumlib.train / hand-written loop, {len(X) // (m * k)} steps of {k} x {m}: median {ratio:.2f}x "
+        f"over {len(ratios)} rounds ({what}; from {min(ratios):.2f}x to {max(ratios):.2f}x)"
+    ]
 
 
 @check
@@ -273,28 +321,46 @@ def small_cards(device: torch.device, options) -> tuple[str, list[str]]:
             asked = torch.cuda.memory_stats(device).get("requested_bytes.all.peak", 0) - requested
             same = (traced <= card) == (measured <= card)
             ok &= same
-            line += (f"; allocator {measured:,} ({measured - traced:+,}: cuDNN's workspaces and unsplit blocks), "
-                     f"requested {asked:,}; the same verdict: {'yes' if same else 'NO'}")
+            line += (
+                f"; allocator {measured:,} ({measured - traced:+,}: cuDNN's workspaces and unsplit blocks), "
+                f"requested {asked:,}; the same verdict: {'yes' if same else 'NO'}"
+            )
         lines.append(line)
     plan = memory.fit_batch(models.cnn().to(device), (X[:1], y[:1]), target_batch=256, budget_bytes=2**19)
-    lines.append(f"lesson 5, 0.5 MiB card: plan {plan.micro_batch_size} x {plan.accum_steps}, trace "
-                 f"{plan.peak_bytes:,} bytes; next {plan.next_micro_batch_size} needs {plan.next_peak_bytes or 0:,}")
+    lines.append(
+        f"lesson 5, 0.5 MiB card: plan {plan.micro_batch_size} x {plan.accum_steps}, trace "
+        f"{plan.peak_bytes:,} bytes; next {plan.next_micro_batch_size} needs {plan.next_peak_bytes or 0:,}"
+    )
     model = models.cnn().to(device)
-    history = accumlib.train(model, (X[:256], y[:256]), torch.optim.SGD(model.parameters(), lr=0.05),
-                             micro_batch_size=plan.micro_batch_size, accum_steps=plan.accum_steps,
-                             memory_budget=plan.budget_bytes, measure_memory=True, device=device)
+    history = accumlib.train(
+        model,
+        (X[:256], y[:256]),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=plan.micro_batch_size,
+        accum_steps=plan.accum_steps,
+        memory_budget=plan.budget_bytes,
+        measure_memory=True,
+        device=device,
+    )
     recorded = max(r.peak_memory_bytes for r in history)
     within = recorded <= plan.budget_bytes
     ok &= within
-    lines.append(f"trained: {len(history)} step, recorded step peak {recorded:,} bytes "
-                 f"({'within' if within else 'OVER'} the card's {plan.budget_bytes:,})")
+    lines.append(
+        f"trained: {len(history)} step, recorded step peak {recorded:,} bytes "
+        f"({'within' if within else 'OVER'} the card's {plan.budget_bytes:,})"
+    )
     if plan.next_micro_batch_size is not None:
         try:
             bigger = models.cnn().to(device)
-            accumlib.train(bigger, (X[:256], y[:256]), torch.optim.SGD(bigger.parameters(), lr=0.05),
-                           micro_batch_size=plan.next_micro_batch_size,
-                           accum_steps=256 // plan.next_micro_batch_size, memory_budget=plan.budget_bytes,
-                           device=device)
+            accumlib.train(
+                bigger,
+                (X[:256], y[:256]),
+                torch.optim.SGD(bigger.parameters(), lr=0.05),
+                micro_batch_size=plan.next_micro_batch_size,
+                accum_steps=256 // plan.next_micro_batch_size,
+                memory_budget=plan.budget_bytes,
+                device=device,
+            )
             ok = False
             lines.append("the next plan was NOT refused")
         except accumlib.OutOfMemory as error:
@@ -314,8 +380,7 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
     with mock.patch.dict(os.environ, {devices.VARIABLE: "cpu"}):  # put back as it was, whatever happens
         model = models.mlp()
         X, y = data.digits(64, flat=True)
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8,
-                       accum_steps=2)
+        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8, accum_steps=2)
         on = next(model.parameters()).device
         ok &= on.type == "cpu"
         lines.append(f"train(device=None) with {devices.VARIABLE}=cpu trained on {on}")
@@ -326,9 +391,11 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
 
     runs = {f"quiz: {name}": (lambda run=run: run(device)) for name, (run, _message) in experiments.RUNS.items()}
     for name in ("LossDashboard", "MemoryDashboard", "BatchNormDashboard"):
+
         def compute(name=name):
             board = getattr(widgets, name)(device=device)
             board.compute(board.current_settings(), Job())
+
         runs[f"dashboard: {name}"] = compute
     with mock.patch.dict(os.environ, {devices.VARIABLE: str(device)}):  # the checkers' device: devices.pick()'s
         runs["checker: memory_plan"] = lambda: exercises.memory_plan.verdict(8, 32)
@@ -341,8 +408,10 @@ def one_device(device: torch.device, options) -> tuple[str, list[str]]:
                 verdict = getattr(result, "text", None)
                 bad = verdict is not None and ("device" in verdict and "expected" in verdict)
                 ok &= not bad
-                lines.append(f"{label}: ran on {device} ({time.perf_counter() - began:.1f} s)"
-                             + (f": {verdict.splitlines()[0][:100]}" if bad else ""))
+                lines.append(
+                    f"{label}: ran on {device} ({time.perf_counter() - began:.1f} s)"
+                    + (f": {verdict.splitlines()[0][:100]}" if bad else "")
+                )
             except Exception as error:  # noqa: BLE001 - reported as the check's result
                 ok = False
                 lines.append(f"{label}: {type(error).__name__}: {str(error)[:160]}")
@@ -357,14 +426,28 @@ def examples(device: torch.device, options) -> tuple[str, list[str]]:
     import subprocess
 
     processes = min(2, torch.cuda.device_count())
-    runs = [("causal_lm.py", []), ("causal_lm.py", ["--fsdp2"]), ("image_batchnorm.py", []),
-            ("image_batchnorm.py", ["--fsdp2"]), ("image_batchnorm.py", ["--sync-bn"])]
+    runs = [
+        ("causal_lm.py", []),
+        ("causal_lm.py", ["--fsdp2"]),
+        ("image_batchnorm.py", []),
+        ("image_batchnorm.py", ["--fsdp2"]),
+        ("image_batchnorm.py", ["--sync-bn"]),
+    ]
     lines, ok = [], True
     for script, arguments in runs:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                   str(ROOT / "examples" / script), *arguments]
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                                                  os.environ.get("PYTHONPATH")]))}
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            str(ROOT / "examples" / script),
+            *arguments,
+        ]
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=environment, check=False)
             output = (done.stdout.strip().splitlines() or [""])[-1]
@@ -385,8 +468,10 @@ def main() -> int:
     device = devices.pick()
     torch.manual_seed(0)
     name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    print(f"gpu_check on {device}{name}; torch {torch.__version__}, CUDA "
-          f"{torch.version.cuda or 'none (a CPU build)'}; threads {torch.get_num_threads()}")
+    print(
+        f"gpu_check on {device}{name}; torch {torch.__version__}, CUDA "
+        f"{torch.version.cuda or 'none (a CPU build)'}; threads {torch.get_num_threads()}"
+    )
     if device.type != "cuda":
         print("No CUDA device: the GPU-only parts are skipped, each with its reason.")
     results, started = [], time.perf_counter()
@@ -396,8 +481,14 @@ def main() -> int:
             status, lines = function(device, options)
         except Exception as error:  # noqa: BLE001 - one failed check must not hide the others
             status, lines = "FAILED", [f"{type(error).__name__}: {error}", *traceback.format_exc().splitlines()[-3:]]
-        results.append({"check": function.__name__, "status": status, "seconds": round(time.perf_counter() - began, 1),
-                        "lines": lines})
+        results.append(
+            {
+                "check": function.__name__,
+                "status": status,
+                "seconds": round(time.perf_counter() - began, 1),
+                "lines": lines,
+            }
+        )
         print(f"\n[{status}] {function.__name__} ({results[-1]['seconds']} s): {function.__doc__.splitlines()[0]}")
         for line in lines:
             print(f"    {line}")
@@ -407,8 +498,9 @@ def main() -> int:
         print(f"{result['check']:<28}{result['status']:<10}{result['seconds']}")
     print(f"total {total:.0f} s on {device}")
     if options.json:
-        options.json.write_text(json.dumps({"device": str(device), "torch": torch.__version__,
-                                            "results": results}, indent=1) + "\n")
+        options.json.write_text(
+            json.dumps({"device": str(device), "torch": torch.__version__, "results": results}, indent=1) + "\n"
+        )
     return 1 if any(r["status"] == "FAILED" for r in results) else 0
 
 

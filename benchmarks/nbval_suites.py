@@ -9,6 +9,7 @@ now:    both editions of this working tree (notebooks/en and notebooks/hi), as `
         2 pytest-xdist workers, --dist loadfile (a notebook's cells in order in one kernel), OMP_NUM_THREADS=1.
 The target of the Hindi-edition issue: now / before <= 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,15 +44,24 @@ def suites(before_tree: Path) -> dict[str, tuple[list[str], Path, dict[str, str]
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
     return {
         "before": ([sys.executable, "-m", "pytest", *NBVAL], before_tree, {**base, "PYTHONPATH": str(before_tree)}),
-        "now": ([sys.executable, "-m", "pytest", "-n", str(WORKERS), "--dist", "loadfile", *NBVAL], ROOT,
-                {**base, "OMP_NUM_THREADS": "1"}),
+        "now": (
+            [sys.executable, "-m", "pytest", "-n", str(WORKERS), "--dist", "loadfile", *NBVAL],
+            ROOT,
+            {**base, "OMP_NUM_THREADS": "1"},
+        ),
     }
 
 
 def imported_accumlib(folder: Path, env: dict[str, str]) -> Path:
     """Where `import accumlib` resolves for a suite's environment (a kernel imports the same)."""
-    out = subprocess.run([sys.executable, "-c", "import accumlib; print(accumlib.__file__)"], cwd=folder / "notebooks",
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", "import accumlib; print(accumlib.__file__)"],
+        cwd=folder / "notebooks",
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return Path(out.strip()).parent
 
 
@@ -85,28 +95,43 @@ def measure(rounds: int = 1) -> dict:
             order = ["before", "now"] if round_ % 2 == 0 else ["now", "before"]
             for name in order:
                 runs[name].append(run_suite(*commands[name]))
-        notebooks = {"before": sorted(str(p.relative_to(tree)) for p in (tree / "notebooks").rglob("*.ipynb")),
-                     "now": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").rglob("*.ipynb")
-                                   if ".ipynb_checkpoints" not in p.parts)}
-    result = {name: {"median_s": statistics.median(r["seconds"] for r in runs[name]),
-                     "runs_s": [round(r["seconds"], 1) for r in runs[name]], "notebooks": notebooks[name],
-                     "counts": runs[name][-1]["counts"], "summary": runs[name][-1]["summary"],
-                     "passed": all(r["returncode"] == 0 for r in runs[name])}
-              for name in runs}
+        notebooks = {
+            "before": sorted(str(p.relative_to(tree)) for p in (tree / "notebooks").rglob("*.ipynb")),
+            "now": sorted(
+                str(p.relative_to(ROOT))
+                for p in (ROOT / "notebooks").rglob("*.ipynb")
+                if ".ipynb_checkpoints" not in p.parts
+            ),
+        }
+    result = {
+        name: {
+            "median_s": statistics.median(r["seconds"] for r in runs[name]),
+            "runs_s": [round(r["seconds"], 1) for r in runs[name]],
+            "notebooks": notebooks[name],
+            "counts": runs[name][-1]["counts"],
+            "summary": runs[name][-1]["summary"],
+            "passed": all(r["returncode"] == 0 for r in runs[name]),
+        }
+        for name in runs
+    }
     result["ratio"] = result["now"]["median_s"] / result["before"]["median_s"]
     return result
 
 
 def report(result: dict) -> str:
     lines = []
-    for name, how in (("before", f"{BEFORE}, English only, serial, default threads"),
-                      ("now", f"both editions, {WORKERS} workers --dist loadfile, OMP_NUM_THREADS=1")):
+    for name, how in (
+        ("before", f"{BEFORE}, English only, serial, default threads"),
+        ("now", f"both editions, {WORKERS} workers --dist loadfile, OMP_NUM_THREADS=1"),
+    ):
         suite = result[name]
         verdict = "" if suite["passed"] else f"  FAILED: {suite['summary']}"
         runs = ", ".join(f"{s:.0f}" for s in suite["runs_s"])
-        lines.append(f"   {name:<7}{suite['median_s']:6.1f} s (runs: {runs} s)  "
-                     f"{len(suite['notebooks']):2d} notebooks, {suite['counts'].get('passed', 0):3d} cells passed "
-                     f"({how}){verdict}")
+        lines.append(
+            f"   {name:<7}{suite['median_s']:6.1f} s (runs: {runs} s)  "
+            f"{len(suite['notebooks']):2d} notebooks, {suite['counts'].get('passed', 0):3d} cells passed "
+            f"({how}){verdict}"
+        )
     lines.append(f"   ratio now / before: {result['ratio']:.2f} (target <= 1)")
     return "nbval notebook suite, median of " + f"{len(result['now']['runs_s'])} run(s) each:\n" + "\n".join(lines)
 

@@ -14,6 +14,7 @@ epochs in paired rounds, tried first, drift too much on a shared 2-core machine:
 time of this process (time.process_time) at one thread: other programs on the machine inflate it less than wall
 time. On CUDA it is wall time after a synchronize.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,17 @@ def with_accelerate(model, X, y, optimizer, m, k, generator):
 
 def with_accumlib(measure_memory):
     def run(model, X, y, optimizer, m, k, generator):
-        accumlib.train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, seed=int(generator.initial_seed()),
-                       measure_memory=measure_memory, device=X.device)
+        accumlib.train(
+            model,
+            (X, y),
+            optimizer,
+            micro_batch_size=m,
+            accum_steps=k,
+            seed=int(generator.initial_seed()),
+            measure_memory=measure_memory,
+            device=X.device,
+        )
+
     return run
 
 
@@ -105,7 +115,7 @@ def step_seconds(loops: dict, build, X, y, m: int, k: int, rounds: int) -> dict[
     times = {name: [] for name in loops}
     for repeat in range(rounds + 1):
         order = list(loops.items())
-        for name, train_loop in (order if repeat % 2 else order[::-1]):
+        for name, train_loop in order if repeat % 2 else order[::-1]:
             model = build().to(X.device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
             started = clock(X.device)
@@ -120,8 +130,9 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool,
-                   **train_options) -> dict[str, list[float]]:
+def adjacent_steps(
+    device: torch.device, k: int, epochs: int, accelerate: bool, **train_options
+) -> dict[str, list[float]]:
     """Per optimizer step of accumlib.train (after the first; with train_options), its time over that of a
     hand-written step taken right after it; likewise a second hand-written step (the machine's noise: an A/A
     comparison) and an Accelerate step.
@@ -162,11 +173,21 @@ def adjacent_steps(device: torch.device, k: int, epochs: int, accelerate: bool,
         last.append(clock(device))
 
     model = models.cnn(seed=0).to(device)
-    accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m, accum_steps=k,
-                   epochs=epochs, on_step=on_step, device=device, **train_options)
+    accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=m,
+        accum_steps=k,
+        epochs=epochs,
+        on_step=on_step,
+        device=device,
+        **train_options,
+    )
     base = times.pop("hand-written")
-    return ({name: [a / b for a, b in zip(t, base, strict=True)] for name, t in times.items()}
-            | {"hand-written seconds": base})
+    return {name: [a / b for a, b in zip(t, base, strict=True)] for name, t in times.items()} | {
+        "hand-written seconds": base
+    }
 
 
 def traced_cycle_cost(device: torch.device, k: int = 4) -> tuple[int, float]:
@@ -174,8 +195,15 @@ def traced_cycle_cost(device: torch.device, k: int = 4) -> tuple[int, float]:
     over the median cycle's."""
     X, y = (t.to(device) for t in data.digits(1792))
     model = models.cnn(seed=0).to(device)
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05),
-                             micro_batch_size=EFFECTIVE_BATCH // k, accum_steps=k, measure_memory=True, device=device)
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=EFFECTIVE_BATCH // k,
+        accum_steps=k,
+        measure_memory=True,
+        device=device,
+    )
     seconds = [r.seconds for r in history]
     traced = 1 if device.type == "cpu" else len(seconds)  # one layout here: every cycle has k full micro-batches
     return traced, seconds[0] / statistics.median(seconds)
@@ -202,8 +230,15 @@ def host_reads(loops: dict, device: torch.device) -> dict[int, dict]:
 
         model = models.cnn(seed=0).to(device)
         with HostReads() as reads:
-            accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=m,
-                           accum_steps=k, loss_fn=counting_loss, device=device)
+            accumlib.train(
+                model,
+                (X, y),
+                torch.optim.SGD(model.parameters(), lr=0.05),
+                micro_batch_size=m,
+                accum_steps=k,
+                loss_fn=counting_loss,
+                device=device,
+            )
         inside = sum(b - a for i, (a, b) in enumerate(itertools.pairwise(at_micro_batch)) if (i + 1) % k)
         row["accumlib, between micro-batches"] = inside / len(at_micro_batch)
         table[k] = row
@@ -246,12 +281,14 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "buffer snapshot (walk over the modules, copies)": lambda loss, norms: restore._BuffersKept(model),
         "detached loss, running total, backward's seed (per micro-batch)": lambda loss, norms: per_micro_batch(loss),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
-            loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1), source._MicroBatches(indexed, [X]),
-            accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None)),
+            loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1),
+            source._MicroBatches(indexed, [X]),
+            accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None),
+        ),
     }
     times = {name: [] for name in pieces}
     for repeat in range(repeats):
-        for name, piece in (list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]):
+        for name, piece in list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]:
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(X), y)
             loss.backward()
@@ -267,8 +304,9 @@ def ddp_job_seconds() -> float:
     """Wall seconds of lesson 9's DDP job: compare_no_sync with 2 processes, 100 digits, 4 x 3 x 2, 2 epochs."""
     X, y = data.digits(100, flat=True, dtype=torch.float64)
     started = time.perf_counter()
-    ddp_lab.compare_no_sync(functools.partial(models.mlp, dtype=torch.float64), (X, y), micro_batch_size=4,
-                                accum_steps=3, epochs=2)
+    ddp_lab.compare_no_sync(
+        functools.partial(models.mlp, dtype=torch.float64), (X, y), micro_batch_size=4, accum_steps=3, epochs=2
+    )
     return time.perf_counter() - started
 
 
@@ -277,11 +315,19 @@ def accumulation_cost(repeats: int, device: torch.device) -> list[dict]:
     rows = []
     for k in ACCUM_STEPS:
         m = EFFECTIVE_BATCH // k
-        timing = accumlib.time_config(models.cnn(), (X, y), micro_batch_size=m, accum_steps=k, warmup=3,
-                                      repeats=repeats, device=device)
+        timing = accumlib.time_config(
+            models.cnn(), (X, y), micro_batch_size=m, accum_steps=k, warmup=3, repeats=repeats, device=device
+        )
         peak = memory.measure_step(models.cnn(), X[:m], y[:m], accum_steps=k, device=device)
-        rows.append({"accum_steps": k, "micro_batch_size": m, "seconds": timing.seconds_per_step,
-                     **{f"{name}_bytes": value for name, value in peak.categories().items()}, "peak_bytes": peak.peak})
+        rows.append(
+            {
+                "accum_steps": k,
+                "micro_batch_size": m,
+                "seconds": timing.seconds_per_step,
+                **{f"{name}_bytes": value for name, value in peak.categories().items()},
+                "peak_bytes": peak.peak,
+            }
+        )
     for row in rows:
         row["time_ratio"] = row["seconds"] / rows[0]["seconds"]
         row["peak_ratio"] = row["peak_bytes"] / rows[0]["peak_bytes"]
@@ -300,15 +346,35 @@ def responsiveness(changes: int, rounds: int = 3) -> dict[str, float]:
     import contextlib  # here, not at the top: this function is the dashboards' part of the file
     import io
 
-    plan = {widgets.LossDashboard: [("accum_steps", 2), ("micro_batch_size", 4), ("accum_steps", 6),
-                                    ("forget_division", True), ("micro_batch_size", 16), ("accum_steps", 3),
-                                    ("batchnorm", True)],
-            widgets.MemoryDashboard: [("accum_steps", 2), ("micro_batch_size", 4), ("accum_steps", 6),
-                                      ("budget", 1.0), ("micro_batch_size", 16), ("accum_steps", 3),
-                                      ("micro_batch_size", 2)],
-            widgets.BatchNormDashboard: [("accum_steps", 2), ("micro_batch_size", 4), ("accum_steps", 6),
-                                         ("micro_batch_size", 16), ("accum_steps", 3), ("micro_batch_size", 2),
-                                         ("accum_steps", 8)]}
+    plan = {
+        widgets.LossDashboard: [
+            ("accum_steps", 2),
+            ("micro_batch_size", 4),
+            ("accum_steps", 6),
+            ("forget_division", True),
+            ("micro_batch_size", 16),
+            ("accum_steps", 3),
+            ("batchnorm", True),
+        ],
+        widgets.MemoryDashboard: [
+            ("accum_steps", 2),
+            ("micro_batch_size", 4),
+            ("accum_steps", 6),
+            ("budget", 1.0),
+            ("micro_batch_size", 16),
+            ("accum_steps", 3),
+            ("micro_batch_size", 2),
+        ],
+        widgets.BatchNormDashboard: [
+            ("accum_steps", 2),
+            ("micro_batch_size", 4),
+            ("accum_steps", 6),
+            ("micro_batch_size", 16),
+            ("accum_steps", 3),
+            ("micro_batch_size", 2),
+            ("accum_steps", 8),
+        ],
+    }
     result = {}
     for cls, steps in plan.items():
         seconds = []
@@ -330,16 +396,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 rounds (unless --rounds), no nbval suite")
     parser.add_argument("--rounds", type=int, help="paired rounds of the fixed cost (default 31, --quick 5)")
     parser.add_argument("--epochs", type=int, help="epochs of adjacent steps per accum_steps (default 10, --quick 2)")
-    parser.add_argument("--section", type=int, choices=[1],
-                        help="run this section alone, print it and store it in benchmarks/results.json in place of "
-                             "the stored run's (the other sections are left as they are)")
+    parser.add_argument(
+        "--section",
+        type=int,
+        choices=[1],
+        help="run this section alone, print it and store it in benchmarks/results.json in place of "
+        "the stored run's (the other sections are left as they are)",
+    )
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 31)
     epochs = args.epochs or (2 if args.quick else 10)
     torch.set_num_threads(1)  # one thread: CPU time is the loop's work, with no idle-spinning second thread in it
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    machine = (f"{platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}, "
-               f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
+    machine = (
+        f"{platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}, "
+        f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}"
+    )
     print(f"machine: {machine}\n")
     results, load = {"machine": machine}, os.getloadavg()  # the machine's load (1, 5, 15 min) as the run starts
     for device in devices:
@@ -349,8 +421,12 @@ def main() -> None:
         stored = json.loads(path.read_text()) if path.exists() else {}
         for device in devices:
             stored.setdefault(device.type, {}).update(results[device.type])
-        stored["section_1_run"] = {"machine": machine, "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-                                   "load_average_at_start": list(load), "load_average_at_end": list(os.getloadavg())}
+        stored["section_1_run"] = {
+            "machine": machine,
+            "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "load_average_at_start": list(load),
+            "load_average_at_end": list(os.getloadavg()),
+        }
         path.write_text(json.dumps(stored, indent=2) + "\n")
         print("\nsection 1 alone: stored in benchmarks/results.json (section_1_run); the other sections as they were")
         return
@@ -365,6 +441,7 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
     loops = {"hand-written": hand_written, "accumlib": with_accumlib(False)}
     try:
         import accelerate  # noqa: F401  (benchmark-only extra: pip install -e '.[bench]')
+
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its column is skipped\n")
@@ -382,21 +459,33 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
     print(f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13}" + "".join(f" {n:>22}" for n in compared))
     table = {}
     for k, row in pairs.items():
-        table[k] = {"hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
-                    **{name: quartiles(row[name]) for name in compared}}
-        print(f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms  "
-              + "".join(f"  {table[k][n][1]:5.3f}x ({table[k][n][0]:.3f}-{table[k][n][2]:.3f})" for n in compared))
+        table[k] = {
+            "hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
+            **{name: quartiles(row[name]) for name in compared},
+        }
+        print(
+            f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms  "
+            + "".join(f"  {table[k][n][1]:5.3f}x ({table[k][n][0]:.3f}-{table[k][n][2]:.3f})" for n in compared)
+        )
     traced, slower = traced_cycle_cost(device)
-    print(f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
-          f"{slower:.1f}x a normal cycle's time")
-    overhead = {k: {name: dict(zip(("q1", "median", "q3"), row[name], strict=True)) for name in compared}
-                | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]} for k, row in table.items()}
+    print(
+        f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
+        f"{slower:.1f}x a normal cycle's time"
+    )
+    overhead = {
+        k: {name: dict(zip(("q1", "median", "q3"), row[name], strict=True)) for name in compared}
+        | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]}
+        for k, row in table.items()
+    }
     if only_first:
-        return {"overhead_ratio": overhead, "memory_measured": {"traced_cycles_per_epoch": traced,
-                                                                "traced_cycle_over_median": slower}}
+        return {
+            "overhead_ratio": overhead,
+            "memory_measured": {"traced_cycles_per_epoch": traced, "traced_cycle_over_median": slower},
+        }
 
-    reads = host_reads({name: loops[name] for name in ("hand-written", "accumlib", "accelerate") if name in loops},
-                       device)
+    reads = host_reads(
+        {name: loops[name] for name in ("hand-written", "accumlib", "accelerate") if name in loops}, device
+    )
     columns = list(next(iter(reads.values())))
     print("\n2. host reads (item, tolist, float, bool, int, index) per optimizer step; the last column: accumlib's")
     print("   between the micro-batches of a cycle, per micro-batch")
@@ -405,9 +494,11 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
         print(f"   {k:>11}" + "".join(f" {row[c]:>{max(len(c), 12)}.2f}" for c in columns))
 
     fixed = fixed_cost_microseconds({name: loops[name] for name in ("hand-written", "accumlib")}, rounds, device)
-    print(f"\n3. fixed cost per optimizer step with a trivial Linear(4, 2) (8 x 4): hand-written "
-          f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
-          f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)")
+    print(
+        f"\n3. fixed cost per optimizer step with a trivial Linear(4, 2) (8 x 4): hand-written "
+        f"{fixed['hand-written']:.0f} us, accumlib {fixed['accumlib']:.0f} us "
+        f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)"
+    )
     extras = accumlib_extras_microseconds(device)
     print("   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
     print(f"   (CNN, micro-batch 64): {sum(extras.values()):.0f} us in all")
@@ -418,13 +509,19 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
     print(f"\n4. cost of accumulation at a fixed effective batch of {EFFECTIVE_BATCH} (ratios to accum_steps = 1)")
     print(f"   {'accum_steps':>11} {'micro':>5} {'time':>6} {'peak':>6} {'activations':>12} {'params+grads':>13}")
     for r in cost:
-        print(f"   {r['accum_steps']:>11} {r['micro_batch_size']:>5} {r['time_ratio']:5.2f}x {r['peak_ratio']:5.2f}x "
-              f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}")
+        print(
+            f"   {r['accum_steps']:>11} {r['micro_batch_size']:>5} {r['time_ratio']:5.2f}x {r['peak_ratio']:5.2f}x "
+            f"{r['activations_bytes']:>12,} {r['parameters_bytes'] + r['gradients_bytes']:>13,}"
+        )
 
-    result = {"overhead_ratio": overhead,
-              "memory_measured": {"traced_cycles_per_epoch": traced, "traced_cycle_over_median": slower},
-              "host_reads": reads, "fixed_cost_microseconds": fixed,
-              "accumlib_extra_microseconds_per_step": extras, "accumulation_cost": cost}
+    result = {
+        "overhead_ratio": overhead,
+        "memory_measured": {"traced_cycles_per_epoch": traced, "traced_cycle_over_median": slower},
+        "host_reads": reads,
+        "fixed_cost_microseconds": fixed,
+        "accumlib_extra_microseconds_per_step": extras,
+        "accumulation_cost": cost,
+    }
     if device.type != "cpu":
         return result
     ddp = ddp_job_seconds()

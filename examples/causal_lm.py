@@ -10,6 +10,7 @@ the mean over a batch's labelled next tokens; normalize="count" weights each mic
 step's gradient is the mean over all the step's tokens on every process, whatever the batches' lengths. Rank 0
 prints each step; at the end every process's weights are compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,21 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import accumlib
-from accumlib import (cycle, cycle_checks, failures, gaps, interrupts, loop, loss_weights, losses, memory, records,
-                      restore, sharded, source)
+from accumlib import (
+    cycle,
+    cycle_checks,
+    failures,
+    gaps,
+    interrupts,
+    loop,
+    loss_weights,
+    losses,
+    memory,
+    records,
+    restore,
+    sharded,
+    source,
+)
 
 IGNORE = -100  # the label of a padding position: no loss term
 
@@ -37,9 +51,12 @@ class TinyGPT(nn.Module):
     def __init__(self, dim: int, layers: int, context: int, vocab: int = 256):
         super().__init__()
         self.tokens, self.positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=4 * dim, dropout=0.0,
-                                                               batch_first=True, norm_first=True)
-                                    for _ in range(layers))
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                dim, nhead=4, dim_feedforward=4 * dim, dropout=0.0, batch_first=True, norm_first=True
+            )
+            for _ in range(layers)
+        )
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, input_ids, attention_mask, labels=None):
@@ -51,19 +68,37 @@ class TinyGPT(nn.Module):
         logits = self.head(h)
         loss = None
         if labels is not None:  # position t predicts token t + 1
-            loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
-                                               ignore_index=IGNORE)
+            loss = nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE
+            )
         return {"loss": loss, "logits": logits}
 
 
 def sentences(context: int) -> list[torch.Tensor]:
     """accumlib's documentation (its modules' and their functions' docstrings) as byte sequences, one per sentence,
     at most `context` bytes long."""
-    modules = (loop, records, source, loss_weights, gaps, cycle, cycle_checks, losses, restore, interrupts, failures,
-               memory, sharded)
-    documented = [member for module in modules for member in (module, *vars(module).values())
-                  if (inspect.isfunction(member) or inspect.isclass(member) or inspect.ismodule(member))
-                  and getattr(member, "__module__", module.__name__) == module.__name__]
+    modules = (
+        loop,
+        records,
+        source,
+        loss_weights,
+        gaps,
+        cycle,
+        cycle_checks,
+        losses,
+        restore,
+        interrupts,
+        failures,
+        memory,
+        sharded,
+    )
+    documented = [
+        member
+        for module in modules
+        for member in (module, *vars(module).values())
+        if (inspect.isfunction(member) or inspect.isclass(member) or inspect.ismodule(member))
+        and getattr(member, "__module__", module.__name__) == module.__name__
+    ]
     text = " ".join(member.__doc__ for member in documented if member.__doc__)
     pieces = [piece.strip() + "." for piece in " ".join(text.split()).split(". ") if len(piece.strip()) > 8]
     return [torch.tensor(list(piece.encode()[:context])) for piece in pieces]
@@ -75,7 +110,7 @@ def collate(batch: list[torch.Tensor]) -> dict:
     ids = torch.zeros(len(batch), width, dtype=torch.long)
     mask = torch.zeros(len(batch), width, dtype=torch.long)
     for row, s in enumerate(batch):
-        ids[row, :len(s)], mask[row, :len(s)] = s, 1
+        ids[row, : len(s)], mask[row, : len(s)] = s, 1
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, IGNORE)}
 
 
@@ -115,20 +150,35 @@ def main() -> None:
 
     def report(record):
         if rank == 0:
-            print(f"step {record.step}: loss {record.loss:.3f} per token, {record.samples} sentences, "
-                  f"gradient norm {record.grad_norm:.3f}", flush=True)
+            print(
+                f"step {record.step}: loss {record.loss:.3f} per token, {record.samples} sentences, "
+                f"gradient norm {record.grad_norm:.3f}",
+                flush=True,
+            )
 
-    history = accumlib.train(model, loader, optimizer, accum_steps=args.accum_steps, epochs=args.epochs,
-                             normalize="count", count=tokens, clip_grad_norm=1.0, device=device, on_step=report)
+    history = accumlib.train(
+        model,
+        loader,
+        optimizer,
+        accum_steps=args.accum_steps,
+        epochs=args.epochs,
+        normalize="count",
+        count=tokens,
+        clip_grad_norm=1.0,
+        device=device,
+        on_step=report,
+    )
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # the whole weights
     digest = torch.stack([value.double().sum() for value in state.values()]).to(device)
     digests = [torch.zeros_like(digest) for _ in range(world)]
     dist.all_gather(digests, digest)
     if rank == 0:
         same = all(torch.equal(d, digests[0]) for d in digests)
-        print(f"{'FSDP2' if args.fsdp2 else 'DDP'} on {world} processes ({device.type}, {dist.get_backend()}): "
-              f"{len(history)} steps, loss {history[0].loss:.3f} -> {history[-1].loss:.3f} per token; "
-              f"every process holds the same weights: {'yes' if same else 'NO'}")
+        print(
+            f"{'FSDP2' if args.fsdp2 else 'DDP'} on {world} processes ({device.type}, {dist.get_backend()}): "
+            f"{len(history)} steps, loss {history[0].loss:.3f} -> {history[-1].loss:.3f} per token; "
+            f"every process holds the same weights: {'yes' if same else 'NO'}"
+        )
     dist.destroy_process_group()
 
 

@@ -14,6 +14,7 @@ once: a BatchNorm batch of micro-batch x processes samples, at the price of an a
 no_sync() or not. Rank 0 prints each step and the
 held-out accuracy (eval mode: the running statistics).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,17 @@ from accumlib.lessons import data
 
 def classifier(width: int) -> nn.Sequential:
     """Two convolutions, each followed by BatchNorm and ReLU, then a linear layer over the pooled features."""
-    return nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-                         nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * width * 16, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, width, 3, padding=1),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.BatchNorm2d(2 * width),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * width * 16, 10),
+    )
 
 
 def main() -> None:
@@ -68,18 +77,23 @@ def main() -> None:
 
     def report(record):
         if rank == 0:
-            print(f"step {record.step} (epoch {record.epoch}): loss {record.loss:.3f}, {record.samples} digits",
-                  flush=True)
+            print(
+                f"step {record.step} (epoch {record.epoch}): loss {record.loss:.3f}, {record.samples} digits",
+                flush=True,
+            )
 
-    history = accumlib.train(model, loader, optimizer, accum_steps=args.accum_steps, epochs=args.epochs,
-                             device=device, on_step=report)
+    history = accumlib.train(
+        model, loader, optimizer, accum_steps=args.accum_steps, epochs=args.epochs, device=device, on_step=report
+    )
     model.eval()  # BatchNorm's running statistics; every process runs the forward (FSDP2 gathers the shards)
     with torch.no_grad():
         right = (model(X[1497:].to(device)).argmax(1) == y[1497:].to(device)).sum()
     if rank == 0:
-        print(f"{'FSDP2' if args.fsdp2 else 'DDP'} on {world} processes ({device.type}, {dist.get_backend()}"
-              f"{', SyncBatchNorm' if args.sync_bn else ''}): {len(history)} steps, loss {history[0].loss:.3f} -> "
-              f"{history[-1].loss:.3f}; held-out accuracy {right.item() / 300:.1%} of 300 digits")
+        print(
+            f"{'FSDP2' if args.fsdp2 else 'DDP'} on {world} processes ({device.type}, {dist.get_backend()}"
+            f"{', SyncBatchNorm' if args.sync_bn else ''}): {len(history)} steps, loss {history[0].loss:.3f} -> "
+            f"{history[-1].loss:.3f}; held-out accuracy {right.item() / 300:.1%} of 300 digits"
+        )
     dist.destroy_process_group()
 
 

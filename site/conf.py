@@ -4,6 +4,7 @@ tools/site.py writes what this needs to know into the JSON file named by $ACCUML
 each page's launch buttons and whether it has a dashboard, and for the language switch each page's counterpart in
 the other edition.
 """
+
 import json
 import os
 
@@ -47,11 +48,16 @@ def launch_bar(app, pagename, templatename, context, doctree):
     up = "../" * (pagename.count("/") + 1)  # from this page to the site's root (a library page is one folder down)
     for code, other in SITE["other"].items():
         target = other["pages"].get(pagename, "index")  # the same page in that edition, else its nearest
-        parts.append(f'<a class="language-switch" lang="{code}" hreflang="{code}" '
-                     f'href="{up}{code}/{target}.html">{other["label"]}</a>')
+        parts.append(
+            f'<a class="language-switch" lang="{code}" hreflang="{code}" '
+            f'href="{up}{code}/{target}.html">{other["label"]}</a>'
+        )
     if page["launch"]:
-        buttons = "".join(f'<a class="launch-button{" desktop-only" if desktop else ""}" href="{url}" '
-                          f'target="_blank" rel="noopener">{label}</a>' for label, url, desktop in page["launch"])
+        buttons = "".join(
+            f'<a class="launch-button{" desktop-only" if desktop else ""}" href="{url}" '
+            f'target="_blank" rel="noopener">{label}</a>'
+            for label, url, desktop in page["launch"]
+        )
         parts.append(f'<span class="launch-label">{SITE["labels"]["open live"]}</span>{buttons}')
     context["body"] = f'<nav class="lesson-bar">{"".join(parts)}</nav>' + context["body"]
 

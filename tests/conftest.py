@@ -1,4 +1,5 @@
 """Shared by the three suites (library, lessons, course): tests/hindi.py, the glossary's checks, imports as `hindi`."""
+
 import sys
 from pathlib import Path
 

@@ -3,6 +3,7 @@
 The glossary (translations/glossary.tsv) is the one list of terms: a row whose Hindi column is in Latin script is
 a term the Hindi text keeps in English (batch, gradient, ...), so it is allowed; every "avoid" variant is refused.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,11 +23,66 @@ DEVANAGARI = re.compile(r"[\u0900-\u097F]")
 WORD_CHAR = r"[\w\u0900-\u0963\u0966-\u097F]"
 LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
 # Names and notation that are not English prose: libraries, optimizers, number formats, units, Python literals.
-NAMES = {"mib", "pytorch", "torch", "accumlib", "python", "jupyter", "jupyterlab", "voila", "binder", "sgd", "adam",
-         "adamw", "nan", "inf", "fp16", "bf16", "float16", "bfloat16", "float32", "float64", "amp", "gradscaler",
-         "kaggle", "nanogpt", "gloo", "nccl", "torchrun", "true", "false", "none", "ms", "s", "us", "kb", "mb",
-         "gb", "kib", "gib", "x", "e", "id", "mlp", "cnn", "relu", "linear", "conv2d", "cuda", "h100",
-         "h200", "a100", "numpy", "matplotlib", "ipywidgets", "okabe", "ito", "hindi", "english", "ok"}
+NAMES = {
+    "mib",
+    "pytorch",
+    "torch",
+    "accumlib",
+    "python",
+    "jupyter",
+    "jupyterlab",
+    "voila",
+    "binder",
+    "sgd",
+    "adam",
+    "adamw",
+    "nan",
+    "inf",
+    "fp16",
+    "bf16",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "amp",
+    "gradscaler",
+    "kaggle",
+    "nanogpt",
+    "gloo",
+    "nccl",
+    "torchrun",
+    "true",
+    "false",
+    "none",
+    "ms",
+    "s",
+    "us",
+    "kb",
+    "mb",
+    "gb",
+    "kib",
+    "gib",
+    "x",
+    "e",
+    "id",
+    "mlp",
+    "cnn",
+    "relu",
+    "linear",
+    "conv2d",
+    "cuda",
+    "h100",
+    "h200",
+    "a100",
+    "numpy",
+    "matplotlib",
+    "ipywidgets",
+    "okabe",
+    "ito",
+    "hindi",
+    "english",
+    "ok",
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,8 +133,9 @@ def anchored() -> list[tuple[str, str]]:
     """(Hindi term, English) for each glossary row whose note says `first use: (English)`: on its first use in a
     lesson the Hindi term is followed by the English in brackets, "तय ख़र्च (fixed cost)", so that a learner can go
     on to English documentation."""
-    return [(row["hindi"].strip(), match.group(1)) for row in glossary()
-            if (match := FIRST_USE.search(row["note"] or ""))]
+    return [
+        (row["hindi"].strip(), match.group(1)) for row in glossary() if (match := FIRST_USE.search(row["note"] or ""))
+    ]
 
 
 def _term(hindi: str) -> re.Pattern:
@@ -110,10 +167,10 @@ def first_use_problems(texts: list[str]) -> list[str]:
         match = _term(hindi).search(prose)
         if match is None:
             continue
-        after = re.match(r"\s*\(([^)]*)\)", prose[match.end():])
+        after = re.match(r"\s*\(([^)]*)\)", prose[match.end() :])
         if after is None or english.lower() not in after.group(1).lower():
-            where = " ".join(prose[max(0, match.start() - 30):match.end() + 30].split())
-            found.append(f"first use of {hindi!r} needs \"({english})\" after it: {where!r}")
+            where = " ".join(prose[max(0, match.start() - 30) : match.end() + 30].split())
+            found.append(f'first use of {hindi!r} needs "({english})" after it: {where!r}')
     return found
 
 

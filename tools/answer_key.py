@@ -11,6 +11,7 @@
 
 English only: it is for the instructor (the Hindi of each text is in accumlib/locale/hi/LC_MESSAGES/accumlib.po).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,20 @@ def exercises_part() -> list[str]:
     for lesson, group in sorted(exercises.BY_LESSON.items()):
         for exercise in group:
             link = f"[lesson {lesson}](notebooks/en/{names[lesson]})" if lesson in names else f"lesson {lesson}"
-            lines += [f"#### {link}: `exercises.{exercise.name}`", "",
-                      "The cell as the lesson gives it (it runs, and the checker says what is wrong):", "",
-                      fenced(exercise.stub), "", f"Hint: {exercise.hint_text}", "",
-                      "One right answer (what `exercises.%s.solution()` prints):" % exercise.name, "",
-                      fenced(exercise.solution_code), ""]
+            lines += [
+                f"#### {link}: `exercises.{exercise.name}`",
+                "",
+                "The cell as the lesson gives it (it runs, and the checker says what is wrong):",
+                "",
+                fenced(exercise.stub),
+                "",
+                f"Hint: {exercise.hint_text}",
+                "",
+                "One right answer (what `exercises.%s.solution()` prints):" % exercise.name,
+                "",
+                fenced(exercise.solution_code),
+                "",
+            ]
     return lines
 
 
@@ -57,15 +67,22 @@ def answer_text(question: dict) -> str:
 
 def quiz_part() -> list[str]:
     questions = json.loads(QUESTIONS.read_text(encoding="utf-8"))["questions"]
-    lines = ["### Quick-check questions", "",
-             "By lesson; the answer is given by its text. `quiz.check(lesson=N)` asks a lesson's questions, "
-             "`quiz.check()` all of them.", ""]
+    lines = [
+        "### Quick-check questions",
+        "",
+        "By lesson; the answer is given by its text. `quiz.check(lesson=N)` asks a lesson's questions, "
+        "`quiz.check()` all of them.",
+        "",
+    ]
     for lesson in sorted({q["lesson"] for q in questions}):
         lines += [f"#### Lesson {lesson}", ""]
         for q in (q for q in questions if q["lesson"] == lesson):
             kind = " (predict, then run)" if q["kind"] == "predict" else ""
-            lines += [f"- **{q['id']}**{kind}: {q['prompt']}", f"  - Answer: {answer_text(q)}",
-                      f"  - Why: {q['explanation']}"]
+            lines += [
+                f"- **{q['id']}**{kind}: {q['prompt']}",
+                f"  - Answer: {answer_text(q)}",
+                f"  - Why: {q['explanation']}",
+            ]
         lines.append("")
     return lines
 

@@ -7,6 +7,7 @@ One section per public name of `accumlib.__all__` (and of the public modules an 
 rooms tracker, measured_step and budget, timing, batchnorm, sharded, devices): its signature and its
 docstring as written. The website shows the file as its library section's reference (tools/site.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,15 +19,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "api.md"
-MODULES = ["accumlib", "accumlib.memory", "accumlib.tracker", "accumlib.measured_step", "accumlib.budget",
-           "accumlib.timing", "accumlib.batchnorm", "accumlib.sharded", "accumlib.devices"]
+MODULES = [
+    "accumlib",
+    "accumlib.memory",
+    "accumlib.tracker",
+    "accumlib.measured_step",
+    "accumlib.budget",
+    "accumlib.timing",
+    "accumlib.batchnorm",
+    "accumlib.sharded",
+    "accumlib.devices",
+]
 
 
 def _public(module) -> list[str]:
     names = getattr(module, "__all__", None)
     if names is None:
-        names = [n for n, v in vars(module).items() if not n.startswith("_") and getattr(v, "__module__", None)
-                 == module.__name__ and (inspect.isclass(v) or inspect.isfunction(v))]
+        names = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_")
+            and getattr(v, "__module__", None) == module.__name__
+            and (inspect.isclass(v) or inspect.isfunction(v))
+        ]
     return list(names)
 
 
@@ -65,9 +80,11 @@ def _section(qualname: str, obj) -> str:
 
 
 def render() -> str:
-    parts = ["# API reference\n",
-             "Generated from the docstrings by `tools/api_docs.py`; `tests/course/test_api_docs.py` fails when it is "
-             "stale.\n"]
+    parts = [
+        "# API reference\n",
+        "Generated from the docstrings by `tools/api_docs.py`; `tests/course/test_api_docs.py` fails when it is "
+        "stale.\n",
+    ]
     seen: set[int] = set()
     for name in MODULES:
         module = importlib.import_module(name)

@@ -9,6 +9,7 @@ of the exercises' solutions (`solution_messages`, msgctxt `<ExerciseClass>.solut
 the PO files; `make translations` runs this script. Changed English text comes back as fuzzy (Babel's merge), and a
 fuzzy or empty translation is shown in English until a translator confirms it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,17 @@ PACKAGE = ROOT / "accumlib"
 LOCALE = PACKAGE / "locale"
 DOMAIN = "accumlib"
 FIXED_DATE = datetime.datetime(2026, 11, 30, tzinfo=datetime.timezone.utc)  # stable headers: no diff noise
-HEADER = dict(project="accumlib", version="0.2", copyright_holder="the accumlib authors", charset="utf-8",
-              msgid_bugs_address="the accumlib issue tracker", creation_date=FIXED_DATE, revision_date=FIXED_DATE,
-              header_comment="# The accumlib course's messages (widgets, plots, findings, quiz, exercises).\n"
-                             "# Terms: translations/glossary.tsv. Regenerate with `make translations`.")
+HEADER = dict(
+    project="accumlib",
+    version="0.2",
+    copyright_holder="the accumlib authors",
+    charset="utf-8",
+    msgid_bugs_address="the accumlib issue tracker",
+    creation_date=FIXED_DATE,
+    revision_date=FIXED_DATE,
+    header_comment="# The accumlib course's messages (widgets, plots, findings, quiz, exercises).\n"
+    "# Terms: translations/glossary.tsv. Regenerate with `make translations`.",
+)
 
 
 def languages() -> list[str]:
@@ -79,20 +87,27 @@ def solution_messages():
             if not isinstance(node, ast.ClassDef):
                 continue
             for item in node.body:
-                if (isinstance(item, ast.Assign)
-                        and any(getattr(t, "id", None) == "solution_code" for t in item.targets)
-                        and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)):
+                if (
+                    isinstance(item, ast.Assign)
+                    and any(getattr(t, "id", None) == "solution_code" for t in item.targets)
+                    and isinstance(item.value, ast.Constant)
+                    and isinstance(item.value.value, str)
+                ):
                     for token in tokenize.generate_tokens(io.StringIO(item.value.value).readline):
                         if token.type == tokenize.COMMENT and token.string[1:].strip():
-                            yield (token.string[1:].strip(), solution_context(node.name),
-                                   f"accumlib/lessons/exercises/{path.name}:{node.name}.solution_code")
+                            yield (
+                                token.string[1:].strip(),
+                                solution_context(node.name),
+                                f"accumlib/lessons/exercises/{path.name}:{node.name}.solution_code",
+                            )
 
 
 def template() -> Catalog:
     """Every translatable string of the package, as a POT catalogue."""
     catalog = Catalog(domain=DOMAIN, **HEADER)
     for filename, _lineno, message, comments, context in extract_from_dir(
-            PACKAGE, keywords=DEFAULT_KEYWORDS, comment_tags=("TRANSLATORS:",), strip_comment_tags=True):
+        PACKAGE, keywords=DEFAULT_KEYWORDS, comment_tags=("TRANSLATORS:",), strip_comment_tags=True
+    ):
         catalog.add(message, locations=[(f"accumlib/{filename}", None)], auto_comments=comments, context=context)
     for message, context, location in quiz_messages():
         catalog.add(message, locations=[(location, None)], context=context)

@@ -24,6 +24,7 @@ ends with one more markdown cell, its word list (id `word-list`): every term of 
 edition's language with its English, generated at build time. Relative links between lessons stay
 within the edition, since both editions keep the same file names.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,12 @@ CLOSE = 0.6  # text similarity above which a deleted cell's translation is offer
 WORD_LIST_LESSON = "10_recap_and_quiz"  # the last lesson: its edition ends with the word list
 WORD_LIST_ID = "word-list"  # id of that cell, reserved like the language cell's
 PLATFORM_CELL = "platform-setup"  # id of the Colab/Kaggle set-up cell (tools/platform_cell.py): first in every edition
-WORD_LIST_INTRO = {"hi": "## शब्दावली: हिन्दी और English\n\nइस पाठ्यक्रम के हिन्दी शब्द और उनके English नाम, ताकि आप "
-                         "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) "
-                         "भी पढ़ और खोज सकें। "
-                         "बाक़ी शब्द, जैसे batch, gradient और loss, पूरे पाठ्यक्रम में English में ही लिखे गए हैं।"}
+WORD_LIST_INTRO = {
+    "hi": "## शब्दावली: हिन्दी और English\n\nइस पाठ्यक्रम के हिन्दी शब्द और उनके English नाम, ताकि आप "
+    "अंग्रेज़ी में लिखी सामग्री (PyTorch के मदद वाले पन्ने, सवाल-जवाब की साइटें, वीडियो) "
+    "भी पढ़ और खोज सकें। "
+    "बाक़ी शब्द, जैसे batch, gradient और loss, पूरे पाठ्यक्रम में English में ही लिखे गए हैं।"
+}
 
 
 def language_source(language: str) -> str:
@@ -120,8 +123,10 @@ def with_comments(source: str, translated: str, where: str = "a code cell") -> s
     """`source` with its comments replaced, in order, by the lines of `translated` (the PO entry's msgstr)."""
     tokens, lines = comments(source), translated.split("\n")
     if len(lines) != len(tokens) or not all(line.startswith("#") for line in lines):
-        raise ValueError(f"{where}: the translation of its {len(tokens)} comment(s) must be {len(tokens)} line(s), "
-                         f"each starting with '#'; got {translated!r}")
+        raise ValueError(
+            f"{where}: the translation of its {len(tokens)} comment(s) must be {len(tokens)} line(s), "
+            f"each starting with '#'; got {translated!r}"
+        )
     rows = source.splitlines(keepends=True)
     for token, line in reversed(list(zip(tokens, lines, strict=True))):  # from the end, so earlier columns stay valid
         (row, start), (_, end) = token.start, token.end
@@ -140,26 +145,40 @@ def without_comments(source: str) -> str:
 
 # --- translation files ------------------------------------------------------------------------------------------
 
+
 def template(english: nbformat.NotebookNode, name: str) -> Catalog:
     """One message per markdown cell and per commented code cell of an English notebook, in cell order."""
     catalog = new_catalog(name, "en")
     for cell in english.cells:
         if text := translatable(cell):
-            catalog.add(text, locations=[(f"notebooks/en/{name}.ipynb", None)], context=cell.id,
-                        auto_comments=[CODE_NOTE] if cell.cell_type == "code" else [])
+            catalog.add(
+                text,
+                locations=[(f"notebooks/en/{name}.ipynb", None)],
+                context=cell.id,
+                auto_comments=[CODE_NOTE] if cell.cell_type == "code" else [],
+            )
     return catalog
 
 
 def new_catalog(name: str, language: str) -> Catalog:
     """An empty catalogue for a lesson, with the project's fixed header (no dates that change on every run)."""
-    catalog = Catalog(locale=language, domain=name, project=f"accumlib lesson {name}", version="0.2",
-                      copyright_holder="the accumlib authors", msgid_bugs_address="the accumlib issue tracker",
-                      charset="utf-8", creation_date=FIXED_DATE, revision_date=FIXED_DATE,
-                      last_translator="the accumlib authors", language_team="the accumlib authors",
-                      header_comment=f"# The markdown cells and code comments of notebooks/en/{name}.ipynb: msgctxt = "
-                                     "cell id, msgid = its English text.\n# Terms: translations/glossary.tsv. "
-                                     "`make translations` updates this file; #| msgid: the English a fuzzy entry "
-                                     "translated.")
+    catalog = Catalog(
+        locale=language,
+        domain=name,
+        project=f"accumlib lesson {name}",
+        version="0.2",
+        copyright_holder="the accumlib authors",
+        msgid_bugs_address="the accumlib issue tracker",
+        charset="utf-8",
+        creation_date=FIXED_DATE,
+        revision_date=FIXED_DATE,
+        last_translator="the accumlib authors",
+        language_team="the accumlib authors",
+        header_comment=f"# The markdown cells and code comments of notebooks/en/{name}.ipynb: msgctxt = "
+        "cell id, msgid = its English text.\n# Terms: translations/glossary.tsv. "
+        "`make translations` updates this file; #| msgid: the English a fuzzy entry "
+        "translated.",
+    )
     catalog.fuzzy = False
     return catalog
 
@@ -176,8 +195,8 @@ def read_po(path: Path, language: str) -> Catalog:
         message.user_comments = [c for c in message.user_comments if not c.startswith("|")]
         start = next((i for i, line in enumerate(previous) if line.startswith("msgid ")), None)
         if start is not None:
-            lines = [previous[start][len("msgid "):]]
-            for line in previous[start + 1:]:
+            lines = [previous[start][len("msgid ") :]]
+            for line in previous[start + 1 :]:
                 if not line.startswith('"'):
                     break
                 lines.append(line)
@@ -202,8 +221,13 @@ def po_bytes(catalog: Catalog) -> bytes:
     return text.encode("utf-8")
 
 
-def updated(pot: Catalog, old: Catalog | None, language: str, moved: dict[str, Message] | None = None,
-            deleted: dict[str, Message] | None = None) -> Catalog:
+def updated(
+    pot: Catalog,
+    old: Catalog | None,
+    language: str,
+    moved: dict[str, Message] | None = None,
+    deleted: dict[str, Message] | None = None,
+) -> Catalog:
     """The lesson's catalogue after the English changed: `pot` (the English cells, `template`) with the
     translations of `old` carried over by cell id.
 
@@ -226,8 +250,16 @@ def updated(pot: Catalog, old: Catalog | None, language: str, moved: dict[str, M
             if before.id != message.id or before.fuzzy:
                 flags = {"fuzzy"}
                 previous = before.previous_id if before.fuzzy and before.previous_id else before.id
-        catalog.add(message.id, string, locations=message.locations, flags=flags, user_comments=comments,
-                    auto_comments=message.auto_comments, previous_id=previous, context=message.context)
+        catalog.add(
+            message.id,
+            string,
+            locations=message.locations,
+            flags=flags,
+            user_comments=comments,
+            auto_comments=message.auto_comments,
+            previous_id=previous,
+            context=message.context,
+        )
     return catalog
 
 
@@ -246,8 +278,12 @@ def update(language: str) -> list[str]:
     olds = {p.stem: read_po(p, language) for p in sorted(folder.glob("*.po"))}
     cells = {name: {cell.id for cell in english.cells} for name, english in englishes.items()}
     everywhere = set().union(*cells.values())
-    left = [m for name, catalog in olds.items() for m in catalog
-            if m.id and m.string and m.context not in cells.get(name, ())]  # cells gone from their lesson
+    left = [
+        m
+        for name, catalog in olds.items()
+        for m in catalog
+        if m.id and m.string and m.context not in cells.get(name, ())
+    ]  # cells gone from their lesson
     moved = {m.context: m for m in left if m.context in everywhere}
     deleted = {m.context: m for m in left if m.context not in everywhere}
     summary = []
@@ -265,8 +301,10 @@ def _counts(english, catalog: Catalog, language: str) -> str:
     found = translation_problems(english, catalog, catalog.domain, language)
     kinds = [kind for kind, _ in found]
     cells = sum(1 for m in catalog if m.id)
-    return (f"{cells} cells (markdown, code comments), {cells - len(kinds)} translated, {kinds.count('fuzzy')} fuzzy, "
-            f"{kinds.count('stale')} stale, {kinds.count('missing')} untranslated")
+    return (
+        f"{cells} cells (markdown, code comments), {cells - len(kinds)} translated, {kinds.count('fuzzy')} fuzzy, "
+        f"{kinds.count('stale')} stale, {kinds.count('missing')} untranslated"
+    )
 
 
 def translation(name: str, language: str) -> Catalog:
@@ -286,10 +324,11 @@ def state(entry: Message | None, cell) -> str:
     return "fuzzy" if entry.fuzzy else "translated"
 
 
-PROBLEM = {"missing": "no translation in {po}",
-           "stale": "the English changed after it was translated: run make translations, then revise it in {po}",
-           "fuzzy": "fuzzy in {po}: revise the translation against the changed English (#| msgid), then remove "
-                    "the fuzzy flag"}
+PROBLEM = {
+    "missing": "no translation in {po}",
+    "stale": "the English changed after it was translated: run make translations, then revise it in {po}",
+    "fuzzy": "fuzzy in {po}: revise the translation against the changed English (#| msgid), then remove the fuzzy flag",
+}
 
 
 def translation_problems(english, catalog: Catalog, name: str, language: str) -> list[tuple[str, str]]:
@@ -307,6 +346,7 @@ def translation_problems(english, catalog: Catalog, name: str, language: str) ->
 
 
 # --- generated notebooks ----------------------------------------------------------------------------------------
+
 
 def glossary() -> list[dict[str, str]]:
     """The rows of translations/glossary.tsv (english, hindi, avoid, note); a line starting with # is a comment."""
@@ -375,8 +415,11 @@ def edition(english, catalog: Catalog, language: str, stored=None) -> nbformat.N
             cell.source = entries[cell.id].string
         elif cell.cell_type == "code":
             if shown:
-                cell.source = with_comments(cell.source, entries[cell.id].string,
-                                            f"{po_path(catalog.domain, language).relative_to(ROOT)} entry {cell.id}")
+                cell.source = with_comments(
+                    cell.source,
+                    entries[cell.id].string,
+                    f"{po_path(catalog.domain, language).relative_to(ROOT)} entry {cell.id}",
+                )
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
         cells.append(cell)
@@ -422,8 +465,9 @@ def execution_problems(notebook, path: Path) -> list[str]:
     code = [(i, c) for i, c in enumerate(notebook.cells) if c.cell_type == "code" and c.source.strip()]
     for expected, (index, cell) in enumerate(code, start=1):
         if cell.execution_count != expected:
-            found.append(f"{cell_label(path, index, cell)}: execution count {cell.execution_count}, "
-                         f"expected {expected}")
+            found.append(
+                f"{cell_label(path, index, cell)}: execution count {cell.execution_count}, expected {expected}"
+            )
         if any(output.output_type == "error" for output in cell.outputs):
             found.append(f"{cell_label(path, index, cell)}: stored error output")
     return found
@@ -440,8 +484,9 @@ def build(language: str) -> list[str]:
         notebook = edition(read_notebook(english_path(name)), translation(name, language), language, stored)
         if _write_if_changed(path, notebook_bytes(notebook)):
             executed = not execution_problems(notebook, path)
-            written.append(f"{path.relative_to(ROOT)}: written "
-                           f"({'outputs kept' if executed else 'run make notebooks'})")
+            written.append(
+                f"{path.relative_to(ROOT)}: written ({'outputs kept' if executed else 'run make notebooks'})"
+            )
     for path in sorted(folder.glob("*.ipynb")):
         if path.stem not in lessons():
             path.unlink()
@@ -462,6 +507,7 @@ def _write_if_changed(path: Path, content: bytes) -> bool:
 
 
 # --- execution ----------------------------------------------------------------------------------------------------
+
 
 def execute(path: Path) -> str:
     """Run a notebook top to bottom in a fresh kernel started in its folder; store outputs and widget state.
@@ -490,11 +536,16 @@ def execute_all(paths: list[Path], workers: int = 2) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("commands", nargs="+", choices=["update", "build", "execute", "status"],
-                        help="run in the order given")
+    parser.add_argument(
+        "commands", nargs="+", choices=["update", "build", "execute", "status"], help="run in the order given"
+    )
     parser.add_argument("--workers", type=int, default=2, help="notebooks executed at a time (execute)")
-    parser.add_argument("--edition", action="append", choices=["en", *LANGUAGES],
-                        help="execute only this edition (repeatable; default: all)")
+    parser.add_argument(
+        "--edition",
+        action="append",
+        choices=["en", *LANGUAGES],
+        help="execute only this edition (repeatable; default: all)",
+    )
     args = parser.parse_args()
     if args.workers < 1:
         parser.error(f"--workers must be at least 1; got {args.workers}")
@@ -507,15 +558,23 @@ def main() -> int:
         elif command == "execute":
             # English and each edition of a lesson side by side, so two workers run different lessons' kernels
             chosen = args.edition or ["en", *LANGUAGES]
-            paths = [english_path(name) if code == "en" else edition_path(name, code)
-                     for name in lessons() for code in chosen]
+            paths = [
+                english_path(name) if code == "en" else edition_path(name, code)
+                for name in lessons()
+                for code in chosen
+            ]
             failures = execute_all(paths, args.workers)
             print("\n".join(failures) or f"{len(paths)} notebooks executed")
             failed |= bool(failures)
         else:
-            found = [message for language in LANGUAGES for name in lessons() for _, message in
-                     translation_problems(read_notebook(english_path(name)), translation(name, language), name,
-                                          language)]
+            found = [
+                message
+                for language in LANGUAGES
+                for name in lessons()
+                for _, message in translation_problems(
+                    read_notebook(english_path(name)), translation(name, language), name, language
+                )
+            ]
             print("\n".join(found) or "every markdown cell and code comment is translated")
             failed |= bool(found)
     return 1 if failed else 0

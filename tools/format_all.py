@@ -9,6 +9,7 @@ program, its messages (the gettext catalogue's msgids) and its docstrings stay a
 this cannot split) is listed, for a person to wrap, and so is a file whose syntax tree the formatter changed (a
 docstring it re-indented: docs/api.md is generated from them). `make lint` then checks `ruff format --check`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -41,7 +42,7 @@ def _outside_braces(body: str, index: int) -> bool:
     """Whether `index` of an f-string's body is outside every {...} replacement field ({{ and }} are text)."""
     depth, i = 0, 0
     while i < index:
-        pair = body[i:i + 2]
+        pair = body[i : i + 2]
         if pair in ("{{", "}}") and depth == 0:
             i += 2
             continue
@@ -63,12 +64,15 @@ def split_literal(line: str, limit: int = LIMIT) -> list[str] | None:
     head = len(indent) + len(prefix) + 2  # the indentation, the prefix and both quotes around each piece
     pieces, rest = [], body
     while head + len(rest) + len(tail) > limit:
-        spaces = [i for i in range(1, min(len(rest) - 1, limit - head)) if rest[i] == " "
-                  and rest[i - 1] != "\\" and (not formatted or _outside_braces(rest, i))]
+        spaces = [
+            i
+            for i in range(1, min(len(rest) - 1, limit - head))
+            if rest[i] == " " and rest[i - 1] != "\\" and (not formatted or _outside_braces(rest, i))
+        ]
         if not spaces:
             return None
-        pieces.append(rest[:spaces[-1] + 1])
-        rest = rest[spaces[-1] + 1:]
+        pieces.append(rest[: spaces[-1] + 1])
+        rest = rest[spaces[-1] + 1 :]
     if not pieces:
         return None
     pieces.append(rest)
@@ -76,6 +80,7 @@ def split_literal(line: str, limit: int = LIMIT) -> list[str] | None:
     def literal(piece: str) -> str:  # an f-string piece without a field is a plain string (ruff's F541)
         plain = formatted and not re.search(r"[{}]", piece)
         return f"{indent}{prefix.replace('f', '').replace('F', '') if plain else prefix}{quote}{piece}{quote}"
+
     return [literal(piece) for piece in pieces[:-1]] + [literal(pieces[-1]) + tail]
 
 
@@ -90,7 +95,7 @@ def wrap(path: Path, rows: list[int], limit: int = LIMIT) -> list[int]:
         if pieces is None:
             left.append(row)
             continue
-        lines[row - 1:row] = pieces
+        lines[row - 1 : row] = pieces
     changed = "\n".join(lines)
     try:
         same = ast.dump(ast.parse(changed)) == ast.dump(ast.parse(source))
@@ -105,8 +110,9 @@ def wrap(path: Path, rows: list[int], limit: int = LIMIT) -> list[int]:
 
 def trees() -> dict[Path, str]:
     """{tracked Python file: its syntax tree, dumped}."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--", "*.py"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
     return {ROOT / name: ast.dump(ast.parse((ROOT / name).read_text(encoding="utf-8"))) for name in listed if name}
 
 

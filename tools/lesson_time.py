@@ -41,6 +41,7 @@ The method is the one of the course review (/work/shared/reviews/lessons.md, sec
 The total is rounded to whole minutes (half up); the reading time shown in a lesson is that total less the whole
 minutes of its other parts, so the parts a lesson states add up to the total it states.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,10 +75,16 @@ TASK_MINUTES = 2  # one dashboard task
 QUESTION_MINUTES = 1  # one quick-check question
 PREDICT_MINUTES = 2  # one "predict, then run" question
 EXERCISE_MINUTES_PER_LINE = 2  # each line of an exercise's solution that the learner writes or changes
-METHOD = {"prose_words_per_minute": PROSE_WPM, "printed_words_per_minute": PRINTED_WPM,
-          "code_lines_per_minute": CODE_LPM, "start_minutes": START_MINUTES, "task_minutes": TASK_MINUTES,
-          "question_minutes": QUESTION_MINUTES, "predict_question_minutes": PREDICT_MINUTES,
-          "exercise_minutes_per_line": EXERCISE_MINUTES_PER_LINE}
+METHOD = {
+    "prose_words_per_minute": PROSE_WPM,
+    "printed_words_per_minute": PRINTED_WPM,
+    "code_lines_per_minute": CODE_LPM,
+    "start_minutes": START_MINUTES,
+    "task_minutes": TASK_MINUTES,
+    "question_minutes": QUESTION_MINUTES,
+    "predict_question_minutes": PREDICT_MINUTES,
+    "exercise_minutes_per_line": EXERCISE_MINUTES_PER_LINE,
+}
 
 TAG = "lesson-time"  # tag and id of the time cell
 FENCED = re.compile(r"```[^\n]*\n(.*?)```", re.S)
@@ -87,16 +94,28 @@ CHECK = re.compile(r"exercises\.(\w+)\.check\(")
 
 # The time cell, in each language; {parts} is a list of the parts joined by the language's own "and".
 TEXT = {
-    "en": {"line": "⏱ **About {total} minutes**: {parts}. [How this is measured](../../INSTRUCTORS.md#how-the-times-"
-                   "are-measured)",
-           "reading": "{n} to read", "dashboard": "{n} for the dashboard", "exercise": "{n} for the exercise",
-           "exercises": "{n} for the exercises", "quiz": "{n} for the quick check", "start": "{n} to start",
-           "and": " and "},
-    "hi": {"line": "⏱ **लगभग {total} मिनट**: {parts}। [यह समय कैसे मापा गया](../../INSTRUCTORS.md#how-the-times-are-"
-                   "measured)",
-           "reading": "पढ़ने में {n}", "dashboard": "dashboard में {n}", "exercise": "अभ्यास (exercise) में {n}",
-           "exercises": "अभ्यासों (exercises) में {n}", "quiz": "त्वरित जाँच (quick check) में {n}", "start": "शुरू करने में {n}",
-           "and": " और "},
+    "en": {
+        "line": "⏱ **About {total} minutes**: {parts}. [How this is measured](../../INSTRUCTORS.md#how-the-times-"
+        "are-measured)",
+        "reading": "{n} to read",
+        "dashboard": "{n} for the dashboard",
+        "exercise": "{n} for the exercise",
+        "exercises": "{n} for the exercises",
+        "quiz": "{n} for the quick check",
+        "start": "{n} to start",
+        "and": " and ",
+    },
+    "hi": {
+        "line": "⏱ **लगभग {total} मिनट**: {parts}। [यह समय कैसे मापा गया](../../INSTRUCTORS.md#how-the-times-are-"
+        "measured)",
+        "reading": "पढ़ने में {n}",
+        "dashboard": "dashboard में {n}",
+        "exercise": "अभ्यास (exercise) में {n}",
+        "exercises": "अभ्यासों (exercises) में {n}",
+        "quiz": "त्वरित जाँच (quick check) में {n}",
+        "start": "शुरू करने में {n}",
+        "and": " और ",
+    },
 }
 
 
@@ -123,11 +142,12 @@ class LessonTime:
     @property
     def parts(self) -> dict[str, int]:
         """Whole minutes per part, adding up to `minutes`: reading gets what the others leave."""
-        fixed = {"dashboard": self.dashboard_tasks * TASK_MINUTES,
-                 "exercise": sum(self.exercise_minutes().values()),
-                 "quiz": (self.questions * QUESTION_MINUTES
-                          + self.predict_questions * (PREDICT_MINUTES - QUESTION_MINUTES)),
-                 "start": START_MINUTES}
+        fixed = {
+            "dashboard": self.dashboard_tasks * TASK_MINUTES,
+            "exercise": sum(self.exercise_minutes().values()),
+            "quiz": (self.questions * QUESTION_MINUTES + self.predict_questions * (PREDICT_MINUTES - QUESTION_MINUTES)),
+            "start": START_MINUTES,
+        }
         return {"reading": self.minutes - sum(fixed.values()), **fixed}
 
     def exercise_minutes(self) -> dict[str, int]:
@@ -135,6 +155,7 @@ class LessonTime:
 
 
 # --- counting ------------------------------------------------------------------------------------------------------
+
 
 def is_time_cell(cell) -> bool:
     return TAG in cell.metadata.get("tags", [])
@@ -183,16 +204,23 @@ def quiz_ids(cell, bank: list[dict]) -> list[str]:
     found = QUIZ.search(plain_outputs(cell))
     if found:
         return [qid.strip() for qid in found.group(1).split(",")]
-    calls = [node for node in ast.walk(ast.parse(cell.source)) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and node.func.attr == "check"
-             and isinstance(node.func.value, ast.Name) and node.func.value.id == "quiz"]
+    calls = [
+        node
+        for node in ast.walk(ast.parse(cell.source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "check"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "quiz"
+    ]
     if not calls:
         return []
     ids: list[str] = []
     for call in calls:
         named = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
-        lesson = next((kw.value.value for kw in call.keywords if kw.arg == "lesson"
-                       and isinstance(kw.value, ast.Constant)), None)
+        lesson = next(
+            (kw.value.value for kw in call.keywords if kw.arg == "lesson" and isinstance(kw.value, ast.Constant)), None
+        )
         if len(named) != len(call.args) or any(kw.arg not in ("lesson", "language") for kw in call.keywords):
             raise ValueError(f"a quiz cell whose questions cannot be counted: {cell.source!r}")
         ids += named or [q["id"] for q in bank if lesson is None or q["lesson"] == lesson]
@@ -234,8 +262,9 @@ def lines_to_write(stub: str, solution: str) -> int:
 def exercise_lines(cell) -> dict[str, int]:
     from accumlib.lessons import exercises  # the solutions; imported only when a lesson has an exercise
 
-    return {name: lines_to_write(cell.source, getattr(exercises, name).solution_code)
-            for name in CHECK.findall(cell.source)}
+    return {
+        name: lines_to_write(cell.source, getattr(exercises, name).solution_code) for name in CHECK.findall(cell.source)
+    }
 
 
 def measure(name: str, notebook=None) -> LessonTime:
@@ -256,19 +285,27 @@ def measure(name: str, notebook=None) -> LessonTime:
             printed += printed_words(cell)
             tasks += dashboard_tasks(cell)
             if re.search(r"Dashboard\(.*\)\.show\(\)", cell.source) and not dashboard_tasks(cell):
-                raise ValueError(f"{name}: a dashboard cell whose stored output lists no tasks under 'Try this:' "
-                                 f"(run the notebook, or teach tools/lesson_time.py its new output): {cell.source!r}")
+                raise ValueError(
+                    f"{name}: a dashboard cell whose stored output lists no tasks under 'Try this:' "
+                    f"(run the notebook, or teach tools/lesson_time.py its new output): {cell.source!r}"
+                )
             for qid in quiz_ids(cell, bank):
                 questions += 1
                 predict += kinds.get(qid) == "predict"
             if "exercise" in cell.metadata.get("tags", []):
                 exercises.update(exercise_lines(cell))
     reading = prose / PROSE_WPM + printed / PRINTED_WPM + code / CODE_LPM
-    total = (reading + START_MINUTES + tasks * TASK_MINUTES + questions * QUESTION_MINUTES
-             + predict * (PREDICT_MINUTES - QUESTION_MINUTES)
-             + sum(EXERCISE_MINUTES_PER_LINE * n for n in exercises.values()))
-    return LessonTime(name, prose, printed, code, tasks, questions, predict, exercises, round(reading, 3),
-                      round(total, 3))
+    total = (
+        reading
+        + START_MINUTES
+        + tasks * TASK_MINUTES
+        + questions * QUESTION_MINUTES
+        + predict * (PREDICT_MINUTES - QUESTION_MINUTES)
+        + sum(EXERCISE_MINUTES_PER_LINE * n for n in exercises.values())
+    )
+    return LessonTime(
+        name, prose, printed, code, tasks, questions, predict, exercises, round(reading, 3), round(total, 3)
+    )
 
 
 def lesson_names() -> list[str]:
@@ -282,9 +319,12 @@ def measure_all() -> list[LessonTime]:
 
 # --- what is stored and written --------------------------------------------------------------------------------------
 
+
 def stored_form(times: list[LessonTime]) -> dict:
-    return {"method": METHOD,
-            "lessons": {t.lesson: {**asdict(t), "minutes": t.minutes, "parts": t.parts} for t in times}}
+    return {
+        "method": METHOD,
+        "lessons": {t.lesson: {**asdict(t), "minutes": t.minutes, "parts": t.parts} for t in times},
+    }
 
 
 def store_bytes(times: list[LessonTime]) -> bytes:
@@ -378,30 +418,50 @@ INSTRUCTORS_START, INSTRUCTORS_END = "<!-- times: tools/lesson_time.py write -->
 
 def method_text() -> str:
     """The method in a few sentences, from the constants above (for INSTRUCTORS.md)."""
-    return (f"Prose is read at {PROSE_WPM} words a minute, printed tables and findings at {PRINTED_WPM}, code at "
-            f"{CODE_LPM} lines a minute (fenced code in the text counts as code). A dashboard task takes "
-            f"{TASK_MINUTES} minutes, a quick-check question {QUESTION_MINUTES} ({PREDICT_MINUTES} for a \"predict, "
-            f"then run\" one), an exercise {EXERCISE_MINUTES_PER_LINE} minutes per line of its solution that the "
-            f"learner writes or changes, and starting the notebook and running its cells {START_MINUTES}. Figures "
-            "and widgets count through their printed findings, tasks and questions. The counts come from the stored "
-            "notebooks (`python tools/lesson_time.py` prints them; the module's docstring defines each count); "
-            "`tests/course/test_lesson_time.py` recomputes them and fails when this table, the README's or a lesson's "
-            "own time line is stale.")
+    return (
+        f"Prose is read at {PROSE_WPM} words a minute, printed tables and findings at {PRINTED_WPM}, code at "
+        f"{CODE_LPM} lines a minute (fenced code in the text counts as code). A dashboard task takes "
+        f'{TASK_MINUTES} minutes, a quick-check question {QUESTION_MINUTES} ({PREDICT_MINUTES} for a "predict, '
+        f'then run" one), an exercise {EXERCISE_MINUTES_PER_LINE} minutes per line of its solution that the '
+        f"learner writes or changes, and starting the notebook and running its cells {START_MINUTES}. Figures "
+        "and widgets count through their printed findings, tasks and questions. The counts come from the stored "
+        "notebooks (`python tools/lesson_time.py` prints them; the module's docstring defines each count); "
+        "`tests/course/test_lesson_time.py` recomputes them and fails when this table, the README's or a lesson's "
+        "own time line is stale."
+    )
 
 
 def instructors_table(times: list[LessonTime]) -> str:
-    lines = [method_text(), "", "| lesson | total | reading | dashboard tasks | exercise | quick check | prose words "
-             "| printed words | code lines |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        method_text(),
+        "",
+        "| lesson | total | reading | dashboard tasks | exercise | quick check | prose words "
+        "| printed words | code lines |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for t in times:
         p = t.parts
-        exercise = ", ".join(f"{name}: {m} min "
-                             f"({t.exercise_lines[name]} line{'s' if t.exercise_lines[name] > 1 else ''})"
-                             for name, m in t.exercise_minutes().items()) or "-"
-        quiz = (f"{t.questions} q ({t.predict_questions} predict): {p['quiz']} min" if t.predict_questions
-                else f"{t.questions} q: {p['quiz']} min") if t.questions else "-"
+        exercise = (
+            ", ".join(
+                f"{name}: {m} min ({t.exercise_lines[name]} line{'s' if t.exercise_lines[name] > 1 else ''})"
+                for name, m in t.exercise_minutes().items()
+            )
+            or "-"
+        )
+        quiz = (
+            (
+                f"{t.questions} q ({t.predict_questions} predict): {p['quiz']} min"
+                if t.predict_questions
+                else f"{t.questions} q: {p['quiz']} min"
+            )
+            if t.questions
+            else "-"
+        )
         tasks = f"{t.dashboard_tasks}: {p['dashboard']} min" if t.dashboard_tasks else "-"
-        lines.append(f"| {t.lesson} | **{t.minutes} min** | {p['reading']} min ({t.reading_minutes:.1f}) | {tasks} | "
-                     f"{exercise} | {quiz} | {t.prose_words} | {t.printed_words} | {t.code_lines} |")
+        lines.append(
+            f"| {t.lesson} | **{t.minutes} min** | {p['reading']} min ({t.reading_minutes:.1f}) | {tasks} | "
+            f"{exercise} | {quiz} | {t.prose_words} | {t.printed_words} | {t.code_lines} |"
+        )
     return "\n".join(lines)
 
 
@@ -427,8 +487,9 @@ def write(names: list[str] | None = None) -> list[str]:
     times = measure_all()  # the same numbers: the time cell is not counted
     editions._write_if_changed(STORE, store_bytes(times))
     editions._write_if_changed(README, refreshed_readme(README.read_text(encoding="utf-8"), times).encode("utf-8"))
-    editions._write_if_changed(INSTRUCTORS, refreshed_instructors(INSTRUCTORS.read_text(encoding="utf-8"),
-                                                                  times).encode("utf-8"))
+    editions._write_if_changed(
+        INSTRUCTORS, refreshed_instructors(INSTRUCTORS.read_text(encoding="utf-8"), times).encode("utf-8")
+    )
     done.append(f"{STORE.relative_to(ROOT)}, docs/lessons.md, INSTRUCTORS.md: {len(times)} lessons")
     return done
 

@@ -13,6 +13,7 @@ imported it says that the runtime needs a restart. $ACCUMLIB_INSTALL replaces ac
 wheel). The cell has the id and tag "platform-setup", and the tag "remove-cell" (the website leaves it out); its
 outputs and execution count are cleared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL_ID = "platform-setup"
-SOURCE = '''\
+SOURCE = """\
 # Colab and Kaggle only: install accumlib, and what the lessons need that the platform lacks (elsewhere: nothing)
 import importlib.metadata, importlib.util, os, re, subprocess, sys
 if any(os.path.isdir(d) for d in ("/content", "/kaggle")) and importlib.util.find_spec("accumlib") is None:
@@ -44,7 +45,7 @@ if any(os.path.isdir(d) for d in ("/content", "/kaggle")) and importlib.util.fin
     loaded = [name for name in missing if name in sys.modules]  # imported already: the old version stays loaded
     if loaded:
         print("Restart the runtime now (Colab: Runtime > Restart session; Kaggle: Run > Restart & clear cell "
-              "outputs), then run the notebook again from the top:", ", ".join(loaded), "changed once imported")'''
+              "outputs), then run the notebook again from the top:", ", ".join(loaded), "changed once imported")"""
 
 
 def setup_cell():
@@ -56,8 +57,13 @@ def setup_cell():
 def current(cell) -> bool:
     """Whether `cell` is the current set-up cell, executed or not (execution adds a count and timing, no output)."""
     fresh = setup_cell()
-    return (cell.get("id") == CELL_ID and cell.cell_type == "code" and cell.source == fresh.source
-            and cell.metadata.get("tags") == fresh.metadata["tags"] and not cell.get("outputs"))
+    return (
+        cell.get("id") == CELL_ID
+        and cell.cell_type == "code"
+        and cell.source == fresh.source
+        and cell.metadata.get("tags") == fresh.metadata["tags"]
+        and not cell.get("outputs")
+    )
 
 
 def refreshed(notebook) -> bool:

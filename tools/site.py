@@ -32,6 +32,7 @@ says so in Hindi and links to each of them (one copy to build and test, no Engli
 
 The page's own strings (buttons, notices) are English msgids translated in translations/site/<lang>.po.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,15 @@ SITE = ROOT / "site"
 LANGUAGES = {"en": "English", "hi": "हिन्दी"}  # each edition's folder under notebooks/ and its name in itself
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-SLIDERS = {"IntSliderModel", "FloatSliderModel", "SelectionSliderModel", "FloatLogSliderModel", "IntRangeSliderModel",
-           "FloatRangeSliderModel", "SelectionRangeSliderModel"}
+SLIDERS = {
+    "IntSliderModel",
+    "FloatSliderModel",
+    "SelectionSliderModel",
+    "FloatLogSliderModel",
+    "IntRangeSliderModel",
+    "FloatRangeSliderModel",
+    "SelectionRangeSliderModel",
+}
 
 
 def repository() -> tuple[str, str]:
@@ -80,6 +88,7 @@ def catalogue(lang: str):
         if message is None or not message.string or message.fuzzy:
             raise KeyError(f"{path}: no translation of {text!r} (context {context!r})")
         return message.string
+
     return gettext
 
 
@@ -94,9 +103,25 @@ DOCS = ROOT / "docs"
 LIBRARY, LIBRARY_EDITION = "library", "en"  # the section's folder on the site, and the edition it is built into
 # the docs pages in the section's order: using accumlib, what it guarantees and measures, then the course's making
 # (a docs page left out here comes after them, by name)
-LIBRARY_ORDER = ("install", "library", "api", "refused", "benchmarks", "loss-weighting", "checkpoints", "scaling",
-                 "lessons", "lesson0", "hindi", "exercise-checks", "quiz", "translating", "website", "publishing",
-                 "layout")
+LIBRARY_ORDER = (
+    "install",
+    "library",
+    "api",
+    "refused",
+    "benchmarks",
+    "loss-weighting",
+    "checkpoints",
+    "scaling",
+    "lessons",
+    "lesson0",
+    "hindi",
+    "exercise-checks",
+    "quiz",
+    "translating",
+    "website",
+    "publishing",
+    "layout",
+)
 DOCS_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")  # [text](target) and ![alt](image), one line each
 FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -178,26 +203,37 @@ def prepare_library(lang: str, source: Path, pages: dict) -> str:
         for page in library_pages():
             (folder / f"{page}.md").write_text(library_page(page), encoding="utf-8")
             pages[f"{LIBRARY}/{page}"] = {"launch": [], "dashboard": False}
-        intro = _("accumlib's documentation, beside the lessons: how to install and run it, what it offers and "
-                  "guarantees, its API reference (generated from the docstrings), what it refuses, what it measured, "
-                  "and how the course is checked, translated, built and published. The same pages are the "
-                  "repository's `docs/` folder.")
-        (folder / "index.md").write_text(f"# {_('The library')}\n\n{intro}\n\n```{{toctree}}\n:maxdepth: 1\n\n"
-                                         + "\n".join(library_pages()) + "\n```\n", encoding="utf-8")
+        intro = _(
+            "accumlib's documentation, beside the lessons: how to install and run it, what it offers and "
+            "guarantees, its API reference (generated from the docstrings), what it refuses, what it measured, "
+            "and how the course is checked, translated, built and published. The same pages are the "
+            "repository's `docs/` folder."
+        )
+        (folder / "index.md").write_text(
+            f"# {_('The library')}\n\n{intro}\n\n```{{toctree}}\n:maxdepth: 1\n\n"
+            + "\n".join(library_pages())
+            + "\n```\n",
+            encoding="utf-8",
+        )
         pages[f"{LIBRARY}/index"] = {"launch": [], "dashboard": False}
         entry = f"{LIBRARY}/index"
     else:  # the docs are in English: this edition's page says so and links to each of them
         up = f"../{LIBRARY_EDITION}/{LIBRARY}"
-        links = "".join(f'<li><a href="{up}/{page}.html" lang="{LIBRARY_EDITION}">{docs_title(page)}</a></li>'
-                        for page in library_pages())
-        intro = _("The library's documentation is in English: how to install and run accumlib, its API reference, "
-                  "what it refuses, its benchmarks, and how the course is translated and built. Its pages are in the "
-                  "English edition of this website:")
+        links = "".join(
+            f'<li><a href="{up}/{page}.html" lang="{LIBRARY_EDITION}">{docs_title(page)}</a></li>'
+            for page in library_pages()
+        )
+        intro = _(
+            "The library's documentation is in English: how to install and run accumlib, its API reference, "
+            "what it refuses, its benchmarks, and how the course is translated and built. Its pages are in the "
+            "English edition of this website:"
+        )
         (source / f"{LIBRARY}.md").write_text(
-            f"# {_('The library')}\n\n{intro}\n\n<ul class=\"library-links\">"
+            f'# {_("The library")}\n\n{intro}\n\n<ul class="library-links">'
             f'<li><a href="{up}/index.html" lang="{LIBRARY_EDITION}">'
-            f'{catalogue(LIBRARY_EDITION)("The library")}</a></li>{links}</ul>\n',
-            encoding="utf-8")
+            f"{catalogue(LIBRARY_EDITION)('The library')}</a></li>{links}</ul>\n",
+            encoding="utf-8",
+        )
         pages[LIBRARY] = {"launch": [], "dashboard": False}
         entry = LIBRARY
     return "```{toctree}\n:maxdepth: 1\n:caption: " + _("Library") + "\n\n" + entry + "\n```\n"
@@ -209,23 +245,34 @@ def site_data(folder: Path) -> dict:
     sources or that script changed since (a hash of them is kept beside the results)."""
     digest = hashlib.sha256()
     for top in DATA_INPUTS:
-        for path in sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
-                if (ROOT / top).is_dir() else [ROOT / top]:
+        for path in (
+            sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            if (ROOT / top).is_dir()
+            else [ROOT / top]
+        ):
             digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     stamp = folder / "inputs.sha256"
     if not (stamp.exists() and stamp.read_text() == digest.hexdigest()):
         if not Path(LESSONS_PYTHON).exists():
-            raise SystemExit(f"the lessons' Python {LESSONS_PYTHON} is missing: run `make .venv/.installed`, or "
-                             f"set ACCUMLIB_LESSONS_PYTHON to a Python with the lessons' stack")
+            raise SystemExit(
+                f"the lessons' Python {LESSONS_PYTHON} is missing: run `make .venv/.installed`, or "
+                f"set ACCUMLIB_LESSONS_PYTHON to a Python with the lessons' stack"
+            )
         shutil.rmtree(folder, ignore_errors=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        subprocess.run([LESSONS_PYTHON, str(ROOT / "tools" / "site_data.py"), "--out", str(folder)], check=True,
-                       env=env)
+        subprocess.run(
+            [LESSONS_PYTHON, str(ROOT / "tools" / "site_data.py"), "--out", str(folder)], check=True, env=env
+        )
         stamp.write_text(digest.hexdigest())
-    dashboards = {lang: json.loads((folder / "dashboards" / lang / "dashboards.json").read_text(encoding="utf-8"))
-                  for lang in LANGUAGES}
-    return {"quiz": json.loads((folder / "quiz.json").read_text(encoding="utf-8")), "dashboards": dashboards,
-            "folder": folder}
+    dashboards = {
+        lang: json.loads((folder / "dashboards" / lang / "dashboards.json").read_text(encoding="utf-8"))
+        for lang in LANGUAGES
+    }
+    return {
+        "quiz": json.loads((folder / "quiz.json").read_text(encoding="utf-8")),
+        "dashboards": dashboards,
+        "folder": folder,
+    }
 
 
 def lessons(lang: str) -> list[Path]:
@@ -247,8 +294,10 @@ def launch_links(lang: str, stem: str, has_dashboard: bool) -> list[tuple[str, s
     github = f"https://github.com/{owner}/{name}/blob/main/{path}"
     # the single-document view first: at a phone's 390 px it leaves the notebook about 304 px (JupyterLab's side bars
     # left its cells 40 px); JupyterLab beside it, for a desktop (site/_static/accumlib.css hides it on a phone)
-    links = [("Binder", binder + quote(f"doc/tree/{path}", safe="")),
-             ("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe=""))]
+    links = [
+        ("Binder", binder + quote(f"doc/tree/{path}", safe="")),
+        ("Binder (JupyterLab)", binder + quote(f"lab/tree/{path}", safe="")),
+    ]
     if has_dashboard:  # Voila shows the dashboards notebook as an app: its controls and figures, no code
         links.append(("Binder (Voila app)", binder + quote(f"voila/render/notebooks/{lang}/dashboards.ipynb", safe="")))
     links.append(("Colab", f"https://colab.research.google.com/github/{owner}/{name}/blob/main/{path}"))
@@ -257,6 +306,7 @@ def launch_links(lang: str, stem: str, has_dashboard: bool) -> list[tuple[str, s
 
 
 # ---- widgets drawn as static HTML from the stored widget state ----
+
 
 class StaticWidgets:
     """Draws a notebook's stored widgets as HTML: what a learner saw when the notebook was executed."""
@@ -271,8 +321,9 @@ class StaticWidgets:
         entry = self.model(ref)
         if entry is None:
             return False
-        return entry["model_name"] in names or any(self.contains(child, names)
-                                                   for child in entry["state"].get("children", []))
+        return entry["model_name"] in names or any(
+            self.contains(child, names) for child in entry["state"].get("children", [])
+        )
 
     def html_text(self, ref: str) -> str:
         """The values of every HTML widget in `ref`'s tree, in order."""
@@ -306,37 +357,52 @@ class StaticWidgets:
             else:
                 low, high, value = s.get("min", 0), s.get("max", 100), s.get("value", 0)
                 shown = value
-            return (f'<label class="sw-slider">{label}<input type="range" disabled min="{low}" max="{high}" '
-                    f'value="{value}" step="{s.get("step", 1) or 1}">'
-                    f'<output>{html.escape(str(shown))}</output></label>')
+            return (
+                f'<label class="sw-slider">{label}<input type="range" disabled min="{low}" max="{high}" '
+                f'value="{value}" step="{s.get("step", 1) or 1}">'
+                f"<output>{html.escape(str(shown))}</output></label>"
+            )
         if name == "CheckboxModel":
             checked = " checked" if s.get("value") else ""
-            return (f'<label class="sw-check"><input type="checkbox" disabled{checked}>'
-                    f'{html.escape(description)}</label>')
+            return (
+                f'<label class="sw-check"><input type="checkbox" disabled{checked}>{html.escape(description)}</label>'
+            )
         if name in ("RadioButtonsModel", "ToggleButtonsModel", "DropdownModel", "SelectModel"):
             index = s.get("index")
             options = "".join(
                 f'<label class="sw-option"><input type="radio" disabled{" checked" if i == index else ""}>'
-                f'{html.escape(str(text))}</label>' for i, text in enumerate(s.get("_options_labels", [])))
+                f"{html.escape(str(text))}</label>"
+                for i, text in enumerate(s.get("_options_labels", []))
+            )
             kind = "sw-toggles" if name == "ToggleButtonsModel" else "sw-options"
             legend = f"<legend>{html.escape(description)}</legend>" if description else ""
             return f'<fieldset class="{kind}" disabled>{legend}{options}</fieldset>'
         if name == "ButtonModel":
             return f'<button class="sw-button" type="button" disabled>{html.escape(description)}</button>'
-        if name in ("TextModel", "TextareaModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel",
-                    "BoundedFloatTextModel"):
-            return (f'<label class="sw-text">{label}<input type="text" disabled '
-                    f'value="{html.escape(str(s.get("value", "")))}"'
-                    f' placeholder="{html.escape(str(s.get("placeholder") or ""))}"></label>')
+        if name in (
+            "TextModel",
+            "TextareaModel",
+            "IntTextModel",
+            "FloatTextModel",
+            "BoundedIntTextModel",
+            "BoundedFloatTextModel",
+        ):
+            return (
+                f'<label class="sw-text">{label}<input type="text" disabled '
+                f'value="{html.escape(str(s.get("value", "")))}"'
+                f' placeholder="{html.escape(str(s.get("placeholder") or ""))}"></label>'
+            )
         if name in ("IntProgressModel", "FloatProgressModel"):
-            return (f'<label class="sw-progress">{label}<progress max="{s.get("max", 100)}" '
-                    f'value="{s.get("value", 0)}">'
-                    f'</progress></label>')
+            return (
+                f'<label class="sw-progress">{label}<progress max="{s.get("max", 100)}" '
+                f'value="{s.get("value", 0)}">'
+                f"</progress></label>"
+            )
         return ""  # layout and style models, and widgets with nothing to show
 
 
 def figure_html(png: str, alt: str) -> str:
-    return (f'<img class="lesson-figure" src="data:image/png;base64,{png.strip()}" alt="{html.escape(alt.strip())}">')
+    return f'<img class="lesson-figure" src="data:image/png;base64,{png.strip()}" alt="{html.escape(alt.strip())}">'
 
 
 def output_html(output: dict) -> str:
@@ -344,8 +410,10 @@ def output_html(output: dict) -> str:
     if output.get("output_type") == "stream":
         return f'<pre class="sw-stream">{html.escape("".join(output.get("text", "")))}</pre>'
     if output.get("output_type") == "error":
-        return (f'<pre class="sw-stream">{html.escape(output.get("ename", ""))}: '
-                f'{html.escape(output.get("evalue", ""))}</pre>')
+        return (
+            f'<pre class="sw-stream">{html.escape(output.get("ename", ""))}: '
+            f"{html.escape(output.get('evalue', ''))}</pre>"
+        )
     data = output.get("data", {})
     if "image/png" in data:
         alt = output.get("metadata", {}).get("image/png", {}).get("alt") or "".join(data.get("text/plain", ""))
@@ -374,13 +442,19 @@ def web_quiz(widgets: "StaticWidgets", ref: str, plain: str, quiz: dict, lang: s
         raise SystemExit(f"stored quiz names questions the bank lacks: {unknown}")
     headings = re.findall(r"<h3>(.*?)</h3>", widgets.html_text(ref))  # the title the notebook's quiz showed
     title = html.unescape(headings[0]) if headings else quiz["ui"]["title"]
-    data = {"language": lang, "title": title, "ui": quiz["ui"],
-            "questions": [{"id": qid, **quiz["questions"][qid]} for qid in ids],
-            "measured": _("What accumlib measured when this website was built (on a CPU):"),
-            "before": _("You answered this question before, on this device: your first answer counts in the score.")}
+    data = {
+        "language": lang,
+        "title": title,
+        "ui": quiz["ui"],
+        "questions": [{"id": qid, **quiz["questions"][qid]} for qid in ids],
+        "measured": _("What accumlib measured when this website was built (on a CPU):"),
+        "before": _("You answered this question before, on this device: your first answer counts in the score."),
+    }
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    return (f'<div class="static-widget web-quiz"><script type="application/json" class="web-quiz-data">{payload}'
-            f'</script><div class="web-quiz-body">{widgets.draw(ref)}</div></div>')
+    return (
+        f'<div class="static-widget web-quiz"><script type="application/json" class="web-quiz-data">{payload}'
+        f'</script><div class="web-quiz-body">{widgets.draw(ref)}</div></div>'
+    )
 
 
 TASKS = re.compile(r"<b>[^<]*</b><ol>.*?</ol>", re.S)  # a stored dashboard's task list (its HTML widget)
@@ -407,30 +481,40 @@ def web_dashboard(widgets: "StaticWidgets", ref: str, plain: str, dashboards: di
             f'<label class="sw-slider"><span class="sw-label">{html.escape(control["label"])}</span>'
             f'<input type="range" min="0" max="{len(keys) - 1}" step="1" value="{index}" data-part="{part}" '
             f"data-keys='{html.escape(json.dumps(keys))}' data-labels='{html.escape(json.dumps(labels))}'>"
-            f"<output>{html.escape(labels[index])}</output></label>")
+            f"<output>{html.escape(labels[index])}</output></label>"
+        )
     switches = "".join(
         f'<label class="sw-check"><input type="checkbox" data-part="switch" data-switch="{s["name"]}" '
         f'data-offered="{"yes" if s["offered"] else "no"}">{html.escape(s["label"])}</label>'
-        for s in board["switches"])
-    default = board["frames"][f'{board["micro_batch_size"]["default"]}|{board["accum_steps"]["default"]}|'
-                              f'{board["budget"]["default"] if board["budget"] else ""}']
+        for s in board["switches"]
+    )
+    default = board["frames"][
+        f"{board['micro_batch_size']['default']}|{board['accum_steps']['default']}|"
+        f"{board['budget']['default'] if board['budget'] else ''}"
+    ]
     base = "_dashboards/"
-    figures = "".join(f'<div class="lesson-figure-box">{figure_html_file(base + file, alt)}</div>'
-                      for file, alt in default["images"])
-    offered = _("This page shows the figures and findings computed with accumlib for each setting below when this "
-                "website was built (on a CPU): move a slider to see them. The switches that are greyed out, and "
-                "every other setting, need the notebook live: open it with a button at the top of the page.")
-    payload = json.dumps({"frames": board["frames"], "base": base, "shown": board["shown"]},
-                         ensure_ascii=False).replace("</", "<\\/")
-    return (f'<div class="static-widget static-dashboard web-dashboard" data-dashboard="{name}">'
-            f'<script type="application/json" class="web-dashboard-data">{payload}</script>'
-            f'<h3>{html.escape(board["title"])}</h3>{tasks.group(0) if tasks else ""}'
-            f'<p class="needs-kernel">{html.escape(offered)}</p>'
-            f'<div class="sw-hbox wd-controls">{"".join(controls)}</div>'
-            + (f'<div class="sw-hbox wd-switches">{switches}</div>' if switches else "")
-            + f'<div class="wd-readout">{default["readout"]}</div><div class="wd-figures">{figures}</div>'
-            f'<pre class="sw-stream wd-summary">{html.escape(board["shown"] + chr(10) + default["summary"])}</pre>'
-            "</div>")
+    figures = "".join(
+        f'<div class="lesson-figure-box">{figure_html_file(base + file, alt)}</div>' for file, alt in default["images"]
+    )
+    offered = _(
+        "This page shows the figures and findings computed with accumlib for each setting below when this "
+        "website was built (on a CPU): move a slider to see them. The switches that are greyed out, and "
+        "every other setting, need the notebook live: open it with a button at the top of the page."
+    )
+    payload = json.dumps(
+        {"frames": board["frames"], "base": base, "shown": board["shown"]}, ensure_ascii=False
+    ).replace("</", "<\\/")
+    return (
+        f'<div class="static-widget static-dashboard web-dashboard" data-dashboard="{name}">'
+        f'<script type="application/json" class="web-dashboard-data">{payload}</script>'
+        f"<h3>{html.escape(board['title'])}</h3>{tasks.group(0) if tasks else ''}"
+        f'<p class="needs-kernel">{html.escape(offered)}</p>'
+        f'<div class="sw-hbox wd-controls">{"".join(controls)}</div>'
+        + (f'<div class="sw-hbox wd-switches">{switches}</div>' if switches else "")
+        + f'<div class="wd-readout">{default["readout"]}</div><div class="wd-figures">{figures}</div>'
+        f'<pre class="sw-stream wd-summary">{html.escape(board["shown"] + chr(10) + default["summary"])}</pre>'
+        "</div>"
+    )
 
 
 def figure_html_file(src: str, alt: str) -> str:
@@ -464,26 +548,38 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
                     outputs.append(output | {"data": {"text/plain": data.get("text/plain", "")}})
                     continue
                 plain = "".join(data_plain) if (data_plain := data.get("text/plain")) else ""
-                live = (web_dashboard(widgets, ref, plain, computed["dashboards"][lang], lang)
-                        if computed is not None and widgets.contains(ref, SLIDERS) else None)
+                live = (
+                    web_dashboard(widgets, ref, plain, computed["dashboards"][lang], lang)
+                    if computed is not None and widgets.contains(ref, SLIDERS)
+                    else None
+                )
                 if live is not None:
                     has_dashboard = True
                     outputs.append({"output_type": "display_data", "metadata": {}, "data": {"text/html": live}})
                     continue
                 if widgets.contains(ref, SLIDERS):
                     has_dashboard = True
-                    notice = _("This dashboard needs a running Python kernel. This page shows the figure stored "
-                               "for the settings below; to move the controls, open the notebook live with a button "
-                               "at the top of the page.")
+                    notice = _(
+                        "This dashboard needs a running Python kernel. This page shows the figure stored "
+                        "for the settings below; to move the controls, open the notebook live with a button "
+                        "at the top of the page."
+                    )
                     kind = "dashboard"
                 elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}) and computed is not None:
-                    outputs.append({"output_type": "display_data", "metadata": {}, "data": {
-                        "text/html": web_quiz(widgets, ref, plain, computed["quiz"][lang], lang)}})
+                    outputs.append(
+                        {
+                            "output_type": "display_data",
+                            "metadata": {},
+                            "data": {"text/html": web_quiz(widgets, ref, plain, computed["quiz"][lang], lang)},
+                        }
+                    )
                     continue
                 elif widgets.contains(ref, {"RadioButtonsModel", "TextModel"}):
-                    notice = _("This quiz needs a running Python kernel to check your answers. This page shows it "
-                               "as stored, at its first question; open the notebook live with a button at the top of "
-                               "the page to answer every question.")
+                    notice = _(
+                        "This quiz needs a running Python kernel to check your answers. This page shows it "
+                        "as stored, at its first question; open the notebook live with a button at the top of "
+                        "the page to answer every question."
+                    )
                     kind = "quiz"
                 else:
                     notice, kind = "", "widget"
@@ -491,8 +587,13 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
                 body = f'<div class="static-widget static-{kind}">{note}{widgets.draw(ref)}</div>'
                 outputs.append({"output_type": "display_data", "metadata": {}, "data": {"text/html": body}})
             elif "image/png" in data:
-                outputs.append({"output_type": "display_data", "metadata": {},
-                                "data": {"text/html": f'<div class="lesson-figure-box">{output_html(output)}</div>'}})
+                outputs.append(
+                    {
+                        "output_type": "display_data",
+                        "metadata": {},
+                        "data": {"text/html": f'<div class="lesson-figure-box">{output_html(output)}</div>'},
+                    }
+                )
             else:
                 outputs.append(output)
         if cell["cell_type"] == "code":
@@ -508,6 +609,7 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
 
 # ---- the build ----
 
+
 def prepare(lang: str, source: Path, data: dict | None = None) -> dict:
     """Write the edition's Sphinx source folder; returns what site/conf.py needs to know of each page."""
     _ = catalogue(lang)
@@ -519,9 +621,12 @@ def prepare(lang: str, source: Path, data: dict | None = None) -> dict:
     for path in lessons(lang):
         notebook, has_dashboard = static_notebook(json.loads(path.read_text()), lang, path.stem, data)
         (source / path.name).write_text(json.dumps(notebook, ensure_ascii=False))
-        pages[path.stem] = {"launch": [[_(label), url, label in DESKTOP_ONLY]
-                                       for label, url in launch_links(lang, path.stem, has_dashboard)],
-                            "dashboard": has_dashboard}
+        pages[path.stem] = {
+            "launch": [
+                [_(label), url, label in DESKTOP_ONLY] for label, url in launch_links(lang, path.stem, has_dashboard)
+            ],
+            "dashboard": has_dashboard,
+        }
         entries.append(path.stem)
     home = (SITE / "home" / f"{lang}.md").read_text()
     toctree = "```{toctree}\n:maxdepth: 1\n:caption: " + _("Lessons") + "\n\n" + "\n".join(entries) + "\n```\n"
@@ -540,35 +645,67 @@ def build(out: Path, sphinx: list[str], data_folder: Path = ROOT / "build" / "si
     out.mkdir(parents=True)
     for lang in LANGUAGES:
         pages = prepare(lang, work / lang, data)
-        other = {code: {"name": catalogue(code)("English", "language name"),
-                        "label": catalogue(code)("Read this page in {language}").format(
-                            language=catalogue(code)("English", "language name")),
-                        "pages": {page: counterpart(page, code) for page in page_names(lang)}}
-                 for code in LANGUAGES if code != lang}
+        other = {
+            code: {
+                "name": catalogue(code)("English", "language name"),
+                "label": catalogue(code)("Read this page in {language}").format(
+                    language=catalogue(code)("English", "language name")
+                ),
+                "pages": {page: counterpart(page, code) for page in page_names(lang)},
+            }
+            for code in LANGUAGES
+            if code != lang
+        }
         _ = catalogue(lang)
-        config = {"language": lang, "pages": pages, "other": other,
-                  "labels": {"open live": _("Open live:"), "home": _("Gradient accumulation, seen and measured")}}
+        config = {
+            "language": lang,
+            "pages": pages,
+            "other": other,
+            "labels": {"open live": _("Open live:"), "home": _("Gradient accumulation, seen and measured")},
+        }
         (work / f"{lang}.json").write_text(json.dumps(config, ensure_ascii=False))
         env = dict(os.environ, ACCUMLIB_SITE=str(work / f"{lang}.json"))
         # MyST-NB writes its copies of the notebooks beside the output folder: built in the work folder, then moved
         html_dir = work / f"{lang}-html" / lang
-        subprocess.run([*sphinx, "-b", "html", "-q", "-W", "--keep-going", "-c", str(SITE), "-D", f"language={lang}",
-                        "-d", str(work / f"{lang}-doctrees"), str(work / lang), str(html_dir)], check=True, env=env)
+        subprocess.run(
+            [
+                *sphinx,
+                "-b",
+                "html",
+                "-q",
+                "-W",
+                "--keep-going",
+                "-c",
+                str(SITE),
+                "-D",
+                f"language={lang}",
+                "-d",
+                str(work / f"{lang}-doctrees"),
+                str(work / lang),
+                str(html_dir),
+            ],
+            check=True,
+            env=env,
+        )
         shutil.rmtree(html_dir / "_sources", ignore_errors=True)  # html_copy_source is off: nothing to serve there
         shutil.move(html_dir, out / lang)
         frames = out / lang / "_dashboards"  # the dashboards' figures for every offered setting
         frames.mkdir()
         for png in (data["folder"] / "dashboards" / lang).glob("*.png"):
             shutil.copy(png, frames / png.name)
-    choices = "".join(f'<li><a lang="{code}" href="{code}/index.html">'
-                      f'{html.escape(catalogue(code)("Gradient accumulation, seen and measured"))}'
-                      f' ({html.escape(name)})</a></li>' for code, name in LANGUAGES.items())
+    choices = "".join(
+        f'<li><a lang="{code}" href="{code}/index.html">'
+        f"{html.escape(catalogue(code)('Gradient accumulation, seen and measured'))}"
+        f" ({html.escape(name)})</a></li>"
+        for code, name in LANGUAGES.items()
+    )
     (out / "index.html").write_text(
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1"><title>accumlib</title>'
-        '<style>body{font-family:system-ui,sans-serif;max-width:40rem;margin:2rem auto;padding:0 1rem;'
-        'line-height:1.6}a{font-size:1.2rem}</style></head>'
-        f'<body><h1>accumlib</h1><ul>{choices}</ul></body></html>\n')
+        "<style>body{font-family:system-ui,sans-serif;max-width:40rem;margin:2rem auto;padding:0 1rem;"
+        "line-height:1.6}a{font-size:1.2rem}</style></head>"
+        f"<body><h1>accumlib</h1><ul>{choices}</ul></body></html>\n"
+    )
     (out / ".nojekyll").write_text("")  # GitHub Pages: serve the _static folders as they are
 
 

@@ -23,6 +23,7 @@ summary). The settings offered (about 450 figures per language, 5.6 MB):
 Each figure is computed by the dashboard's own `compute` for those settings, as a slider's change in the notebook
 computes it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,18 +65,22 @@ def quiz_data() -> dict:
             if question["kind"] == "number":
                 entry["answer"] = question["answer"]
                 entry["right"] = grader.answer(qid, question["answer"]).message
-                entry["known"] = [[cause["answer"], grader.answer(qid, cause["answer"]).message]
-                                  for cause in question.get("known_wrong", [])]
+                entry["known"] = [
+                    [cause["answer"], grader.answer(qid, cause["answer"]).message]
+                    for cause in question.get("known_wrong", [])
+                ]
                 entry["otherwise"] = grader.text(question["wrong_feedback"])
             else:
                 entry["options"] = []
                 for option in grader.options(qid):
                     feedback = grader.answer(qid, option["id"])
-                    entry["options"].append({"text": grader.text(option["text"]), "right": feedback.correct,
-                                             "feedback": feedback.message})
+                    entry["options"].append(
+                        {"text": grader.text(option["text"]), "right": feedback.correct, "feedback": feedback.message}
+                    )
             if question["kind"] == "predict":
-                entry["result"] = catalogue(language).gettext(RUNS[question["run"]][1]).format(
-                    **measured[question["run"]])
+                entry["result"] = (
+                    catalogue(language).gettext(RUNS[question["run"]][1]).format(**measured[question["run"]])
+                )
             questions[qid] = entry
         data[language] = {"ui": ui, "questions": questions}
     return data
@@ -158,20 +163,32 @@ def dashboards_data(out: Path) -> None:
                             images.append([written[digest], figure.alt])
                         summary = f"{widgets._settings_line(settings)}\n{finding}"
                         dashboard._readout()  # the effective-batch line, as the dashboard writes it for these settings
-                        frames[key(m, k, value)] = {"images": images, "summary": summary,
-                                                    "readout": dashboard.effective.value}
-            switches = [{"name": n, "label": box.description, "offered": n in extras}
-                        for n, box in getattr(dashboard, "switches", {}).items()]
+                        frames[key(m, k, value)] = {
+                            "images": images,
+                            "summary": summary,
+                            "readout": dashboard.effective.value,
+                        }
+            switches = [
+                {"name": n, "label": box.description, "offered": n in extras}
+                for n, box in getattr(dashboard, "switches", {}).items()
+            ]
             manifest[name] = {
                 "title": accumlib.i18n._(cls.title),
-                "micro_batch_size": {"label": dashboard.micro_batch_size.description,
-                                     "values": list(widgets.MICRO_BATCH_SIZES), "default": 8},
+                "micro_batch_size": {
+                    "label": dashboard.micro_batch_size.description,
+                    "values": list(widgets.MICRO_BATCH_SIZES),
+                    "default": 8,
+                },
                 "accum_steps": {"label": dashboard.accum_steps.description, "values": list(steps), "default": 4},
-                "budget": ({"label": dashboard.budget.description, "values": extras, "default": 0.5}
-                           if name == "memory" else None),
+                "budget": (
+                    {"label": dashboard.budget.description, "values": extras, "default": 0.5}
+                    if name == "memory"
+                    else None
+                ),
                 "switches": switches,
                 "shown": accumlib.i18n._("the figure above, with these settings:"),
-                "frames": frames}
+                "frames": frames,
+            }
         (folder / "dashboards.json").write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8")
     accumlib.set_language("en")
 

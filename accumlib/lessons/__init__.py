@@ -7,6 +7,7 @@ schema in the tests); `import accumlib` imports none of them. A notebook imports
 `from accumlib.lessons import data, exercises, models, quiz, show`. Without the extra, importing any of them
 raises ModuleNotFoundError naming what is missing and the command that installs it.
 """
+
 from importlib.util import find_spec
 
 from ..i18n import _
@@ -17,4 +18,7 @@ _missing = [name for name in STACK if find_spec(name) is None]
 if _missing:
     raise ModuleNotFoundError(
         _("{module} needs {missing}, which the lessons' extra installs: {command}").format(
-            module=__name__, missing=", ".join(_missing), command='pip install "accumlib[lessons]"'), name=_missing[0])
+            module=__name__, missing=", ".join(_missing), command='pip install "accumlib[lessons]"'
+        ),
+        name=_missing[0],
+    )

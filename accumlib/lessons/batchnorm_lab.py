@@ -5,6 +5,7 @@ collected anew with the weights fixed (`collect_running_stats`), the gradient's 
 
 What BatchNorm is, its running statistics and the remedies themselves: `accumlib.batchnorm`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,16 @@ import torch
 from torch import nn
 
 from .. import _validate, parameter_gap, train
-from ..batchnorm import (Evaluation, _check_samples, _layers_with_running_stats, _on_model, batchnorm_layers, evaluate,
-                         reestimate, to_groupnorm)
+from ..batchnorm import (
+    Evaluation,
+    _check_samples,
+    _layers_with_running_stats,
+    _on_model,
+    batchnorm_layers,
+    evaluate,
+    reestimate,
+    to_groupnorm,
+)
 from ..i18n import _
 from ..memory import resolve_device
 
@@ -48,12 +57,21 @@ def running_average_moved(model: nn.Module, updates: int) -> list[RunningAverage
     for name, layer in layers.items():
         kind = next((k for k in _SPATIAL_DIMS if type(layer) is k), None)
         if kind is None:
-            raise ValueError(_("model's layer {name!r} is a {type}; running_average_moved measures BatchNorm1d, "
-                               "BatchNorm2d and BatchNorm3d").format(name=name, type=type(layer).__name__))
+            raise ValueError(
+                _(
+                    "model's layer {name!r} is a {type}; running_average_moved measures BatchNorm1d, "
+                    "BatchNorm2d and BatchNorm3d"
+                ).format(name=name, type=type(layer).__name__)
+            )
         probe = copy.deepcopy(layer).train()
         probe.reset_running_stats()
-        ones = torch.ones(2, layer.num_features, *[1] * _SPATIAL_DIMS[kind], dtype=layer.running_mean.dtype,
-                          device=layer.running_mean.device)
+        ones = torch.ones(
+            2,
+            layer.num_features,
+            *[1] * _SPATIAL_DIMS[kind],
+            dtype=layer.running_mean.dtype,
+            device=layer.running_mean.device,
+        )
         with torch.no_grad():
             for _update in range(updates):
                 probe(ones)
@@ -71,8 +89,9 @@ def collect_running_stats(model: nn.Module, x: torch.Tensor, batch_size: int, up
     _check_samples("x", x)
     batch_size, updates = _validate.positive_int("batch_size", batch_size), _validate.positive_int("updates", updates)
     if batch_size > len(x):
-        raise ValueError(_("batch_size must be between 1 and {n} (the samples of x), got {value}").format(
-            n=len(x), value=batch_size))
+        raise ValueError(
+            _("batch_size must be between 1 and {n} (the samples of x), got {value}").format(n=len(x), value=batch_size)
+        )
     model = copy.deepcopy(model).train()
     for layer in batchnorm_layers(model).values():
         layer.reset_running_stats()
@@ -106,8 +125,9 @@ def _check_experiment(model, data, effective_batch, epochs, optimizer_fn):
     X, y = _validate.pair("data", data)
     epochs = _validate.positive_int("epochs", epochs)
     if effective_batch > len(X):
-        raise ValueError(_("effective_batch={value} exceeds the {n} samples of data").format(value=effective_batch,
-                                                                                            n=len(X)))
+        raise ValueError(
+            _("effective_batch={value} exceeds the {n} samples of data").format(value=effective_batch, n=len(X))
+        )
     _validate.optimizer_fn("optimizer_fn", optimizer_fn, lr=0.05)
     device = resolve_device(model, None)
     return X.to(device), y.to(device), epochs
@@ -117,8 +137,17 @@ def _trained(model, X, y, m, k, epochs, optimizer_fn) -> nn.Module:
     """A copy of model trained by `train` on (X, y) with (m, k), in order (no shuffling)."""
     model = copy.deepcopy(model)
     optimizer = _validate.made_optimizer("optimizer_fn", optimizer_fn(model.parameters()))
-    train(model, (X, y), optimizer, micro_batch_size=m, accum_steps=k, epochs=epochs, shuffle=False,
-          measure_memory=False, device=X.device)
+    train(
+        model,
+        (X, y),
+        optimizer,
+        micro_batch_size=m,
+        accum_steps=k,
+        epochs=epochs,
+        shuffle=False,
+        measure_memory=False,
+        device=X.device,
+    )
     return model
 
 
@@ -164,9 +193,18 @@ class MicroBatchComparison:
     reestimate_weight_change: float
 
 
-def compare_micro_batches(model: nn.Module, data, held_out, *, effective_batch: int,
-                          micro_batch_sizes: tuple[int, ...], epochs: int = 1, updates: int = 100, groups: int = 4,
-                          optimizer_fn: Callable = _sgd) -> MicroBatchComparison:
+def compare_micro_batches(
+    model: nn.Module,
+    data,
+    held_out,
+    *,
+    effective_batch: int,
+    micro_batch_sizes: tuple[int, ...],
+    epochs: int = 1,
+    updates: int = 100,
+    groups: int = 4,
+    optimizer_fn: Callable = _sgd,
+) -> MicroBatchComparison:
     """Train copies of `model` (a BatchNorm model, left untouched) on `data` = (X, y), in order, with the effective
     batch split into micro-batches of each size in micro_batch_sizes (each must divide effective_batch; two or
     more); collect each copy's running statistics from `updates` micro-batches of its own size, then re-estimate
@@ -177,13 +215,17 @@ def compare_micro_batches(model: nn.Module, data, held_out, *, effective_batch: 
     _layers_with_running_stats(model)
     effective_batch = _validate.positive_int("effective_batch", effective_batch)
     if not isinstance(micro_batch_sizes, (tuple, list)) or len(micro_batch_sizes) < 2:
-        raise TypeError(_("micro_batch_sizes must be a tuple of two or more sizes, got {value!r}").format(
-            value=micro_batch_sizes))
+        raise TypeError(
+            _("micro_batch_sizes must be a tuple of two or more sizes, got {value!r}").format(value=micro_batch_sizes)
+        )
     sizes = sorted({_validate.positive_int("micro_batch_sizes", m) for m in micro_batch_sizes})
     if len(sizes) < 2 or any(effective_batch % m for m in sizes):
-        raise ValueError(_("micro_batch_sizes must hold two or more different sizes that divide "
-                           "effective_batch={effective_batch}, got {value!r}").format(effective_batch=effective_batch,
-                                                                                     value=micro_batch_sizes))
+        raise ValueError(
+            _(
+                "micro_batch_sizes must hold two or more different sizes that divide "
+                "effective_batch={effective_batch}, got {value!r}"
+            ).format(effective_batch=effective_batch, value=micro_batch_sizes)
+        )
     X, y, epochs = _check_experiment(model, data, effective_batch, epochs, optimizer_fn)
     held_x, held_y = (t.to(X.device) for t in _validate.pair("held_out", held_out))
     updates = _validate.positive_int("updates", updates)
@@ -202,11 +244,28 @@ def compare_micro_batches(model: nn.Module, data, held_out, *, effective_batch: 
         settled = collect_running_stats(runs[m], X, m, updates)
         reestimated = reestimate(copy.deepcopy(runs[m]), X)
         change = max(change, _parameter_gap(reestimated, runs[m]))
-        batchnorm.append(Outcome(m, effective_batch // m, epochs * -(-len(X) // m),
-                                 _parameter_gap(runs[m], runs[largest]), evaluate(settled, held_x, held_y),
-                                 evaluate(reestimated, held_x, held_y)))
-    groupnorm = [Outcome(m, effective_batch // m, 0, _parameter_gap(twins[m], twins[largest]),
-                         evaluate(twins[m], held_x, held_y), None) for m in sizes[-2:]]
+        batchnorm.append(
+            Outcome(
+                m,
+                effective_batch // m,
+                epochs * -(-len(X) // m),
+                _parameter_gap(runs[m], runs[largest]),
+                evaluate(settled, held_x, held_y),
+                evaluate(reestimated, held_x, held_y),
+            )
+        )
+    groupnorm = [
+        Outcome(
+            m,
+            effective_batch // m,
+            0,
+            _parameter_gap(twins[m], twins[largest]),
+            evaluate(twins[m], held_x, held_y),
+            None,
+        )
+        for m in sizes[-2:]
+    ]
     moved = running_average_moved(model, updates)
-    return MicroBatchComparison(effective_batch, epochs, epochs * passes, updates, min(m.moved for m in moved),
-                                batchnorm, groupnorm, change)
+    return MicroBatchComparison(
+        effective_batch, epochs, epochs * passes, updates, min(m.moved for m in moved), batchnorm, groupnorm, change
+    )

@@ -4,6 +4,7 @@ The digits are the UCI "Optical Recognition of Handwritten Digits" test set (E. 
 CC BY 4.0), exactly as scikit-learn ships it as `load_digits()`: 1,797 images of 8x8 pixels with values 0..16.
 `digits.bin.gz` holds their pixels (uint8, row-major) followed by their labels, so loading needs torch alone.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,7 +26,7 @@ def _digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
     """(images as uint8 of shape (1797, 8, 8) with values 0..16, labels as uint8 of shape (1797,))."""
     raw = gzip.decompress((resources.files(__package__) / "digits.bin.gz").read_bytes())
     pixels = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return pixels[:DIGITS * 64].view(DIGITS, 8, 8), pixels[DIGITS * 64:]
+    return pixels[: DIGITS * 64].view(DIGITS, 8, 8), pixels[DIGITS * 64 :]
 
 
 def digits(n: int | None = None, *, flat: bool = False, dtype: torch.dtype = torch.float32):

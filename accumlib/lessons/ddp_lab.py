@@ -13,6 +13,7 @@ The job's file is signed (HMAC-SHA256) with a key launch() gives only its own pr
 `compare_no_sync` and `compare_fsdp2` are lesson 9's jobs (one run with and one without `no_sync()`; one under DDP
 and one under FSDP2, each process's memory measured), `run_ddp` a single run.
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,8 +51,16 @@ from ..memory import MemoryReport, measure_step
 WRAPS = ("ddp", "fsdp2")  # how a DDPRun's processes hold the model: DistributedDataParallel, or FSDP2's fully_shard
 
 # train() arguments a DDPRun sets itself: they cannot also come in its train_options
-_SET_BY_THE_JOB = ("micro_batch_size", "accum_steps", "epochs", "seed", "ddp_no_sync", "on_step", "device",
-                   "measure_memory")
+_SET_BY_THE_JOB = (
+    "micro_batch_size",
+    "accum_steps",
+    "epochs",
+    "seed",
+    "ddp_no_sync",
+    "on_step",
+    "device",
+    "measure_memory",
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +83,12 @@ class DDPRun:
 
     def __post_init__(self):
         if isinstance(self.builder, torch.nn.Module):
-            raise TypeError(_("builder must build the model (a function of no arguments, e.g. "
-                              "functools.partial(models.mlp, dtype=torch.float64)), not be the model itself"))
+            raise TypeError(
+                _(
+                    "builder must build the model (a function of no arguments, e.g. "
+                    "functools.partial(models.mlp, dtype=torch.float64)), not be the model itself"
+                )
+            )
         _importable("builder", function("builder", self.builder))
         for name, value in self.train_options.items():
             if callable(value):  # loss_fn, count: unpickled in the job's processes too
@@ -87,14 +100,19 @@ class DDPRun:
         boolean("no_sync", self.no_sync)
         boolean("measure_memory", self.measure_memory)
         one_of("wrap", self.wrap, WRAPS)
-        if not (isinstance(self.data, tuple) and len(self.data) == 2
-                and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in self.data)):
-            raise TypeError(_("data must be a tuple (X, y) of two tensors, got {type}").format(
-                type=type(self.data).__name__))
+        if not (
+            isinstance(self.data, tuple)
+            and len(self.data) == 2
+            and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in self.data)
+        ):
+            raise TypeError(
+                _("data must be a tuple (X, y) of two tensors, got {type}").format(type=type(self.data).__name__)
+            )
         clashes = sorted(set(self.train_options) & set(_SET_BY_THE_JOB))
         if clashes:
-            raise ValueError(_("train_options cannot set {names}: the run sets them itself").format(
-                names=", ".join(clashes)))
+            raise ValueError(
+                _("train_options cannot set {names}: the run sets them itself").format(names=", ".join(clashes))
+            )
 
     def steps(self, world_size: int) -> int:
         """Optimizer steps this run takes with `world_size` processes."""
@@ -109,14 +127,22 @@ def _importable(name: str, value) -> None:
     function = function if hasattr(function, "__qualname__") else type(function)  # an object with __call__
     module, qualname = getattr(function, "__module__", None), function.__qualname__
     if module == "__main__":
-        raise TypeError(_("{name}={value!r} is defined in __main__ (a notebook cell or the script being run): the "
-                          "job's processes import it by its module and name, and their __main__ is not yours; "
-                          "define it in a module (a .py file next to the notebook) and import it from there, "
-                          "before the job starts").format(name=name, value=Shown(value)))
+        raise TypeError(
+            _(
+                "{name}={value!r} is defined in __main__ (a notebook cell or the script being run): the "
+                "job's processes import it by its module and name, and their __main__ is not yours; "
+                "define it in a module (a .py file next to the notebook) and import it from there, "
+                "before the job starts"
+            ).format(name=name, value=Shown(value))
+        )
     if "<lambda>" in qualname or "<locals>" in qualname:
-        raise TypeError(_("{name}={value!r} is a lambda or a function defined inside another function: the job's "
-                          "processes cannot import it by its name; define it at the top level of a module and "
-                          "import it from there, before the job starts").format(name=name, value=Shown(value)))
+        raise TypeError(
+            _(
+                "{name}={value!r} is a lambda or a function defined inside another function: the job's "
+                "processes cannot import it by its name; define it at the top level of a module and "
+                "import it from there, before the job starts"
+            ).format(name=name, value=Shown(value))
+        )
 
 
 @dataclass(frozen=True)
@@ -151,8 +177,13 @@ class DDPResult:
         return self.allreduce_calls / self.steps
 
 
-def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
-           on_progress: Callable[[int, int], None] | None = None) -> list[DDPResult]:
+def launch(
+    runs: Sequence[DDPRun],
+    *,
+    world_size: int = 2,
+    timeout: float = 120,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[DDPResult]:
     """Run every DDPRun in one job of `world_size` CPU processes; return their results in order.
 
     timeout: seconds for the whole job before its processes are stopped. on_progress(steps_done, steps_total) is
@@ -180,12 +211,21 @@ def launch(runs: Sequence[DDPRun], *, world_size: int = 2, timeout: float = 120,
             if "address already in use" not in errors.lower():
                 break
         if any(codes):
-            raise RuntimeError(_("DDP job failed (exit codes {codes}):\n{errors}").format(codes=codes,
-                                                                                        errors=errors[-3000:]))
+            raise RuntimeError(
+                _("DDP job failed (exit codes {codes}):\n{errors}").format(codes=codes, errors=errors[-3000:])
+            )
         results = torch.load(job / "result.pt", weights_only=True)  # numbers, tuples and tensors: nothing runs
-    return [DDPResult(world_size, run.micro_batch_size, run.accum_steps, run.no_sync, wrap=run.wrap,
-                      **{**result, "memory": tuple(MemoryReport(**report) for report in result["memory"])})
-            for run, result in zip(runs, results, strict=True)]
+    return [
+        DDPResult(
+            world_size,
+            run.micro_batch_size,
+            run.accum_steps,
+            run.no_sync,
+            wrap=run.wrap,
+            **{**result, "memory": tuple(MemoryReport(**report) for report in result["memory"])},
+        )
+        for run, result in zip(runs, results, strict=True)
+    ]
 
 
 _PREFIX = "accumlib-ddp-"  # the job folders' names in the temporary folder
@@ -209,29 +249,63 @@ def _collect_stale() -> None:
             continue
 
 
-def compare_no_sync(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int,
-                    epochs: int = 1, lr: float = 0.5, seed: int = 0, timeout: float = 120,
-                    on_progress: Callable[[int, int], None] | None = None) -> dict[bool, DDPResult]:
+def compare_no_sync(
+    builder,
+    data,
+    *,
+    world_size: int = 2,
+    micro_batch_size: int,
+    accum_steps: int,
+    epochs: int = 1,
+    lr: float = 0.5,
+    seed: int = 0,
+    timeout: float = 120,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[bool, DDPResult]:
     """The same DDP training without and with `no_sync()`, in one job: {False: result, True: result}."""
-    runs = [DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, no_sync)
-            for no_sync in (False, True)]
+    runs = [
+        DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, no_sync) for no_sync in (False, True)
+    ]
     without, with_no_sync = launch(runs, world_size=world_size, timeout=timeout, on_progress=on_progress)
     return {False: without, True: with_no_sync}
 
 
-def compare_fsdp2(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int,
-                  epochs: int = 1, lr: float = 0.5, seed: int = 0, timeout: float = 120,
-                  on_progress: Callable[[int, int], None] | None = None) -> dict[str, DDPResult]:
+def compare_fsdp2(
+    builder,
+    data,
+    *,
+    world_size: int = 2,
+    micro_batch_size: int,
+    accum_steps: int,
+    epochs: int = 1,
+    lr: float = 0.5,
+    seed: int = 0,
+    timeout: float = 120,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, DDPResult]:
     """The same training under DDP and under FSDP2 (with no_sync), in one job, each process's memory measured
     before it trains (`DDPResult.memory`): {"ddp": result, "fsdp2": result}."""
-    runs = [DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, wrap=wrap, measure_memory=True)
-            for wrap in WRAPS]
+    runs = [
+        DDPRun(builder, data, micro_batch_size, accum_steps, epochs, lr, seed, wrap=wrap, measure_memory=True)
+        for wrap in WRAPS
+    ]
     return dict(zip(WRAPS, launch(runs, world_size=world_size, timeout=timeout, on_progress=on_progress), strict=True))
 
 
-def run_ddp(builder, data, *, world_size: int = 2, micro_batch_size: int, accum_steps: int, epochs: int = 1,
-            lr: float = 0.5, seed: int = 0, no_sync: bool = True, timeout: float = 120,
-            on_progress: Callable[[int, int], None] | None = None) -> DDPResult:
+def run_ddp(
+    builder,
+    data,
+    *,
+    world_size: int = 2,
+    micro_batch_size: int,
+    accum_steps: int,
+    epochs: int = 1,
+    lr: float = 0.5,
+    seed: int = 0,
+    no_sync: bool = True,
+    timeout: float = 120,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> DDPResult:
     """Train builder() under DDP in `world_size` CPU processes; every process builds the same initial model.
 
     builder: a picklable zero-argument callable returning the model (e.g. functools.partial(models.mlp, ...)).
@@ -248,8 +322,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on_progress,
-                      key: str) -> tuple[list, str]:
+def _start_and_follow(
+    job: Path, world_size: int, timeout: float, total: int, on_progress, key: str
+) -> tuple[list, str]:
     """Start the job's processes, report rank 0's steps, stop every process if one fails or time runs out.
 
     One fresh Python process (the job's parent, in a session of its own) imports torch and reads the job, then forks
@@ -258,14 +333,28 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
     Returns (exit codes by rank, the processes' stderr together).
     """
     package_root = str(Path(__file__).resolve().parents[2])  # the processes import this very accumlib
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), _KEY: key,
-           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        _KEY: key,
+        "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+    }
     for name in ("RANK", "LOCAL_RANK"):  # the parent sets them in each rank
         env.pop(name, None)
     with (job / "stderr-parent.txt").open("w") as log:
-        parent = subprocess.Popen([sys.executable, "-m", __name__, str(job)], stdout=subprocess.PIPE,
-                                  stderr=log, stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+        parent = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(job)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(parent.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + timeout
@@ -295,11 +384,16 @@ def _start_and_follow(job: Path, world_size: int, timeout: float, total: int, on
         parent.wait()
         parent.stdout.close()
     codes_file = job / "exit-codes.txt"
-    codes = ([int(code) for code in codes_file.read_text().split()] if codes_file.exists()
-             else [parent.returncode or 1] * world_size)  # it failed before starting the ranks
-    errors = "\n".join(path.read_text() for path in [job / "stderr-parent.txt",
-                                                     *(job / f"stderr-{rank}.txt" for rank in range(world_size))]
-                       if path.exists())
+    codes = (
+        [int(code) for code in codes_file.read_text().split()]
+        if codes_file.exists()
+        else [parent.returncode or 1] * world_size
+    )  # it failed before starting the ranks
+    errors = "\n".join(
+        path.read_text()
+        for path in [job / "stderr-parent.txt", *(job / f"stderr-{rank}.txt" for rank in range(world_size))]
+        if path.exists()
+    )
     return codes, errors
 
 
@@ -342,16 +436,24 @@ def _wrapped(model: torch.nn.Module, wrap: str) -> torch.nn.Module:
 def _whole_state(model: torch.nn.Module) -> dict:
     """The whole weights (FSDP2: every shard gathered, a collective every process calls), detached copies."""
     state = model.module.state_dict() if isinstance(model, DistributedDataParallel) else model.state_dict()
-    return {k: (v.full_tensor() if isinstance(v, dist.tensor.DTensor) else v).detach().clone()
-            for k, v in state.items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, dist.tensor.DTensor) else v).detach().clone() for k, v in state.items()
+    }
 
 
 def _measured_memory(model: torch.nn.Module, run: DDPRun, optimizer) -> tuple[dict, ...]:
     """Every process's measure_step of one step of the run (a micro-batch of its size, accum_steps passes), by
     rank, as plain dicts (launch reads them with weights_only); a collective every process calls."""
-    x, y = (t[:run.micro_batch_size] for t in run.data)
-    report = measure_step(model, x, y, optimizer=optimizer, loss_fn=run.train_options.get("loss_fn"),
-                          accum_steps=run.accum_steps, ddp_no_sync=run.no_sync)
+    x, y = (t[: run.micro_batch_size] for t in run.data)
+    report = measure_step(
+        model,
+        x,
+        y,
+        optimizer=optimizer,
+        loss_fn=run.train_options.get("loss_fn"),
+        accum_steps=run.accum_steps,
+        ddp_no_sync=run.no_sync,
+    )
     reports = [None] * dist.get_world_size()
     dist.all_gather_object(reports, asdict(report))
     return tuple(reports)
@@ -374,12 +476,27 @@ def _train_rank(run: DDPRun) -> dict:
 
     optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
     memory = _measured_memory(model, run, optimizer) if run.measure_memory else ()
-    history = train(model, run.data, optimizer, micro_batch_size=run.micro_batch_size, accum_steps=run.accum_steps,
-                    epochs=run.epochs, seed=run.seed, ddp_no_sync=run.no_sync, on_step=on_step,
-                    measure_memory=False, device="cpu", **run.train_options)
-    return {"allreduces": tuple(allreduces) if run.wrap == "ddp" else (), "memory": memory,
-            "micro_batches": tuple(r.micro_batches for r in history), "losses": tuple(r.loss for r in history),
-            "state": _whole_state(model)}
+    history = train(
+        model,
+        run.data,
+        optimizer,
+        micro_batch_size=run.micro_batch_size,
+        accum_steps=run.accum_steps,
+        epochs=run.epochs,
+        seed=run.seed,
+        ddp_no_sync=run.no_sync,
+        on_step=on_step,
+        measure_memory=False,
+        device="cpu",
+        **run.train_options,
+    )
+    return {
+        "allreduces": tuple(allreduces) if run.wrap == "ddp" else (),
+        "memory": memory,
+        "micro_batches": tuple(r.micro_batches for r in history),
+        "losses": tuple(r.loss for r in history),
+        "state": _whole_state(model),
+    }
 
 
 def _worker(job: Path, runs: list) -> None:
@@ -467,10 +584,13 @@ def _read_job(job: Path) -> list:
     except ValueError:  # a key that is no hex
         valid = False
     if not valid:
-        raise PermissionError(_("{folder} is not a job that accumlib.lessons.ddp_lab.launch() started: its job.pt is "
-                                "not signed with the key launch() gives its own processes ({key}); it is not unpickled "
-                                "(that would run its code). Start DDP jobs with launch()").format(
-                                    folder=job, key=_KEY))
+        raise PermissionError(
+            _(
+                "{folder} is not a job that accumlib.lessons.ddp_lab.launch() started: its job.pt is "
+                "not signed with the key launch() gives its own processes ({key}); it is not unpickled "
+                "(that would run its code). Start DDP jobs with launch()"
+            ).format(folder=job, key=_KEY)
+        )
     return torch.load(io.BytesIO(pickled), weights_only=False, map_location="cpu")
 
 

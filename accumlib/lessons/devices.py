@@ -8,6 +8,7 @@ else the CPU. Apple's GPU (MPS) is used only when asked for (ACCUMLIB_DEVICE=mps
 The printed line names only the device chosen, so a lesson's stored output is the same on every machine that runs
 it on the CPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,17 +24,24 @@ __all__ = ["VARIABLE", "pick", "supports_bf16", "describe", "choose"]
 
 # The printed line, for each kind of page: a lesson, or the dashboards page (GPU, Apple's GPU, CPU).
 _SENTENCES = {
-    "lesson": (N_("This lesson runs on the GPU: {name} ({device})."), N_("This lesson runs on Apple's GPU (mps)."),
-               N_("This lesson runs on the CPU.")),
-    "dashboards": (N_("These dashboards run on the GPU: {name} ({device})."),
-                   N_("These dashboards run on Apple's GPU (mps)."), N_("These dashboards run on the CPU.")),
+    "lesson": (
+        N_("This lesson runs on the GPU: {name} ({device})."),
+        N_("This lesson runs on Apple's GPU (mps)."),
+        N_("This lesson runs on the CPU."),
+    ),
+    "dashboards": (
+        N_("These dashboards run on the GPU: {name} ({device})."),
+        N_("These dashboards run on Apple's GPU (mps)."),
+        N_("These dashboards run on the CPU."),
+    ),
 }
 
 
 def _sentences(page: str) -> tuple[str, str, str]:
     if page not in _SENTENCES:
-        raise ValueError(_("page={value!r}: valid: {valid}").format(
-            value=page, valid=", ".join(repr(k) for k in _SENTENCES)))
+        raise ValueError(
+            _("page={value!r}: valid: {valid}").format(value=page, valid=", ".join(repr(k) for k in _SENTENCES))
+        )
     return _SENTENCES[page]
 
 

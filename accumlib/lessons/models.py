@@ -1,4 +1,5 @@
 """Small models for the lessons: fast on 2 CPU cores, built reproducibly from a seed."""
+
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ def _seeded(build):
 
     Thread-safe: dashboards build models in background threads while a stale run may still be building one.
     """
+
     @functools.wraps(build)
     def builder(*args, seed: int = 0, dtype: torch.dtype = torch.float32, **kwargs) -> nn.Module:
         _validate.non_negative_int("seed", seed)
@@ -27,6 +29,7 @@ def _seeded(build):
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return build(*args, **kwargs).to(dtype)
+
     return builder
 
 
@@ -41,8 +44,9 @@ def mlp(inputs: int = 64, hidden: int = 64, classes: int = 10) -> nn.Module:
 def wide_mlp(inputs: int = 64, width: int = 2048, classes: int = 10) -> nn.Module:
     """A wide perceptron whose weights (and Adam's state) dwarf its activations: accumulation barely helps."""
     _sizes(inputs=inputs, width=width, classes=classes)
-    return nn.Sequential(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, classes))
+    return nn.Sequential(
+        nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, classes)
+    )
 
 
 def _sizes(**sizes: int) -> None:
@@ -52,8 +56,9 @@ def _sizes(**sizes: int) -> None:
 
 def _norm(kind: str | None, channels: int) -> nn.Module:
     """The normalisation layer of `cnn` (kind already checked)."""
-    return {None: nn.Identity, "batch": lambda: nn.BatchNorm2d(channels),
-            "group": lambda: nn.GroupNorm(4, channels)}[kind]()
+    return {None: nn.Identity, "batch": lambda: nn.BatchNorm2d(channels), "group": lambda: nn.GroupNorm(4, channels)}[
+        kind
+    ]()
 
 
 @_seeded
@@ -70,12 +75,20 @@ def cnn(norm: str | None = None, channels: tuple[int, int] = (16, 32), classes: 
     c1, c2 = (_validate.positive_int("channels", c) for c in channels)
     _validate.positive_int("classes", classes)
     if norm == "group" and (c1 % 4 or c2 % 4):
-        raise ValueError(f"channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), "
-                         f"got {channels!r}")
+        raise ValueError(
+            f"channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), got {channels!r}"
+        )
     return nn.Sequential(
-        nn.Conv2d(1, c1, 3, padding=1), _norm(norm, c1), nn.ReLU(),
-        nn.Conv2d(c1, c2, 3, padding=1), _norm(norm, c2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(c2 * 16, classes))
+        nn.Conv2d(1, c1, 3, padding=1),
+        _norm(norm, c1),
+        nn.ReLU(),
+        nn.Conv2d(c1, c2, 3, padding=1),
+        _norm(norm, c2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(c2 * 16, classes),
+    )
 
 
 @_seeded

@@ -17,6 +17,7 @@ mixed-precision switches do, measured with torch 2.13 (fp16 autocast, `torch.amp
   - `step_every_micro_batch` with a scaler (step and update per micro-batch) runs silently: accum_steps steps per
     cycle, as without a scaler.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,20 +74,35 @@ def loss_weights(sizes: list[int], accum_steps: int, last_cycle: str, divide: bo
         return [1 / accum_steps] * len(sizes)
     weights = []
     for first in range(0, len(sizes), accum_steps):
-        cycle = sizes[first:first + accum_steps]
+        cycle = sizes[first : first + accum_steps]
         weights += [size / sum(cycle) for size in cycle]
     return weights
 
 
-def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer, *, micro_batch_size: int,
-                  accum_steps: int, epochs: int = 1, seed: int = 0, last_cycle: str = "drop", divide: bool = True,
-                  zero_every_micro_batch: bool = False, step_every_micro_batch: bool = False,
-                  zero_at_cycle_start: bool = False, scheduler=None,
-                  scheduler_per_micro_batch: bool = False, clip_grad_norm: float | None = None,
-                  clip_per_micro_batch: bool = False, scaler: torch.amp.GradScaler | None = None,
-                  unscale_per_micro_batch: bool = False, update_per_micro_batch: bool = False,
-                  loss_fn: Callable | None = None,
-                  on_step: Callable[[ClassicStep], None] | None = None) -> ClassicLog:
+def classic_train(
+    model: torch.nn.Module,
+    data,
+    optimizer: torch.optim.Optimizer,
+    *,
+    micro_batch_size: int,
+    accum_steps: int,
+    epochs: int = 1,
+    seed: int = 0,
+    last_cycle: str = "drop",
+    divide: bool = True,
+    zero_every_micro_batch: bool = False,
+    step_every_micro_batch: bool = False,
+    zero_at_cycle_start: bool = False,
+    scheduler=None,
+    scheduler_per_micro_batch: bool = False,
+    clip_grad_norm: float | None = None,
+    clip_per_micro_batch: bool = False,
+    scaler: torch.amp.GradScaler | None = None,
+    unscale_per_micro_batch: bool = False,
+    update_per_micro_batch: bool = False,
+    loss_fn: Callable | None = None,
+    on_step: Callable[[ClassicStep], None] | None = None,
+) -> ClassicLog:
     """The six-line recipe (loss / accum_steps, step when (i + 1) % accum_steps == 0), with optional bugs.
 
     data: (X, y) tensors. With every switch at its default and last_cycle="weighted" it trains exactly like
@@ -112,30 +128,43 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an integer, got {seed!r} of type {type(seed).__name__}")
     one_of("last_cycle", last_cycle, LAST_CYCLE_CHOICES)
-    switches = dict(divide=divide, zero_every_micro_batch=zero_every_micro_batch,
-                    zero_at_cycle_start=zero_at_cycle_start,
-                    step_every_micro_batch=step_every_micro_batch, scheduler_per_micro_batch=scheduler_per_micro_batch,
-                    clip_per_micro_batch=clip_per_micro_batch, unscale_per_micro_batch=unscale_per_micro_batch,
-                    update_per_micro_batch=update_per_micro_batch)
+    switches = dict(
+        divide=divide,
+        zero_every_micro_batch=zero_every_micro_batch,
+        zero_at_cycle_start=zero_at_cycle_start,
+        step_every_micro_batch=step_every_micro_batch,
+        scheduler_per_micro_batch=scheduler_per_micro_batch,
+        clip_per_micro_batch=clip_per_micro_batch,
+        unscale_per_micro_batch=unscale_per_micro_batch,
+        update_per_micro_batch=update_per_micro_batch,
+    )
     for name, value in switches.items():
         _flag(name, value)
     if zero_at_cycle_start and last_cycle == "leak":
-        raise ValueError("zero_at_cycle_start=True zeroes the gradients at the start of every cycle, the next epoch's "
-                         "first one too, so nothing can leak into it: use it with last_cycle 'drop', "
-                         "'divide-by-steps' or 'weighted', not 'leak'")
+        raise ValueError(
+            "zero_at_cycle_start=True zeroes the gradients at the start of every cycle, the next epoch's "
+            "first one too, so nothing can leak into it: use it with last_cycle 'drop', "
+            "'divide-by-steps' or 'weighted', not 'leak'"
+        )
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     if scaler is None and (unscale_per_micro_batch or update_per_micro_batch):
         raise ValueError("unscale_per_micro_batch and update_per_micro_batch need scaler= (a torch.amp.GradScaler)")
     if on_step is not None and not callable(on_step):
         raise TypeError(f"on_step must be a function taking one ClassicStep, or None; got {on_step!r}")
-    if not (isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)
-            and len(data[0]) == len(data[1]) > 0):
+    if not (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(isinstance(t, torch.Tensor) for t in data)
+        and len(data[0]) == len(data[1]) > 0
+    ):
         raise TypeError("data must be a tuple (X, y) of two tensors with the same number of samples (at least one)")
     X, y = data
     if micro_batch_size > len(X):
-        raise ValueError(f"micro_batch_size={micro_batch_size} is larger than the dataset ({len(X)} samples); "
-                         f"valid range: 1 to {len(X)}")
+        raise ValueError(
+            f"micro_batch_size={micro_batch_size} is larger than the dataset ({len(X)} samples); "
+            f"valid range: 1 to {len(X)}"
+        )
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     params = list(model.parameters())
     log = ClassicLog()
@@ -188,8 +217,7 @@ def classic_train(model: torch.nn.Module, data, optimizer: torch.optim.Optimizer
                     optimizer.step()
                 if scheduler is not None and not scheduler_per_micro_batch:
                     scheduler.step()
-                step = ClassicStep(log.steps + 1, epoch, samples_seen, pending[2], pending[1],
-                                   pending[0] / pending[1])
+                step = ClassicStep(log.steps + 1, epoch, samples_seen, pending[2], pending[1], pending[0] / pending[1])
                 if not zero_at_cycle_start:
                     zero_grad()
                 log.steps += 1

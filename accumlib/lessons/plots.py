@@ -17,6 +17,7 @@ from the text's measured sizes (each string measured with the figure's fonts, no
 doubled the drawing time of a dashboard figure). Each PNG records its smallest font size in points (the text chunk
 SMALLEST_TEXT), from which a page computes the size its reader sees.
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,7 +45,7 @@ STACK_COLOURS = [*OKABE_ITO, "#999999"]  # nine memory categories: Okabe-Ito and
 LINE_STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D"]
 HATCHES = ["", "//", "..", "xx", "\\\\"]
-MIB = 2 ** 20
+MIB = 2**20
 DPI = 100
 WIDTH, AXES_HEIGHT = 4.4, 2.1  # inches: every figure's width (440 px at DPI) and its axes' height
 DEVANAGARI_FONTS = ("Lohit Devanagari", "Noto Sans Devanagari")  # installed ones, in order of preference
@@ -54,11 +55,17 @@ PAD = 0.08  # inches: the figure's edge to its text, and between blocks of text
 TICKS = 7 / 72  # inches from the axes to its tick labels: a tick (3.5 pt) and its pad (3.5 pt)
 SMALLEST_TEXT = "accumlib:smallest-text-pt"  # the PNG's text chunk: the smallest font size drawn in it, points
 # The memory categories of accumlib.memory (MemoryReport.categories() keys), as a figure's legend names them.
-CATEGORY_LABELS = {"parameters": N_("parameters"), "gradients": N_("gradients"),
-                   "incoming gradients": N_("incoming gradients"), "optimizer state": N_("optimizer state"),
-                   "optimizer temporaries": N_("optimizer temporaries"), "inputs": N_("inputs"),
-                   "activations": N_("activations"), "activation gradients": N_("activation gradients"),
-                   "other": N_("other")}
+CATEGORY_LABELS = {
+    "parameters": N_("parameters"),
+    "gradients": N_("gradients"),
+    "incoming gradients": N_("incoming gradients"),
+    "optimizer state": N_("optimizer state"),
+    "optimizer temporaries": N_("optimizer temporaries"),
+    "inputs": N_("inputs"),
+    "activations": N_("activations"),
+    "activation gradients": N_("activation gradients"),
+    "other": N_("other"),
+}
 
 _DRAWING = threading.RLock()  # rcParams are global: one figure is built or rendered at a time
 
@@ -94,11 +101,19 @@ def warn_unshaped() -> bool:
     import warnings
 
     needed = ".".join(map(str, SHAPING))
-    warnings.warn(_("Hindi text in figures needs matplotlib {needed} or later to join its letters; this is matplotlib "
-                    "{version}. Run {command}, then restart the runtime (Colab: {menu}) and run the notebook again "
-                    "from the top.").format(needed=needed, version=matplotlib.__version__,
-                                            command=f'%pip install -q "matplotlib>={needed}"',
-                                            menu="Runtime → Restart session"), stacklevel=3)
+    warnings.warn(
+        _(
+            "Hindi text in figures needs matplotlib {needed} or later to join its letters; this is matplotlib "
+            "{version}. Run {command}, then restart the runtime (Colab: {menu}) and run the notebook again "
+            "from the top."
+        ).format(
+            needed=needed,
+            version=matplotlib.__version__,
+            command=f'%pip install -q "matplotlib>={needed}"',
+            menu="Runtime → Restart session",
+        ),
+        stacklevel=3,
+    )
     return True
 
 
@@ -116,10 +131,12 @@ def drawing():
 
 def _drawn(build):
     """Run a figure builder inside `drawing()`: tick labels and legends made now use the course's fonts."""
+
     @functools.wraps(build)
     def builder(*args, **kwargs):
         with drawing():
             return build(*args, **kwargs)
+
     return builder
 
 
@@ -132,16 +149,23 @@ class Plot:
 
     def smallest_text(self) -> float:
         """The smallest font size of the text the figure draws (points): tick labels, legend, labels, title."""
-        return min(text.get_fontsize() for text in self.figure.findobj(Text)
-                   if text.get_visible() and text.get_text().strip())
+        return min(
+            text.get_fontsize() for text in self.figure.findobj(Text) if text.get_visible() and text.get_text().strip()
+        )
 
     def png(self) -> bytes:
         """The figure as PNG at DPI, its smallest font size in the text chunk SMALLEST_TEXT."""
         buffer = io.BytesIO()
         with drawing():
             self.figure.canvas.draw()  # the tick labels get their text here: then the smallest size is known
-            imsave(buffer, self.figure.canvas.buffer_rgba(), format="png", origin="upper", dpi=DPI,
-                   metadata={SMALLEST_TEXT: f"{self.smallest_text():g}"})
+            imsave(
+                buffer,
+                self.figure.canvas.buffer_rgba(),
+                format="png",
+                origin="upper",
+                dpi=DPI,
+                metadata={SMALLEST_TEXT: f"{self.smallest_text():g}"},
+            )
         return buffer.getvalue()
 
     def output(self) -> dict:
@@ -172,13 +196,17 @@ class _Measure:
         self.figure, self.renderer = figure, figure.canvas.get_renderer()
 
     def width(self, text: str, size: float) -> float:
-        return max(self.renderer.get_text_width_height_descent(line, FontProperties(size=size), ismath=False)[0]
-                   for line in text.split("\n")) / DPI
+        return (
+            max(
+                self.renderer.get_text_width_height_descent(line, FontProperties(size=size), ismath=False)[0]
+                for line in text.split("\n")
+            )
+            / DPI
+        )
 
     def box(self, text: str, size: float, rotation: float = 0) -> tuple[float, float]:
         """(width, height) of `text` as a Text draws it, lines and all."""
-        extent = Text(0, 0, text, fontsize=size, rotation=rotation, figure=self.figure).get_window_extent(
-            self.renderer)
+        extent = Text(0, 0, text, fontsize=size, rotation=rotation, figure=self.figure).get_window_extent(self.renderer)
         return extent.width / DPI, extent.height / DPI
 
     def wrap(self, text: str, inches: float, size: float) -> str:
@@ -220,8 +248,9 @@ def _legend_columns(measure: _Measure, labels: list[str], inches: float) -> tupl
     return labels, columns
 
 
-def _finish(ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = True,
-            categories: Sequence[str] | None = None) -> None:
+def _finish(
+    ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = True, categories: Sequence[str] | None = None
+) -> None:
     """Axis labels (with units), the title that states the finding, a legend below the axes, a light grid, and the
     figure's height and margins from the sizes of its text (module docstring).
 
@@ -258,8 +287,16 @@ def _finish(ax, title: str, xlabel: str | None, ylabel: str, *, grid: bool = Tru
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         labels, columns = _legend_columns(measure, labels, WIDTH - 2 * PAD)
-        legend = ax.legend(handles, labels, fontsize=TEXT_SIZE, ncols=columns, loc="lower center", frameon=False,
-                           borderaxespad=0, borderpad=0)
+        legend = ax.legend(
+            handles,
+            labels,
+            fontsize=TEXT_SIZE,
+            ncols=columns,
+            loc="lower center",
+            frameon=False,
+            borderaxespad=0,
+            borderpad=0,
+        )
         legend_height = legend.get_window_extent(measure.renderer).height / DPI + PAD
     title = measure.wrap(title, axes_width, TITLE_SIZE)
     offset_height = measure.box(offset, TEXT_SIZE)[1] + 0.03 if offset else 0
@@ -300,9 +337,17 @@ def loss_curves(curves: dict[str, dict[str, list]], title: str, alt: str, *, log
     figure, ax = _figure()
     for i, (label, columns) in enumerate(curves.items()):
         losses = [loss if abs(loss) < float("inf") else float("nan") for loss in columns["loss"]]
-        ax.plot(columns["samples_seen"], losses, label=label, color=OKABE_ITO[i % 8],
-                linestyle=LINE_STYLES[i % 4], linewidth=3 if i == 0 else 1.6,
-                marker=MARKERS[i % 4] if i else None, markevery=max(len(losses) // 12, 1), markersize=4)
+        ax.plot(
+            columns["samples_seen"],
+            losses,
+            label=label,
+            color=OKABE_ITO[i % 8],
+            linestyle=LINE_STYLES[i % 4],
+            linewidth=3 if i == 0 else 1.6,
+            marker=MARKERS[i % 4] if i else None,
+            markevery=max(len(losses) // 12, 1),
+            markersize=4,
+        )
     if logy:
         _plain_log_y(ax)
     ylabel = _("training loss (cross-entropy, nats, log scale)") if logy else _("training loss (cross-entropy, nats)")
@@ -315,8 +360,12 @@ def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], budget_byt
     """Measured peak bytes of one training step against batch size, with the card's budget line."""
     figure, ax = _figure()
     ax.plot(batch_sizes, [p / MIB for p in peaks], color=OKABE_ITO[0], marker="o", label=_("measured peak"))
-    ax.axhline(budget_bytes / MIB, color=OKABE_ITO[3], linestyle="--",
-               label=_("card budget ({budget})").format(budget=mib(budget_bytes)))
+    ax.axhline(
+        budget_bytes / MIB,
+        color=OKABE_ITO[3],
+        linestyle="--",
+        label=_("card budget ({budget})").format(budget=mib(budget_bytes)),
+    )
     ax.set_xscale("log", base=2)
     _finish(ax, title, _("batch size (samples, log scale)"), _("peak memory of one step (MiB)"))
     return Plot(figure, alt)
@@ -336,24 +385,41 @@ def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budge
         heights = [report[category] / MIB for report in reports.values()]
         if not any(heights):
             continue
-        ax.bar(positions, heights, bottom=bottoms, label=_(CATEGORY_LABELS.get(category, category)),
-               color=STACK_COLOURS[i % len(STACK_COLOURS)], hatch=HATCHES[i % 5], edgecolor="white")
+        ax.bar(
+            positions,
+            heights,
+            bottom=bottoms,
+            label=_(CATEGORY_LABELS.get(category, category)),
+            color=STACK_COLOURS[i % len(STACK_COLOURS)],
+            hatch=HATCHES[i % 5],
+            edgecolor="white",
+        )
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     if budget_bytes is not None:
-        ax.axhline(budget_bytes / MIB, color="black", linestyle="--",
-                   label=_("card budget ({budget})").format(budget=mib(budget_bytes)))
+        ax.axhline(
+            budget_bytes / MIB,
+            color="black",
+            linestyle="--",
+            label=_("card budget ({budget})").format(budget=mib(budget_bytes)),
+        )
     ax.set_xlim(-0.6, len(reports) - 0.4)
     _finish(ax, title, None, _("peak memory (MiB)"), grid=False, categories=list(reports))
     return Plot(figure, alt)
 
 
 @_drawn
-def bars(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str, alt: str,
-         reference: float | None = None) -> Plot:
+def bars(
+    labels: Sequence[str], values: Sequence[float], ylabel: str, title: str, alt: str, reference: float | None = None
+) -> Plot:
     """One bar per label, each its own colour and hatch; an optional dotted reference line (1.0 for ratios)."""
     figure, ax = _figure()
-    ax.bar(range(len(labels)), values, color=[OKABE_ITO[i % 8] for i in range(len(labels))],
-           hatch=[HATCHES[i % 5] for i in range(len(labels))], edgecolor="white")
+    ax.bar(
+        range(len(labels)),
+        values,
+        color=[OKABE_ITO[i % 8] for i in range(len(labels))],
+        hatch=[HATCHES[i % 5] for i in range(len(labels))],
+        edgecolor="white",
+    )
     if reference is not None:
         ax.axhline(reference, color="black", linestyle=":", linewidth=1)
     ax.set_xlim(-0.6, len(labels) - 0.4)
@@ -370,21 +436,42 @@ def deviation_bars(groups: dict[str, dict[str, float]], ylabel: str, title: str,
     width = 0.8 / len(series)
     for i, name in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(xlabels))]
-        ax.bar(xs, [groups[name][x] for x in xlabels], width=width, label=name, color=OKABE_ITO[i % 8],
-               hatch=HATCHES[i % 5], edgecolor="white")
+        ax.bar(
+            xs,
+            [groups[name][x] for x in xlabels],
+            width=width,
+            label=name,
+            color=OKABE_ITO[i % 8],
+            hatch=HATCHES[i % 5],
+            edgecolor="white",
+        )
     ax.set_xlim(-0.6, len(xlabels) - 0.4)
     _finish(ax, title, None, ylabel, grid=False, categories=xlabels)
     return Plot(figure, alt)
 
 
 @_drawn
-def lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str, title: str,
-          alt: str, logy: bool = False) -> Plot:
+def lines(
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    alt: str,
+    logy: bool = False,
+) -> Plot:
     """Generic line plot; series: label -> (xs, ys)."""
     figure, ax = _figure()
     for i, (label, (xs, ys)) in enumerate(series.items()):
-        ax.plot(xs, ys, label=label, color=OKABE_ITO[i % 8], linestyle=LINE_STYLES[i % 4],
-                marker=MARKERS[i % 4], markevery=max(len(xs) // 10, 1), markersize=4)
+        ax.plot(
+            xs,
+            ys,
+            label=label,
+            color=OKABE_ITO[i % 8],
+            linestyle=LINE_STYLES[i % 4],
+            marker=MARKERS[i % 4],
+            markevery=max(len(xs) // 10, 1),
+            markersize=4,
+        )
     if logy:
         _plain_log_y(ax)
     _finish(ax, title, xlabel, ylabel)

@@ -1,5 +1,6 @@
 """docs/api.md is the API reference generated from the docstrings (tools/api_docs.py): it must not go stale, and it
 must cover every name `accumlib` exports."""
+
 import importlib.util
 from pathlib import Path
 

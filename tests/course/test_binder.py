@@ -1,5 +1,6 @@
 """Binder's environment: the lessons' stack at requirements.txt's versions, torch CPU-only, none of the test tools,
 and nothing that fights repo2docker's own server environment."""
+
 import re
 from pathlib import Path
 

@@ -3,6 +3,7 @@
 Playwright drives Debian's Chromium (headless; no browser is downloaded). Without Chromium these tests skip:
 install it with `apt-get install -y chromium` (.ci/run does).
 """
+
 import os
 import re
 import shutil
@@ -17,8 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="browser tests need Debian's Chromium: "
-                                                          "apt-get install -y chromium (then rerun make test)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="browser tests need Debian's Chromium: apt-get install -y chromium (then rerun make test)"
+)
 TOKEN = "accumlib-browser-test"
 BIN = Path(sys.executable).parent
 
@@ -53,10 +55,19 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                                           "--disable-background-networking", "--disable-component-update",
-                                           "--disable-sync"])
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         yield chromium
         chromium.close()
 
@@ -101,8 +112,9 @@ def move_accum_steps_and_see_redraw(page, value: int, effective_batch: int, labe
     summary = page.locator(".widget-html pre", has_text=f"accum_steps={value}, effective_batch={effective_batch}")
     summary.first.wait_for(timeout=30_000)
     assert summary.first.inner_text().startswith(label)
-    page.wait_for_function("before => document.querySelector('.widget-output img').src !== before", arg=before,
-                           timeout=30_000)
+    page.wait_for_function(
+        "before => document.querySelector('.widget-output img').src !== before", arg=before, timeout=30_000
+    )
     assert_no_errors(page)
 
 
@@ -113,10 +125,21 @@ def assert_no_errors(page) -> None:
 
 def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(lessons, browser):
     port = free_port()
-    lab = server([str(BIN / "jupyter"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
-                  f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={lessons}",
-                  f"--LabApp.workspaces_dir={lessons.parent / 'workspaces'}"],  # no tabs restored from elsewhere
-                 lessons, f"http://127.0.0.1:{port}/api/status?token={TOKEN}")
+    lab = server(
+        [
+            str(BIN / "jupyter"),
+            "lab",
+            "--no-browser",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            "--allow-root",
+            f"--IdentityProvider.token={TOKEN}",
+            f"--ServerApp.root_dir={lessons}",
+            f"--LabApp.workspaces_dir={lessons.parent / 'workspaces'}",
+        ],  # no tabs restored from elsewhere
+        lessons,
+        f"http://127.0.0.1:{port}/api/status?token={TOKEN}",
+    )
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"http://127.0.0.1:{port}/lab/tree/en/03_the_loop.ipynb?token={TOKEN}")
@@ -140,8 +163,18 @@ def test_jupyterlab_runs_the_first_interactive_lesson_and_the_slider_redraws(les
 
 def test_voila_app_renders_the_dashboards_and_the_slider_redraws(lessons, browser):
     port = free_port()
-    app = server([str(BIN / "voila"), "en/dashboards.ipynb", "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-                  "--ServerApp.allow_root=True"], lessons, f"http://127.0.0.1:{port}/")
+    app = server(
+        [
+            str(BIN / "voila"),
+            "en/dashboards.ipynb",
+            "--no-browser",
+            f"--port={port}",
+            "--Voila.ip=127.0.0.1",
+            "--ServerApp.allow_root=True",
+        ],
+        lessons,
+        f"http://127.0.0.1:{port}/",
+    )
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
@@ -218,8 +251,9 @@ def assert_every_question_usable(page, width: int, screenshot: Path, scope: str 
 def quiz_notebook(folder: Path) -> str:
     import nbformat
 
-    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                 "language": "python"}})
+    notebook = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
     notebook.cells = [nbformat.v4.new_code_cell("from accumlib.lessons import quiz\nquiz.check(language='hi')")]
     nbformat.write(notebook, folder / "quiz.ipynb")
     return "quiz.ipynb"
@@ -234,8 +268,18 @@ def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browse
     shots.mkdir(parents=True, exist_ok=True)
     quiz = quiz_notebook(lessons)
     port = free_port()
-    app = server([str(BIN / "voila"), str(lessons), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-                  "--ServerApp.allow_root=True"], lessons, f"http://127.0.0.1:{port}/")
+    app = server(
+        [
+            str(BIN / "voila"),
+            str(lessons),
+            "--no-browser",
+            f"--port={port}",
+            "--Voila.ip=127.0.0.1",
+            "--ServerApp.allow_root=True",
+        ],
+        lessons,
+        f"http://127.0.0.1:{port}/",
+    )
     try:
         for width, per_step in ((390, 10), (1280, 20)):
             page = browser.new_page(viewport={"width": width, "height": 844})
@@ -245,7 +289,8 @@ def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browse
             page.locator(".widget-output img").nth(2).wait_for(timeout=60_000)  # the third dashboard's figure
             assert_usable(page, width, sliders=7, per_step=per_step)
             page.locator(".widget-vbox").filter(has=page.locator(".widget-slider")).first.screenshot(
-                path=str(shots / f"voila-dashboard-{width}.png"))
+                path=str(shots / f"voila-dashboard-{width}.png")
+            )
             page.goto(f"http://127.0.0.1:{port}/voila/render/{quiz}", timeout=180_000)
             page.locator(".widget-radio-box, .widget-text").first.wait_for(timeout=180_000)
             assert_every_question_usable(page, width, shots / f"voila-quiz-{width}.png")
@@ -259,8 +304,10 @@ def test_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(lessons, browse
 # checked is ours: every control inside its cell's output area, none over another, no output or the notebook
 # scrolling sideways, slider tracks of a usable width. The notebooks open in JupyterLab's single-document view
 # (/doc), as on a phone, with every cell rendered (windowingMode none: the checks see them all), and no news toast.
-LAB_SETTINGS = {"apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-                "notebook-extension/tracker": {"windowingMode": "none"}}
+LAB_SETTINGS = {
+    "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    "notebook-extension/tracker": {"windowingMode": "none"},
+}
 # every code cell has run (a number in its prompt, after Clear Outputs left "[ ]") and the kernel is idle again
 ALL_RAN = """() => {
   const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
@@ -310,18 +357,33 @@ def test_jupyterlab_dashboards_and_quiz_are_usable_on_a_phone_and_a_desktop(tmp_
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
         (settings / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
     port = free_port()
-    lab = server([str(BIN / "jupyter"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
-                  "--ServerApp.token=", "--IdentityProvider.token=", f"--ServerApp.root_dir={root}",
-                  f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-                  f"--LabApp.user_settings_dir={tmp_path / 'settings'}"], root, f"http://127.0.0.1:{port}/api/status")
+    lab = server(
+        [
+            str(BIN / "jupyter"),
+            "lab",
+            "--no-browser",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            "--allow-root",
+            "--ServerApp.token=",
+            "--IdentityProvider.token=",
+            f"--ServerApp.root_dir={root}",
+            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+            f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+        ],
+        root,
+        f"http://127.0.0.1:{port}/api/status",
+    )
     try:
         for width, height, per_step in ((390, 844, 10), (1280, 800, 20)):
             page = browser.new_page(viewport={"width": width, "height": height})
-            run_all_in_lab(page, f"http://127.0.0.1:{port}/doc/tree/{width}/dashboards.ipynb", shots,
-                           f"lab-dashboards-{width}")
+            run_all_in_lab(
+                page, f"http://127.0.0.1:{port}/doc/tree/{width}/dashboards.ipynb", shots, f"lab-dashboards-{width}"
+            )
             dashboards = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-slider"))
-            assert dashboards.count() == 3 and all(dashboards.nth(i).locator(".widget-output img").count() >= 1
-                                                   for i in range(3))  # each dashboard drew its figures
+            assert dashboards.count() == 3 and all(
+                dashboards.nth(i).locator(".widget-output img").count() >= 1 for i in range(3)
+            )  # each dashboard drew its figures
             lab_screenshot(page, shots / f"lab-dashboards-{width}.png")
             assert_usable(page, width, ".jp-OutputArea-output", sliders=7, per_step=per_step)
             page.close()

@@ -7,6 +7,7 @@ or uses a variant the glossary avoids, a glossary term without its English on it
 is not what the generator builds or not executed top to bottom.
 No kernel runs here: nbval runs both editions (`make test`). The last tests check the generator itself.
 """
+
 from __future__ import annotations
 
 import copy
@@ -62,6 +63,7 @@ def report(found: list[str]) -> str:
 
 # --- what the tests look for, as functions of notebooks (so that the last tests can show each one catching) -------
 
+
 def code_tokens(source: str) -> list[tuple]:
     """The tokens of a code cell without its comments: each one's type and text, and where it stands (line ends aside,
     since a comment of another length moves them). Two sources with the same tokens differ in comments only."""
@@ -69,8 +71,11 @@ def code_tokens(source: str) -> list[tuple]:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):
         return [source]  # not Python that the tokenizer reads: it must be the same text
-    return [(t.type, t.string) + (() if t.type in (tokenize.NL, tokenize.NEWLINE) else (t.start, t.end))
-            for t in tokens if t.type != tokenize.COMMENT]
+    return [
+        (t.type, t.string) + (() if t.type in (tokenize.NL, tokenize.NEWLINE) else (t.start, t.end))
+        for t in tokens
+        if t.type != tokenize.COMMENT
+    ]
 
 
 def code_differences(english_nb, hindi_nb, path: Path) -> list[str]:
@@ -82,31 +87,46 @@ def code_differences(english_nb, hindi_nb, path: Path) -> list[str]:
     lead = 1 if hindi_nb.cells and hindi_nb.cells[0].id == editions.PLATFORM_CELL else 0
     first = hindi_nb.cells[lead] if len(hindi_nb.cells) > lead else None
     if first is None or (first.id, first.cell_type, first.source, first.metadata.get("tags")) != (
-            editions.LANGUAGE_TAG, "code", editions.language_source(LANGUAGE), [editions.LANGUAGE_TAG]):
-        found.append(f"{path.relative_to(ROOT)} cell {lead + 1}: not the language cell "
-                     f"(id and tag {editions.LANGUAGE_TAG!r}, "
-                     f"source {editions.language_source(LANGUAGE)!r})")
+        editions.LANGUAGE_TAG,
+        "code",
+        editions.language_source(LANGUAGE),
+        [editions.LANGUAGE_TAG],
+    ):
+        found.append(
+            f"{path.relative_to(ROOT)} cell {lead + 1}: not the language cell "
+            f"(id and tag {editions.LANGUAGE_TAG!r}, "
+            f"source {editions.language_source(LANGUAGE)!r})"
+        )
     theirs = [(i, c) for i, c in enumerate(hindi_nb.cells) if c.cell_type == "code" and c.id != editions.LANGUAGE_TAG]
     ours = editions.code_cells(english_nb)
     for (index, cell), expected in zip(theirs, ours, strict=False):  # a count mismatch is reported below
         mine = editions.cell_shape(cell)
         if (mine[:2], code_tokens(mine[2]), mine[3]) != (expected[:2], code_tokens(expected[2]), expected[3]):
-            what = ("code (comments aside)" if code_tokens(mine[2]) != code_tokens(expected[2])
-                    else "id" if mine[1] != expected[1] else "metadata")
-            found.append(f"{editions.cell_label(path, index, cell)}: its {what} differs from English cell "
-                         f"{expected[1]}")
+            what = (
+                "code (comments aside)"
+                if code_tokens(mine[2]) != code_tokens(expected[2])
+                else "id"
+                if mine[1] != expected[1]
+                else "metadata"
+            )
+            found.append(
+                f"{editions.cell_label(path, index, cell)}: its {what} differs from English cell {expected[1]}"
+            )
     if len(theirs) != len(ours):
-        found.append(f"{path.relative_to(ROOT)}: {len(theirs)} code cells besides the language cell, "
-                     f"English has {len(ours)}")
+        found.append(
+            f"{path.relative_to(ROOT)}: {len(theirs)} code cells besides the language cell, English has {len(ours)}"
+        )
     return found
 
 
 def build_differences(built, stored, path: Path) -> list[str]:
     """Cells of the stored notebook that are not the generator's (type, id, source, metadata), in order."""
-    found = [f"{editions.cell_label(path, i, cell)}: not what tools/editions.py builds here (run make translations)"
-             # strict=False: the cells both have are compared; a count mismatch is reported below
-             for i, (cell, expected) in enumerate(zip(stored.cells, built.cells, strict=False))
-             if editions.cell_shape(cell) != editions.cell_shape(expected)]
+    found = [
+        f"{editions.cell_label(path, i, cell)}: not what tools/editions.py builds here (run make translations)"
+        # strict=False: the cells both have are compared; a count mismatch is reported below
+        for i, (cell, expected) in enumerate(zip(stored.cells, built.cells, strict=False))
+        if editions.cell_shape(cell) != editions.cell_shape(expected)
+    ]
     if len(stored.cells) != len(built.cells):
         found.append(f"{path.relative_to(ROOT)}: {len(stored.cells)} cells, the generator builds {len(built.cells)}")
     return found
@@ -135,8 +155,10 @@ def comment_problems(hindi_nb, path: Path) -> list[str]:
         if cell.cell_type == "code":
             for token in editions.comments(cell.source):
                 if english_words := untranslated(token.string.lstrip("#")):
-                    found.append(f"{editions.cell_label(path, index, cell)}: its comment {token.string!r} keeps "
-                                 f"English words: {sorted(set(english_words))}")
+                    found.append(
+                        f"{editions.cell_label(path, index, cell)}: its comment {token.string!r} keeps "
+                        f"English words: {sorted(set(english_words))}"
+                    )
     return found
 
 
@@ -161,8 +183,12 @@ def link_problems(english_nb, hindi_nb, path: Path) -> list[str]:
             found.append(f"{where}: the English cell links to {sorted(lost)}, the translation does not")
         if fenced_code(cell.source) != fenced_code(original):
             found.append(f"{where}: its fenced code blocks differ from the English cell's (comments aside)")
-        english_left = [comment for block in FENCED.findall(cell.source) for comment in fenced_comments(block)
-                        if untranslated(comment)]
+        english_left = [
+            comment
+            for block in FENCED.findall(cell.source)
+            for comment in fenced_comments(block)
+            if untranslated(comment)
+        ]
         if english_left:
             found.append(f"{where}: its fenced code keeps English comments: {english_left}")
     return found
@@ -178,8 +204,10 @@ def fenced_code(text: str) -> list[tuple[str, str]]:
     """Each fenced block of a markdown text, its comments cut out (Python blocks): what every edition shares. The
     Hindi review's N10-1: the recap's loop kept English comments because blocks had to be identical."""
     blocks = [_fenced_body(block) for block in FENCED.findall(text)]
-    return [(opening, editions.without_comments(code) if opening.strip() in ("python", "py") else code)
-            for opening, code in blocks]
+    return [
+        (opening, editions.without_comments(code) if opening.strip() in ("python", "py") else code)
+        for opening, code in blocks
+    ]
 
 
 def fenced_comments(block: str) -> list[str]:
@@ -201,14 +229,17 @@ def output_problems(english_nb, hindi_nb, path: Path) -> list[str]:
             has = "has outputs" if cell.outputs else "has no output"
             found.append(f"{editions.cell_label(path, index, cell)}: {has}, unlike the English cell")
         if DEVANAGARI_DIGIT.search(nbformat.writes(nbformat.v4.new_notebook(cells=[cell]))):
-            found.append(f"{editions.cell_label(path, index, cell)}: an output has Devanagari digits; numbers keep "
-                         "Latin digits and the English format so that notebooks/sanitize.cfg masks them")
+            found.append(
+                f"{editions.cell_label(path, index, cell)}: an output has Devanagari digits; numbers keep "
+                "Latin digits and the English format so that notebooks/sanitize.cfg masks them"
+            )
     if "widgets" in english_nb.metadata and "widgets" not in hindi_nb.metadata:
         found.append(f"{path.relative_to(ROOT)}: no widget state stored (the English notebook has it)")
     return found
 
 
 # --- the committed edition --------------------------------------------------------------------------------------
+
 
 def test_hindi_edition_has_every_lesson_and_nothing_else():
     stored = sorted(p.stem for p in (editions.NOTEBOOKS / LANGUAGE).glob("*.ipynb"))
@@ -224,15 +255,21 @@ def test_code_cells_are_the_english_ones(name):
 
 @pytest.mark.parametrize("name", LESSONS)
 def test_every_markdown_cell_is_translated(name):
-    found = [m for kind, m in editions.translation_problems(english(name), translation(name), name, LANGUAGE)
-             if kind == "missing"]
+    found = [
+        m
+        for kind, m in editions.translation_problems(english(name), translation(name), name, LANGUAGE)
+        if kind == "missing"
+    ]
     assert not found, report(found)
 
 
 @pytest.mark.parametrize("name", LESSONS)
 def test_no_translation_is_stale_or_fuzzy(name):
-    found = [m for kind, m in editions.translation_problems(english(name), translation(name), name, LANGUAGE)
-             if kind in ("stale", "fuzzy")]
+    found = [
+        m
+        for kind, m in editions.translation_problems(english(name), translation(name), name, LANGUAGE)
+        if kind in ("stale", "fuzzy")
+    ]
     assert not found, report(found)
 
 
@@ -249,8 +286,12 @@ def test_code_comments_are_in_hindi(name):
 @pytest.mark.parametrize("name", LESSONS)
 def test_translations_are_nfc_and_follow_the_glossary(name):
     po = editions.po_path(name, LANGUAGE).relative_to(ROOT)
-    found = [f"{po} cell {m.context} ({m.id.splitlines()[0][:60]!r}): {problem}"
-             for m in translation(name) if m.id for problem in text_problems(m.string)]
+    found = [
+        f"{po} cell {m.context} ({m.id.splitlines()[0][:60]!r}): {problem}"
+        for m in translation(name)
+        if m.id
+        for problem in text_problems(m.string)
+    ]
     assert not found, report(found)
 
 
@@ -259,9 +300,12 @@ def test_a_glossary_term_brings_its_english_on_its_first_use(name):
     """The glossary's terms marked `first use: (English)` carry the English in brackets the first time a lesson's
     prose uses them, "माध्यिका (median)", so that a learner can go on to English documentation."""
     built = editions.edition(english(name), translation(name), LANGUAGE)
-    found = [f"{editions.po_path(name, LANGUAGE).relative_to(ROOT)}: {problem}"
-             for problem in first_use_problems([c.source for c in built.cells
-                                                if c.cell_type == "markdown" and c.id != editions.WORD_LIST_ID])]
+    found = [
+        f"{editions.po_path(name, LANGUAGE).relative_to(ROOT)}: {problem}"
+        for problem in first_use_problems(
+            [c.source for c in built.cells if c.cell_type == "markdown" and c.id != editions.WORD_LIST_ID]
+        )
+    ]
     assert not found, report(found)
 
 
@@ -279,8 +323,12 @@ def test_the_last_lesson_ends_with_the_glossary_as_a_word_list():
     assert not (missing := [term for term, _ in anchored() if term not in listed]), missing
     assert len(rows) == len(set(rows)) > len(anchored())
     assert sum(1 for c in notebook.cells if c.id == editions.WORD_LIST_ID) == 1
-    assert all(c.id != editions.WORD_LIST_ID for name in LESSONS if name != editions.WORD_LIST_LESSON
-               for c in hindi(name).cells)
+    assert all(
+        c.id != editions.WORD_LIST_ID
+        for name in LESSONS
+        if name != editions.WORD_LIST_LESSON
+        for c in hindi(name).cells
+    )
 
 
 @pytest.mark.parametrize("name", LESSONS)
@@ -303,6 +351,7 @@ def test_hindi_notebook_is_stored_executed(name):
 
 # --- the generator and the checks above, on small notebooks --------------------------------------------------------
 
+
 def lesson(*cells):
     """A notebook from ("markdown" | "code", id, source) triples."""
     notebook = nbformat.v4.new_notebook()
@@ -321,10 +370,18 @@ def translated(name: str, entries: dict[str, tuple[str, str]]) -> Catalog:
     return catalog
 
 
-OLD = lesson(("markdown", "title", "# Lesson 9: Old title"), ("code", "c1", "x = 1"),
-             ("markdown", "body", "Some text."), ("markdown", "gone", "A cell that will be deleted."))
-NEW = lesson(("markdown", "title", "# Lesson 9: Old title"), ("code", "c1", "x = 1"),
-             ("markdown", "body", "Some changed text."), ("markdown", "added", "A new cell."))
+OLD = lesson(
+    ("markdown", "title", "# Lesson 9: Old title"),
+    ("code", "c1", "x = 1"),
+    ("markdown", "body", "Some text."),
+    ("markdown", "gone", "A cell that will be deleted."),
+)
+NEW = lesson(
+    ("markdown", "title", "# Lesson 9: Old title"),
+    ("code", "c1", "x = 1"),
+    ("markdown", "body", "Some changed text."),
+    ("markdown", "added", "A new cell."),
+)
 HINDI = {"title": "# पाठ 9: पुराना शीर्षक", "body": "कुछ पाठ्य सामग्री।", "gone": "यह cell हटेगा।"}
 
 
@@ -336,7 +393,11 @@ def test_update_keeps_translations_marks_changed_cells_fuzzy_adds_new_and_drops_
     assert (entries["title"].string, entries["title"].fuzzy) == (HINDI["title"], False)
     body = entries["body"]
     assert (body.id, body.string, body.fuzzy, body.previous_id) == (
-        "Some changed text.", HINDI["body"], True, ["Some text."])
+        "Some changed text.",
+        HINDI["body"],
+        True,
+        ["Some text."],
+    )
     assert (entries["added"].string, entries["added"].fuzzy) == ("", False)
     # The PO file GNU tools and PO editors read: the previous English as `#| msgid`, read back as it was written
     path = tmp_path / "x.po"
@@ -344,39 +405,56 @@ def test_update_keeps_translations_marks_changed_cells_fuzzy_adds_new_and_drops_
     assert '#, fuzzy\n#| msgid "Some text."\nmsgctxt "body"\nmsgid "Some changed text."' in path.read_text()
     again = {m.context: m for m in editions.read_po(path, LANGUAGE) if m.id}
     assert [(m.id, m.string, m.fuzzy, m.previous_id, m.user_comments) for m in again.values()] == [
-        (m.id, m.string, m.fuzzy, m.previous_id, m.user_comments) for m in entries.values()]
+        (m.id, m.string, m.fuzzy, m.previous_id, m.user_comments) for m in entries.values()
+    ]
     assert editions.po_bytes(editions.read_po(path, LANGUAGE)) == path.read_bytes()
 
 
 def test_a_twice_changed_cell_keeps_the_english_its_translation_was_made_for():
-    once = editions.updated(editions.template(NEW, "x"), translated("x", {"body": ("Some text.", HINDI["body"])}),
-                            LANGUAGE)
+    once = editions.updated(
+        editions.template(NEW, "x"), translated("x", {"body": ("Some text.", HINDI["body"])}), LANGUAGE
+    )
     twice = editions.updated(editions.template(lesson(("markdown", "body", "Changed again.")), "x"), once, LANGUAGE)
     body = next(m for m in twice if m.id)
     assert (body.fuzzy, body.previous_id, body.string) == (True, ["Some text."], HINDI["body"])
 
 
 def test_a_confirmed_translation_drops_its_fuzzy_flag_and_previous_english():
-    once = editions.updated(editions.template(NEW, "x"), translated("x", {"body": ("Some text.", HINDI["body"])}),
-                            LANGUAGE)
+    once = editions.updated(
+        editions.template(NEW, "x"), translated("x", {"body": ("Some text.", HINDI["body"])}), LANGUAGE
+    )
     once.get("Some changed text.", context="body").flags.discard("fuzzy")  # what a translator does after revising
     body = editions.updated(editions.template(NEW, "x"), once, LANGUAGE).get("Some changed text.", context="body")
     assert (body.fuzzy, body.previous_id) == (False, [])
 
 
 def test_moved_and_recreated_cells_take_their_translation_along():
-    moved = {m.context: m for m in translated("x", {"gone": ("A cell that will move.", "यह cell दूसरे पाठ में जाएगा।")})
-             if m.id}
-    deleted = {m.context: m for m in translated("y", {"old": ("Unrelated words here.", "असंबंधित शब्द।"),
-                                                      "far": ("Something else entirely.", "कुछ और।")}) if m.id}
-    elsewhere = lesson(("markdown", "gone", "A cell that will move."),   # same id, another lesson
-                       ("markdown", "fresh", "Unrelated words, here!"),  # new id, nearly the English of a deleted cell
-                       ("markdown", "new", "Brand new."))                # nothing like it before
-    entries = {m.context: m for m in editions.updated(editions.template(elsewhere, "z"), None, LANGUAGE, moved, deleted)
-               if m.id}
+    moved = {
+        m.context: m for m in translated("x", {"gone": ("A cell that will move.", "यह cell दूसरे पाठ में जाएगा।")}) if m.id
+    }
+    deleted = {
+        m.context: m
+        for m in translated(
+            "y", {"old": ("Unrelated words here.", "असंबंधित शब्द।"), "far": ("Something else entirely.", "कुछ और।")}
+        )
+        if m.id
+    }
+    elsewhere = lesson(
+        ("markdown", "gone", "A cell that will move."),  # same id, another lesson
+        ("markdown", "fresh", "Unrelated words, here!"),  # new id, nearly the English of a deleted cell
+        ("markdown", "new", "Brand new."),
+    )  # nothing like it before
+    entries = {
+        m.context: m
+        for m in editions.updated(editions.template(elsewhere, "z"), None, LANGUAGE, moved, deleted)
+        if m.id
+    }
     assert (entries["gone"].string, entries["gone"].fuzzy) == ("यह cell दूसरे पाठ में जाएगा।", False)
     assert (entries["fresh"].string, entries["fresh"].fuzzy, entries["fresh"].previous_id) == (
-        "असंबंधित शब्द।", True, ["Unrelated words here."])
+        "असंबंधित शब्द।",
+        True,
+        ["Unrelated words here."],
+    )
     assert entries["new"].string == ""
     assert (list(moved), list(deleted)) == ([], ["far"])
 
@@ -396,19 +474,28 @@ def test_update_follows_a_renamed_lesson(tmp_path, monkeypatch):
     po.write_bytes(editions.po_bytes(catalog))
     (tmp_path / "en" / "01_old_name.ipynb").rename(tmp_path / "en" / "01_new_name.ipynb")
     assert editions.update(LANGUAGE)[-1] == "po/hi/01_old_name.po: removed (no notebooks/en/01_old_name.ipynb)"
-    renamed = {m.context: (m.string, m.fuzzy) for m in editions.read_po(po.with_name("01_new_name.po"), LANGUAGE)
-               if m.id}
+    renamed = {
+        m.context: (m.string, m.fuzzy) for m in editions.read_po(po.with_name("01_new_name.po"), LANGUAGE) if m.id
+    }
     assert renamed == {cell_id: (HINDI[cell_id], False) for cell_id in ("title", "body", "gone")}
 
 
 def test_edition_translates_only_what_is_current_and_keeps_code():
-    catalog = translated("x", {"title": ("# Lesson 9: Old title", HINDI["title"]),      # current
-                               "body": ("Some text.", HINDI["body"])})                   # stale: English changed
+    catalog = translated(
+        "x",
+        {
+            "title": ("# Lesson 9: Old title", HINDI["title"]),  # current
+            "body": ("Some text.", HINDI["body"]),
+        },
+    )  # stale: English changed
     built = editions.edition(NEW, catalog, LANGUAGE)
     assert [(c.cell_type, c.id, c.source) for c in built.cells] == [
         ("code", "language", 'import accumlib\naccumlib.set_language("hi")'),
-        ("markdown", "title", HINDI["title"]), ("code", "c1", "x = 1"),
-        ("markdown", "body", "Some changed text."), ("markdown", "added", "A new cell.")]
+        ("markdown", "title", HINDI["title"]),
+        ("code", "c1", "x = 1"),
+        ("markdown", "body", "Some changed text."),
+        ("markdown", "added", "A new cell."),
+    ]
     assert built.cells[0].metadata.tags == ["language"]
     fuzzy = translated("x", {"body": ("Some changed text.", HINDI["body"])})
     fuzzy.get("Some changed text.", context="body").flags.add("fuzzy")
@@ -439,28 +526,36 @@ def test_the_checks_name_the_cell_they_fail_on():
     bad = copy.deepcopy(good)
     bad.cells[2].source = "x = 2"
     assert code_differences(NEW, bad, path) == [
-        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): its code (comments aside) differs from English cell c1"]
+        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): its code (comments aside) differs from English cell c1"
+    ]
     assert build_differences(good, bad, path) == [
-        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): not what tools/editions.py builds here (run make translations)"]
+        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 2'): not what tools/editions.py builds here (run make translations)"
+    ]
     assert code_differences(NEW, nbformat.v4.new_notebook(cells=good.cells[1:]), path)[0].startswith(
-        "notebooks/hi/x.ipynb cell 1: not the language cell")
+        "notebooks/hi/x.ipynb cell 1: not the language cell"
+    )
     english_left = lesson(("markdown", "t", "# पाठ 9: यह हिन्दी है"), ("markdown", "e", "This sentence is English."))
     found = prose_problems(english_left, path)
     assert len(found) == 2 and all(f.startswith("notebooks/hi/x.ipynb cell 2 (id e,") for f in found), found
     assert text_problems("\u095b्यादा") == [  # the precomposed ज़: NFC writes ज + nukta
-        "not in Unicode NFC (normalise it: unicodedata.normalize('NFC', text))"]
+        "not in Unicode NFC (normalise it: unicodedata.normalize('NFC', text))"
+    ]
     assert text_problems("ज़्यादा बाक़ी") == []
-    assert text_problems("ज्यादा बाकी") == ["uses 'बाकी', which translations/glossary.tsv avoids",
-                                            "uses 'ज्यादा', which translations/glossary.tsv avoids"]
+    assert text_problems("ज्यादा बाकी") == [
+        "uses 'बाकी', which translations/glossary.tsv avoids",
+        "uses 'ज्यादा', which translations/glossary.tsv avoids",
+    ]
     # a danda ends a sentence, not a word: an avoided word before it is still found (and the danda alone is fine)
     assert text_problems("जाँच के लिए सेल चलाइए।") == ["uses 'चलाइए', which translations/glossary.tsv avoids"]
     assert text_problems("जाँच के लिए सेल चलाएँ। फिर पढ़ें॥") == []
     # a term's first use in prose (headings aside, inflected or bold) brings its English; later uses need not
     assert first_use_problems(["## माध्यिका", "हर समय **माध्यिका** है, फिर माध्यिका।"]) == [
-        "first use of 'माध्यिका' needs \"(median)\" after it: 'हर समय **माध्यिका** है, फिर माध्यिका।'"]
+        "first use of 'माध्यिका' needs \"(median)\" after it: 'हर समय **माध्यिका** है, फिर माध्यिका।'"
+    ]
     assert first_use_problems(["## माध्यिका", "हर समय **माध्यिका** (median) है, फिर माध्यिका।"]) == []
     assert first_use_problems(["चलते औसत से भाग", "चलता औसत (running average)"]) == [
-        "first use of 'चलता औसत' needs \"(running average)\" after it: 'चलते औसत से भाग चलता औसत (running aver'"]
+        "first use of 'चलता औसत' needs \"(running average)\" after it: 'चलते औसत से भाग चलता औसत (running aver'"
+    ]
     assert text_problems("तय ख़र्च (fixed cost, overhead)") == []  # the bridge to English, allowed in its brackets
     assert text_problems("यह overhead है") == ["uses 'overhead', which translations/glossary.tsv avoids"]
     english_links = lesson(("markdown", "n", "[Next](03_the_loop.ipynb)"))
@@ -469,28 +564,43 @@ def test_the_checks_name_the_cell_they_fail_on():
         "notebooks/hi/x.ipynb cell 1 (id n, '[आगे](../en/03_the_loop.ipynb)'): links to ../en/03_the_loop.ipynb, "
         "outside notebooks/hi",
         "notebooks/hi/x.ipynb cell 1 (id n, '[आगे](../en/03_the_loop.ipynb)'): the English cell links to "
-        "['03_the_loop.ipynb'], the translation does not"]
+        "['03_the_loop.ipynb'], the translation does not",
+    ]
     unrun = copy.deepcopy(good)
     unrun.cells[2].execution_count = 1
     assert editions.execution_problems(unrun, path) == [
         "notebooks/hi/x.ipynb cell 1 (id language, 'import accumlib'): execution count None, expected 1",
-        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 1'): execution count 1, expected 2"]
+        "notebooks/hi/x.ipynb cell 3 (id c1, 'x = 1'): execution count 1, expected 2",
+    ]
 
 
 def test_translation_problems_tell_missing_stale_and_fuzzy_apart():
-    catalog = translated("x", {"title": ("# Lesson 9: Old title", ""), "body": ("Some text.", HINDI["body"]),
-                               "added": ("A new cell.", "एक नया cell।")})
+    catalog = translated(
+        "x",
+        {
+            "title": ("# Lesson 9: Old title", ""),
+            "body": ("Some text.", HINDI["body"]),
+            "added": ("A new cell.", "एक नया cell।"),
+        },
+    )
     catalog.get("A new cell.", context="added").flags.add("fuzzy")
     found = editions.translation_problems(NEW, catalog, "x", LANGUAGE)
     assert [(kind, message.split(":")[0]) for kind, message in found] == [
         ("missing", "notebooks/en/x.ipynb cell 1 (id title, '# Lesson 9"),
         ("stale", "notebooks/en/x.ipynb cell 3 (id body, 'Some changed text.')"),
-        ("fuzzy", "notebooks/en/x.ipynb cell 4 (id added, 'A new cell.')")]
+        ("fuzzy", "notebooks/en/x.ipynb cell 4 (id added, 'A new cell.')"),
+    ]
 
 
-COMMENTED = lesson(("markdown", "t", "# Title"),
-                   ("code", "c", "x = 1  # one\n# the loop\nfor i in range(2):\n    x += i  # add '#' not a comment\n"
-                            'y = "# a string, not a comment"\n'))
+COMMENTED = lesson(
+    ("markdown", "t", "# Title"),
+    (
+        "code",
+        "c",
+        "x = 1  # one\n# the loop\nfor i in range(2):\n    x += i  # add '#' not a comment\n"
+        'y = "# a string, not a comment"\n',
+    ),
+)
 
 
 def test_code_comments_are_translated_line_for_line_and_nothing_else_changes():
@@ -498,22 +608,28 @@ def test_code_comments_are_translated_line_for_line_and_nothing_else_changes():
     assert editions.translatable(COMMENTED.cells[1]) == english_text
     catalog = editions.template(COMMENTED, "x")
     assert [(m.context, m.id, m.auto_comments) for m in catalog if m.id] == [
-        ("t", "# Title", []), ("c", english_text, [editions.CODE_NOTE])]
+        ("t", "# Title", []),
+        ("c", english_text, [editions.CODE_NOTE]),
+    ]
     hindi_text = "# एक\n# यह loop\n# जोड़ें"
     built = editions.edition(COMMENTED, translated("x", {"c": (english_text, hindi_text)}), LANGUAGE)
-    assert built.cells[2].source == ("x = 1  # एक\n# यह loop\nfor i in range(2):\n    x += i  # जोड़ें\n"
-                                     'y = "# a string, not a comment"\n')
+    assert built.cells[2].source == (
+        'x = 1  # एक\n# यह loop\nfor i in range(2):\n    x += i  # जोड़ें\ny = "# a string, not a comment"\n'
+    )
     path = editions.edition_path("x", LANGUAGE)
     assert code_differences(COMMENTED, built, path) == []
     assert editions.without_comments(built.cells[2].source) == editions.without_comments(COMMENTED.cells[1].source)
     # a change of code beside a translated comment is caught, and so is one inside a string that looks like a comment
-    for changed in ("x = 2  # एक\n# यह loop\nfor i in range(2):\n    x += i  # जोड़ें\n",
-                    "x = 1  # एक\n# यह loop\nfor i in range(2):\n    x -= i  # जोड़ें\n",
-                    "x = 1  # एक\n# यह loop\nfor i in range(3):  # जोड़ें\n    x += i\n"):
+    for changed in (
+        "x = 2  # एक\n# यह loop\nfor i in range(2):\n    x += i  # जोड़ें\n",
+        "x = 1  # एक\n# यह loop\nfor i in range(2):\n    x -= i  # जोड़ें\n",
+        "x = 1  # एक\n# यह loop\nfor i in range(3):  # जोड़ें\n    x += i\n",
+    ):
         bad = copy.deepcopy(built)
         bad.cells[2].source = changed
         assert [f.split(": ", 1)[1] for f in code_differences(COMMENTED, bad, path)] == [
-            "its code (comments aside) differs from English cell c"], changed
+            "its code (comments aside) differs from English cell c"
+        ], changed
     # a translation with another number of lines, or a line that is no comment, is refused before anything is built
     for wrong in ("# एक\n# यह loop", "# एक\n# यह loop\nजोड़ें", "# एक\n# यह loop\n# जोड़ें\n# और"):
         with pytest.raises(ValueError, match="3 comment\\(s\\) must be 3 line"):
@@ -522,7 +638,9 @@ def test_code_comments_are_translated_line_for_line_and_nothing_else_changes():
     stale = editions.edition(COMMENTED, translated("x", {"c": ("# one\n# the loop\n# add", hindi_text)}), LANGUAGE)
     assert stale.cells[2].source == COMMENTED.cells[1].source
     assert [kind for kind, _ in editions.translation_problems(COMMENTED, translated("x", {}), "x", LANGUAGE)] == [
-        "missing", "missing"]
+        "missing",
+        "missing",
+    ]
 
 
 def test_stored_outputs_survive_a_change_of_comments_only():
@@ -534,15 +652,24 @@ def test_stored_outputs_survive_a_change_of_comments_only():
     assert [c.execution_count for c in again.cells if c.cell_type == "code"] == [1, 2]
     changed = copy.deepcopy(COMMENTED)
     changed.cells[1].source = changed.cells[1].source.replace("range(2)", "range(3)")
-    assert [c.execution_count for c in editions.edition(changed, catalog, LANGUAGE, stored).cells
-            if c.cell_type == "code"] == [None, None]
+    assert [
+        c.execution_count for c in editions.edition(changed, catalog, LANGUAGE, stored).cells if c.cell_type == "code"
+    ] == [None, None]
 
 
 def test_the_word_list_takes_terms_not_spellings_or_conventions_and_only_ends_the_last_lesson():
-    rows = [{"english": e, "hindi": h, "avoid": a, "note": ""} for e, h, a in (
-        ("median", "माध्यिका", ""), ("more", "ज़्यादा", "ज्यादा"), ("batch", "batch", ""),
-        ("got", "… मिला", ""), ("(run it)", "चलाएँ", "चलाइए"), ("noise", "उतार-चढ़ाव", "noise, अस्थिरता"),
-        ("a | b", "क | ख", ""))]
+    rows = [
+        {"english": e, "hindi": h, "avoid": a, "note": ""}
+        for e, h, a in (
+            ("median", "माध्यिका", ""),
+            ("more", "ज़्यादा", "ज्यादा"),
+            ("batch", "batch", ""),
+            ("got", "… मिला", ""),
+            ("(run it)", "चलाएँ", "चलाइए"),
+            ("noise", "उतार-चढ़ाव", "noise, अस्थिरता"),
+            ("a | b", "क | ख", ""),
+        )
+    ]
     assert editions.word_list_terms(rows) == [("उतार-चढ़ाव", "noise"), ("क | ख", "a | b"), ("माध्यिका", "median")]
     assert editions.cell_text("क | ख") == "क \\| ख"
     assert editions.edition(NEW, translated("x", {}), LANGUAGE).cells[-1].id != editions.WORD_LIST_ID

@@ -1,6 +1,7 @@
 """What an instructor is given: a LICENSE file (the licence pyproject.toml declares), INSTRUCTORS.md with each
 lesson's objectives under the lesson's own title, and an answer key generated from the exercises' solutions and the
 question bank (tools/answer_key.py), all linked from the README."""
+
 import re
 import sys
 import tomllib
@@ -21,7 +22,7 @@ def test_the_licence_file_is_the_one_pyproject_declares():
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert declared == "MIT" and text.startswith("MIT License\n"), declared
     assert re.search(r"^Copyright \(c\) \d{4} the accumlib authors$", text, re.M)
-    assert "THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND" in text
+    assert 'THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND' in text
 
 
 def test_the_readme_links_the_instructors_guide_and_the_licence():
@@ -36,7 +37,8 @@ def test_every_lesson_has_its_objectives_under_its_own_title():
         assert found, f"{path.name}: its first markdown cell has no '# Lesson N: title'"
         number, title = found.groups()
         assert f"- **{int(number)}, {title.strip()}:**" in INSTRUCTORS, (
-            f"INSTRUCTORS.md has no objectives for lesson {number}, {title!r}")
+            f"INSTRUCTORS.md has no objectives for lesson {number}, {title!r}"
+        )
 
 
 def test_the_answer_key_is_what_the_exercises_and_the_question_bank_give():
@@ -65,8 +67,10 @@ def test_the_memory_dashboards_expected_observations_are_what_it_measures():
             pass
 
     board = widgets.MemoryDashboard(device="cpu")
-    peaks = {(m, k): board._report(m, k, Job()).peak for m, k in [(64, 1), (8, 8), (4, 16), (16, 1), (16, 4), (16, 16),
-                                                                  (8, 1), (128, 1)]}
+    peaks = {
+        (m, k): board._report(m, k, Job()).peak
+        for m, k in [(64, 1), (8, 8), (4, 16), (16, 1), (16, 4), (16, 16), (8, 1), (128, 1)]
+    }
     section = INSTRUCTORS.split("**Memory dashboard**")[1].split("**BatchNorm dashboard**")[0]
     for peak in peaks.values():
         assert f"{peak:,}" in section, peak

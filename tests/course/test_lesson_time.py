@@ -5,6 +5,7 @@ say; lesson 0 keeps the seed's promise of ten minutes. The counting rules are ch
 A failure names what is stale; `python tools/lesson_time.py write` refreshes it. Run with `-rP` to see lesson 0's
 measured time printed.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def times() -> list[lesson_time.LessonTime]:
 
 
 # --- the counting rules, on small notebooks ---------------------------------------------------------------------
+
 
 def notebook(*cells):
     nb = nbformat.v4.new_notebook()
@@ -59,16 +61,35 @@ def test_prose_printed_code_tasks_and_questions_are_counted_as_the_method_says()
         nbformat.v4.new_markdown_cell("# Title\n\nfour words of prose\n\n```python\nx = 1\n\ny = 2\n```\nend"),
         nbformat.v4.new_markdown_cell("⏱ not counted at all", metadata={"tags": [lesson_time.TAG]}),
         code("a = 1\n\nprint(a)  # two lines", stream("one two three\n")),
-        code("show()", result({"text/plain": "five words shown as text"}),  # a plain result: read
-             result({"image/png": "iVBOR", "text/plain": "alt text of a figure"}, "display_data")),  # a figure: not
-        code("show.table()", result({"text/plain": "a table of six words here", "text/html": "<table></table>"},
-                                    "display_data")),  # a measured table (its HTML form beside its text): read
-        code("widgets.LossDashboard().show()", result({
-            "application/vnd.jupyter.widget-view+json": {}, "text/plain": "Loss (controls: x)\nTry this:\n1. Do a.\n"
-                                                                          "2. Do b.\n3. Do c."}, "display_data")),
-        code("quiz.check(lesson=2)", result({
-            "application/vnd.jupyter.widget-view+json": {},
-            "text/plain": "Quiz (English), 2 question(s): grad-adds-up, predict-no-division-adam"})))
+        code(
+            "show()",
+            result({"text/plain": "five words shown as text"}),  # a plain result: read
+            result({"image/png": "iVBOR", "text/plain": "alt text of a figure"}, "display_data"),
+        ),  # a figure: not
+        code(
+            "show.table()",
+            result({"text/plain": "a table of six words here", "text/html": "<table></table>"}, "display_data"),
+        ),  # a measured table (its HTML form beside its text): read
+        code(
+            "widgets.LossDashboard().show()",
+            result(
+                {
+                    "application/vnd.jupyter.widget-view+json": {},
+                    "text/plain": "Loss (controls: x)\nTry this:\n1. Do a.\n2. Do b.\n3. Do c.",
+                },
+                "display_data",
+            ),
+        ),
+        code(
+            "quiz.check(lesson=2)",
+            result(
+                {
+                    "application/vnd.jupyter.widget-view+json": {},
+                    "text/plain": "Quiz (English), 2 question(s): grad-adds-up, predict-no-division-adam",
+                }
+            ),
+        ),
+    )
     t = lesson_time.measure("x", nb)
     # prose: "# Title" (2) + 4 + "end" (1); the fenced block is code (2 lines), the time cell nothing; a table's
     # words count as printed words (tables became HTML displays: left out, four lessons lost a minute they take)
@@ -100,31 +121,40 @@ def test_half_a_minute_rounds_up_and_the_parts_add_up_to_the_total():
     assert t.minutes == 11 and t.parts == {"reading": 5, "dashboard": 2, "exercise": 2, "quiz": 1, "start": 1}
     assert lesson_time.time_text(t, "en") == (
         "⏱ **About 11 minutes**: 5 to read, 2 for the dashboard, 2 for the exercise, 1 for the quick check and 1 to "
-        "start. [How this is measured](../../INSTRUCTORS.md#how-the-times-are-measured)")
+        "start. [How this is measured](../../INSTRUCTORS.md#how-the-times-are-measured)"
+    )
 
 
 # --- the committed course -----------------------------------------------------------------------------------------
+
 
 def test_the_stored_numbers_are_those_of_the_notebooks(times):
     stored = json.loads(lesson_time.STORE.read_text(encoding="utf-8"))
     fresh = json.loads(lesson_time.store_bytes(times))
     assert stored["method"] == fresh["method"], f"the method changed: {FIX}"
-    stale = [name for name in sorted(set(stored["lessons"]) | set(fresh["lessons"]))
-             if stored["lessons"].get(name) != fresh["lessons"].get(name)]
+    stale = [
+        name
+        for name in sorted(set(stored["lessons"]) | set(fresh["lessons"]))
+        if stored["lessons"].get(name) != fresh["lessons"].get(name)
+    ]
     assert not stale, f"stale numbers in {lesson_time.STORE.relative_to(ROOT)} for {stale}: {FIX}"
 
 
 def test_lesson_zero_takes_ten_minutes_or_less(times):
     zero = next(t for t in times if t.lesson.startswith("00_"))
-    print(f"\n{zero.lesson}: {zero.total_minutes:.2f} minutes ({zero.minutes} min), of which reading "
-          f"{zero.reading_minutes:.2f} min ({zero.prose_words} words of prose at {lesson_time.PROSE_WPM} a minute, "
-          f"{zero.printed_words} printed words at {lesson_time.PRINTED_WPM}, {zero.code_lines} lines of code at "
-          f"{lesson_time.CODE_LPM}); parts: {zero.parts}")
+    print(
+        f"\n{zero.lesson}: {zero.total_minutes:.2f} minutes ({zero.minutes} min), of which reading "
+        f"{zero.reading_minutes:.2f} min ({zero.prose_words} words of prose at {lesson_time.PROSE_WPM} a minute, "
+        f"{zero.printed_words} printed words at {lesson_time.PRINTED_WPM}, {zero.code_lines} lines of code at "
+        f"{lesson_time.CODE_LPM}); parts: {zero.parts}"
+    )
     assert zero.minutes <= 10, f"{zero.lesson} takes {zero.total_minutes:.2f} minutes: more than the seed's ten"
     for language in editions.LANGUAGES:  # the method on each edition's own words (its language cell not counted)
         edition = lesson_time.measure(zero.lesson, editions.read_notebook(editions.edition_path(zero.lesson, language)))
-        print(f"{language}: {edition.total_minutes:.2f} minutes ({edition.prose_words} words of prose, "
-              f"{edition.printed_words} printed, {edition.code_lines} lines of code)")
+        print(
+            f"{language}: {edition.total_minutes:.2f} minutes ({edition.prose_words} words of prose, "
+            f"{edition.printed_words} printed, {edition.code_lines} lines of code)"
+        )
         assert edition.code_lines == zero.code_lines and edition.exercise_lines == zero.exercise_lines
         assert edition.minutes <= 10, f"{zero.lesson} ({language}) takes {edition.total_minutes:.2f} minutes"
 
@@ -144,7 +174,8 @@ def test_every_lesson_states_its_time_at_its_top_in_both_editions(name, times):
     cell = lesson_time.time_cell(english)
     title = next(i for i, c in enumerate(english.cells) if c.cell_type == "markdown")  # after the Colab set-up cell
     assert cell is not None and english.cells.index(cell) == title + 1, (
-        f"{name}: no time cell after the title: {FIX} {name}")
+        f"{name}: no time cell after the title: {FIX} {name}"
+    )
     assert cell.source == lesson_time.time_text(t, "en"), f"{name}: its time cell says {cell.source!r}: {FIX} {name}"
     for language in editions.LANGUAGES:
         entry = next((m for m in editions.translation(name, language) if m.id and m.context == lesson_time.TAG), None)
@@ -156,8 +187,10 @@ def test_a_quiz_cell_is_counted_from_its_call_when_its_output_does_not_say_and_a
     bank = lesson_time.question_bank()
     lesson_3 = [q["id"] for q in bank if q["lesson"] == 3]
     assert lesson_time.quiz_ids(code("quiz.check(lesson=3)"), bank) == lesson_3
-    assert (lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order")'), bank)
-            == ["when-to-step", "loop-order"])
+    assert lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order")'), bank) == [
+        "when-to-step",
+        "loop-order",
+    ]
     assert len(lesson_time.quiz_ids(code("quiz.check()"), bank)) == len(bank)
     assert lesson_time.quiz_ids(code("print(1)"), bank) == []
     with pytest.raises(ValueError, match="cannot be counted"):

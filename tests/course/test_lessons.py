@@ -3,6 +3,7 @@
 lesson's exercise in a cell tagged `exercise` that calls its checker, and the lesson's own quick check as the last cell;
 lesson 0, the whole idea in ten minutes, ends instead with a cell that links every other lesson. Each failure names the
 notebook."""
+
 import re
 from pathlib import Path
 
@@ -23,8 +24,11 @@ def number(path: Path) -> int:
 
 def prose_words(notebook) -> int:
     """Words of the markdown cells, fenced code blocks and the time cell (tagged `lesson-time`) left out."""
-    return sum(len(FENCED.sub(" ", cell.source).split()) for cell in notebook.cells
-               if cell.cell_type == "markdown" and "lesson-time" not in cell.metadata.get("tags", []))
+    return sum(
+        len(FENCED.sub(" ", cell.source).split())
+        for cell in notebook.cells
+        if cell.cell_type == "markdown" and "lesson-time" not in cell.metadata.get("tags", [])
+    )
 
 
 def test_the_lessons_are_numbered_zero_to_ten_without_gaps():
@@ -52,7 +56,8 @@ def test_a_lesson_ends_with_its_own_quick_check(path):
     notebook = nbformat.read(path, as_version=4)
     last = notebook.cells[-1]
     assert last.cell_type == "code" and last.source.strip() == f"quiz.check(lesson={number(path)})", (
-        f"{path.name}: the last cell is {last.source!r}, not its quick check")
+        f"{path.name}: the last cell is {last.source!r}, not its quick check"
+    )
 
 
 def test_lesson_zero_ends_by_linking_every_other_lesson():
@@ -60,14 +65,17 @@ def test_lesson_zero_ends_by_linking_every_other_lesson():
     last = nbformat.read(LESSONS[0], as_version=4).cells[-1]
     linked = set(re.findall(r"\]\(([0-9][0-9]_\w+\.ipynb)\)", last.source))
     assert last.cell_type == "markdown" and linked == {path.name for path in LESSONS[1:]}, (
-        f"{LESSONS[0].name}: the last cell links {sorted(linked)}")
+        f"{LESSONS[0].name}: the last cell links {sorted(linked)}"
+    )
 
 
 # Lesson 0's quick check is the loop's step condition. Every form that states it: the code, its pieces, and its
 # words in English and Hindi (a multiple of accum_steps, a remainder of 0: गुणज, शेषफल, पूरा-पूरा भाग).
 STEP_CONDITION = re.compile(
     r"%\s*accum_steps|%\s*4\b|\(?\s*step\s*\+\s*1\s*\)?\s*%|accum_steps\s*-\s*1\b|step\s*\+\s*1\b"
-    r"|multiple of accum_steps|divisible by accum_steps|remainder|गुणज|शेषफल|पूरा-पूरा भाग", re.I)
+    r"|multiple of accum_steps|divisible by accum_steps|remainder|गुणज|शेषफल|पूरा-पूरा भाग",
+    re.I,
+)
 
 
 def shown_text(cell) -> list[str]:
@@ -93,8 +101,13 @@ def test_nothing_shown_above_or_in_lesson_zeros_exercise_states_the_step_conditi
     notebook = nbformat.read(ROOT / "notebooks" / edition / LESSONS[0].name, as_version=4)
     exercise = next(i for i, cell in enumerate(notebook.cells) if "exercise" in cell.metadata.get("tags", []))
     assert notebook.cells[exercise].outputs, "the exercise cell has no stored output: execute the lesson"
-    found = [(i, match.group(0)) for i, cell in enumerate(notebook.cells[:exercise + 1]) for text in shown_text(cell)
-             for match in [STEP_CONDITION.search(text)] if match]
+    found = [
+        (i, match.group(0))
+        for i, cell in enumerate(notebook.cells[: exercise + 1])
+        for text in shown_text(cell)
+        for match in [STEP_CONDITION.search(text)]
+        if match
+    ]
     assert not found, f"{edition}/{LESSONS[0].name}: cells before the check state the step condition: {found}"
     assert "`(step + 1) % accum_steps == 0`" in notebook.cells[-1].source, "the recap gives the answer, after the check"
     assert "if ...:" in notebook.cells[exercise].source
@@ -114,16 +127,21 @@ def test_a_predict_question_comes_before_anything_that_answers_it(qid):
     found, each moved below its question: lesson 2's SGD and Adam, lesson 4's weights table, lesson 7's GroupNorm)."""
     for path in LESSONS:
         cells = nbformat.read(path, as_version=4).cells
-        asking = [i for i, cell in enumerate(cells)
-                  if cell.cell_type == "code" and f'quiz.predict("{qid}")' in cell.source]
+        asking = [
+            i for i, cell in enumerate(cells) if cell.cell_type == "code" and f'quiz.predict("{qid}")' in cell.source
+        ]
         if not asking:
             continue
-        above = [" ".join((cell.source + "".join(str(o.get("text", "")) for o in cell.get("outputs", []))).split())
-                 for cell in cells[:asking[0]]]
+        above = [
+            " ".join((cell.source + "".join(str(o.get("text", "")) for o in cell.get("outputs", []))).split())
+            for cell in cells[: asking[0]]
+        ]
         for phrase in GIVEAWAYS[qid]:
             assert not any(phrase in text for text in above), f"{path.name}: {phrase!r} above {qid}"
-        below = " ".join(" ".join(cell.source.split() + [str(o.get("text", "")) for o in cell.get("outputs", [])])
-                         for cell in cells[asking[0]:])
+        below = " ".join(
+            " ".join(cell.source.split() + [str(o.get("text", "")) for o in cell.get("outputs", [])])
+            for cell in cells[asking[0] :]
+        )
         below = " ".join(below.split())
         assert any(phrase in below for phrase in GIVEAWAYS[qid]), f"{path.name}: {qid}'s answer is never given"
         break

@@ -6,6 +6,7 @@ not in the lessons' environment). Where that venv is missing the build tests fai
 browser checks skip without Chromium, as tests/course/test_browser.py does. Screenshots of a Hindi lesson and the
 dashboards page at 390 px and 1280 px are written to build/screenshots/ to be looked at.
 """
+
 import base64
 import functools
 import http.server
@@ -43,9 +44,12 @@ def widget_figures(path: Path) -> int:
     nb = json.loads(path.read_text())
     count = sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    shown = {o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
-             for c in nb["cells"] for o in c.get("outputs", [])
-             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})}
+    shown = {
+        o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+        for c in nb["cells"]
+        for o in c.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    }
 
     def figures(ref):
         entry = state.get(ref.removeprefix("IPY_MODEL_"))
@@ -53,6 +57,7 @@ def widget_figures(path: Path) -> int:
             return 0
         own = sum("image/png" in o.get("data", {}) for o in entry["state"].get("outputs", []))
         return own + sum(figures(child) for child in entry["state"].get("children", []))
+
     return count + sum(figures(ref) for ref in shown)
 
 
@@ -64,8 +69,12 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site") / "site"
     # the quiz and the dashboards' figures are computed by the lessons' Python: this one, which runs the tests
     lessons_python = os.environ.get("ACCUMLIB_LESSONS_PYTHON", sys.executable)
-    subprocess.run([str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)], check=True, timeout=1800,
-                   env=dict(os.environ, PYTHONPATH="", ACCUMLIB_LESSONS_PYTHON=lessons_python))
+    subprocess.run(
+        [str(SITE_PYTHON), str(ROOT / "tools" / "site.py"), "--out", str(out)],
+        check=True,
+        timeout=1800,
+        env=dict(os.environ, PYTHONPATH="", ACCUMLIB_LESSONS_PYTHON=lessons_python),
+    )
     return out
 
 
@@ -92,6 +101,7 @@ def test_nothing_is_loaded_from_elsewhere(site):
 @pytest.fixture(scope="module")
 def served(site):
     """The site on a local HTTP server (127.0.0.1, an ephemeral port), as GitHub Pages would serve it."""
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):  # no line per request in the test's output
             pass
@@ -112,9 +122,17 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--no-first-run",
-                                           "--disable-background-networking", "--disable-component-update"])
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+            ],
+        )
         yield chromium
         chromium.close()
 
@@ -159,8 +177,11 @@ def figure_text_px(site: Path, served: str, figure: dict) -> float | None:
     from PIL import Image
 
     src = figure["src"]
-    png = (base64.b64decode(src.split(",", 1)[1]) if src.startswith("data:")
-           else (site / src.removeprefix(served + "/")).read_bytes())
+    png = (
+        base64.b64decode(src.split(",", 1)[1])
+        if src.startswith("data:")
+        else (site / src.removeprefix(served + "/")).read_bytes()
+    )
     image = Image.open(io.BytesIO(png))
     if SMALLEST_TEXT not in image.text:
         return None
@@ -175,8 +196,10 @@ def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
 
     page = browser.new_page(viewport={"width": PHONE, "height": 844})
     outside = []
-    page.on("request", lambda r: outside.append(r.url)
-            if not r.url.startswith(served) and not r.url.startswith("data:") else None)
+    page.on(
+        "request",
+        lambda r: outside.append(r.url) if not r.url.startswith(served) and not r.url.startswith("data:") else None,
+    )
     checked = 0
     smallest_figure_text, small = [], {}  # every figure's smallest text (px); the pages with one under 9 px
     for lang in EDITIONS:
@@ -204,8 +227,10 @@ def test_every_page_in_chromium_at_a_phones_width(site, served, browser):
             assert binder[0] in m["shown"] and binder[1] not in m["shown"], where
             hosts = [href.split("/")[2] for _, href in m["launch"]]
             assert {"mybinder.org", "colab.research.google.com", "kaggle.com"} <= set(hosts), where
-            assert any(f"notebooks%2F{lang}%2F{stem}.ipynb" in href or f"notebooks/{lang}/{stem}.ipynb" in href
-                       for _, href in m["launch"]), where
+            assert any(
+                f"notebooks%2F{lang}%2F{stem}.ipynb" in href or f"notebooks/{lang}/{stem}.ipynb" in href
+                for _, href in m["launch"]
+            ), where
             # a page with a dashboard links the Voila app and says, at each dashboard, that it needs a kernel
             assert ("voila" in " ".join(h for _, h in m["launch"])) == (m["dashboards"] > 0), where
             assert m["needsKernel"] == m["dashboards"], where
@@ -231,8 +256,11 @@ def test_the_dashboards_page_shows_each_dashboards_stored_figure(served, browser
 def test_search_finds_a_lesson_in_each_edition(served, browser):
     page = browser.new_page(viewport={"width": DESKTOP, "height": 900})
     # a Hindi word too: Sphinx has no Hindi splitter, and its index and its search split a word the same way
-    for lang, word, lesson in (("en", "BatchNorm", "07_batchnorm"), ("hi", "BatchNorm", "07_batchnorm"),
-                               ("hi", "प्रश्नोत्तरी", "10_recap_and_quiz")):
+    for lang, word, lesson in (
+        ("en", "BatchNorm", "07_batchnorm"),
+        ("hi", "BatchNorm", "07_batchnorm"),
+        ("hi", "प्रश्नोत्तरी", "10_recap_and_quiz"),
+    ):
         page.goto(f"{served}/{lang}/search.html?q={word}", wait_until="load")
         page.wait_for_selector("#search-results ul li a", timeout=20000)
         hits = page.locator("#search-results ul li a").evaluate_all("l => l.map(a => a.getAttribute('href'))")
@@ -245,8 +273,12 @@ def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for width in (PHONE, DESKTOP):
         page = browser.new_page(viewport={"width": width, "height": 844 if width == PHONE else 800})
-        for name, path in (("hi-lesson", "hi/07_batchnorm.html"), ("en-lesson", "en/07_batchnorm.html"),
-                           ("dashboards", "en/dashboards.html"), ("hi-dashboards", "hi/dashboards.html")):
+        for name, path in (
+            ("hi-lesson", "hi/07_batchnorm.html"),
+            ("en-lesson", "en/07_batchnorm.html"),
+            ("dashboards", "en/dashboards.html"),
+            ("hi-dashboards", "hi/dashboards.html"),
+        ):
             page.goto(f"{served}/{path}", wait_until="load")
             page.evaluate("document.fonts.ready")
             page.screenshot(path=str(SCREENSHOTS / f"site-{name}-{width}.png"))
@@ -264,8 +296,11 @@ def test_screenshots_of_a_hindi_lesson_and_the_dashboards(served, browser):
 
 def bank_question(qid: str) -> dict:
     """A question as the quiz's own loader reads it (the bank the notebooks' quiz asks)."""
-    return next(q for q in json.loads((ROOT / "accumlib" / "lessons" / "quiz" / "questions.json").read_text())
-                ["questions"] if q["id"] == qid)
+    return next(
+        q
+        for q in json.loads((ROOT / "accumlib" / "lessons" / "quiz" / "questions.json").read_text())["questions"]
+        if q["id"] == qid
+    )
 
 
 def test_the_quiz_is_answered_in_the_page_and_the_first_try_score_survives_a_reload(served, browser):
@@ -277,8 +312,7 @@ def test_the_quiz_is_answered_in_the_page_and_the_first_try_score_survives_a_rel
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    for lang, right, wrong in (("en", "Correct!", "That is not it. Try again."),
-                               ("hi", "सही!", None)):
+    for lang, right, wrong in (("en", "Correct!", "That is not it. Try again."), ("hi", "सही!", None)):
         page.goto(f"{served}/{lang}/02_grad_accumulates.html", wait_until="load")
         check = page.locator(".web-quiz").filter(has=page.locator(".wq-question[data-qid=grad-adds-up]"))
         assert check.count() == 1, lang
@@ -355,8 +389,9 @@ def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text
     page.evaluate("document.fonts.ready")
     comment = "article .highlight .c1"
     assert page.locator(comment).count() > 0
-    hindi_comment = next(i for i, t in enumerate(page.locator(comment).all_inner_texts())
-                         if any("\u0900" <= c <= "\u097f" for c in t))
+    hindi_comment = next(
+        i for i, t in enumerate(page.locator(comment).all_inner_texts()) if any("\u0900" <= c <= "\u097f" for c in t)
+    )
     page.evaluate(f"(i) => document.querySelectorAll({comment!r})[i].id = 'hindi-comment'", hindi_comment)
     for selector in ("article h1", "article p", "#hindi-comment"):
         assert "Lohit Devanagari" in platform_fonts(page, selector), selector
@@ -367,7 +402,7 @@ def test_the_install_cell_and_the_timer_emoji_are_not_on_the_site_and_hindi_text
 
 # bytes. The dashboards' figures for every offered setting, both editions (measured: about 10 MiB); the whole
 # site with them (measured before them: 17 MB, mostly the theme's assets and the notebooks' inline figures, twice)
-DASHBOARDS_BUDGET, SITE_BUDGET = 12 * 2 ** 20, 32 * 2 ** 20
+DASHBOARDS_BUDGET, SITE_BUDGET = 12 * 2**20, 32 * 2**20
 
 
 def test_the_site_fits_its_size_budget(site):
@@ -399,8 +434,11 @@ def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, wi
         box = loss.locator(".sw-slider", has=page.locator("input[data-part=accum_steps]"))
         assert "accum_steps" in box.inner_text()
         slider.fill("15")  # index 15: accum_steps 16
-        page.wait_for_function("(src) => document.querySelector('.web-dashboard[data-dashboard=loss] "
-                               "img.lesson-figure').getAttribute('src') !== src", arg=before[0])
+        page.wait_for_function(
+            "(src) => document.querySelector('.web-dashboard[data-dashboard=loss] "
+            "img.lesson-figure').getAttribute('src') !== src",
+            arg=before[0],
+        )
         after = (figure.get_attribute("src"), figure.get_attribute("alt"), loss.locator(".wd-summary").inner_text())
         assert "accum_steps=16" in after[2] and after[1] != before[1], after
         assert box.locator("output").inner_text() == "16"
@@ -415,13 +453,14 @@ def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, wi
         summary = memory.locator(".wd-summary").inner_text()
         card.fill("4")  # 4 MiB
         assert memory.locator(".wd-summary").inner_text() != summary
-        assert f"budget_bytes={4 * 2 ** 20}" in memory.locator(".wd-summary").inner_text()
+        assert f"budget_bytes={4 * 2**20}" in memory.locator(".wd-summary").inner_text()
         width_now = page.evaluate("document.documentElement.scrollWidth")
         assert width_now <= width, (lang, width_now)
     assert errors == [], errors
 
 
 # ---- the library section: docs/*.md as pages of the English edition, linked from the Hindi one ----
+
 
 def site_module():
     """tools/site.py as a module (its functions, without building anything)."""
@@ -465,7 +504,8 @@ def test_a_docs_pages_links_are_rewritten_for_the_site(fake_repository):
         "# Page\n\nSee [other](other.md#a-part), ![a figure](images/a.png),"
         " [the loop](../notebooks/en/03_the_loop.ipynb), [पाठ 3](../notebooks/hi/03_the_loop.ipynb),"
         " [`loop.py`](../accumlib/loop.py#L10), [the code](../accumlib),"
-        " [a site](https://example.org/x.md) and [here](#page).\n\n```text\n[kept](../nowhere.md)\n```\n")
+        " [a site](https://example.org/x.md) and [here](#page).\n\n```text\n[kept](../nowhere.md)\n```\n"
+    )
     page = module.library_page("page")
     assert "[other](other.md#a-part)" in page and "![a figure](images/a.png)" in page
     assert "[the loop](../03_the_loop.ipynb)" in page
@@ -476,8 +516,10 @@ def test_a_docs_pages_links_are_rewritten_for_the_site(fake_repository):
     assert "[kept](../nowhere.md)" in page  # inside a code block: text, not a link
 
 
-@pytest.mark.parametrize("link, says", [("../missing.py", "no such file"), ("../../outside.md", "no such file"),
-                                        ("../accumlib/loop.py", "docs/images/")])
+@pytest.mark.parametrize(
+    "link, says",
+    [("../missing.py", "no such file"), ("../../outside.md", "no such file"), ("../accumlib/loop.py", "docs/images/")],
+)
 def test_a_docs_link_to_nothing_or_an_image_from_elsewhere_stops_the_build(fake_repository, link, says):
     """A link to a file the repository lacks (or outside it) would 404 on the site and on GitHub: the build stops
     and names the page and the link; so does an image outside docs/images/ (the site would not have it)."""
@@ -526,6 +568,7 @@ def page_text(path: Path) -> str:
 
         def handle_data(self, data):
             self.parts.append(data)
+
     parser = Text()
     parser.feed(path.read_text())
     return "".join(parser.parts)
@@ -551,6 +594,7 @@ def links_of(path: Path) -> list[str]:
         def handle_starttag(self, tag, attrs):
             if tag in ("a", "link", "img", "script"):
                 self.found += [value for name, value in attrs if name in ("href", "src") and value]
+
     parser = Links()
     parser.feed(path.read_text())
     return parser.found
@@ -565,8 +609,12 @@ def test_no_link_of_the_library_pages_is_broken(site):
 
     owner, name = site_module().repository()
     on_github = re.compile(rf"https://github\.com/{owner}/{name}/(?:blob|tree)/main/([^#?]+)")
-    pages = [*sorted((site / "en" / "library").glob("*.html")), site / "hi" / "library.html",
-             site / "en" / "index.html", site / "hi" / "index.html"]
+    pages = [
+        *sorted((site / "en" / "library").glob("*.html")),
+        site / "hi" / "library.html",
+        site / "en" / "index.html",
+        site / "hi" / "index.html",
+    ]
     broken, checked = [], 0
     for page in pages:
         for link in links_of(page):
@@ -594,8 +642,10 @@ def test_the_library_pages_in_chromium_at_a_phones_width(served, browser):
     nothing fetched from elsewhere; the language switch leads to the other edition's library page."""
     page = browser.new_page(viewport={"width": PHONE, "height": 844})
     outside = []
-    page.on("request", lambda r: outside.append(r.url)
-            if not r.url.startswith(served) and not r.url.startswith("data:") else None)
+    page.on(
+        "request",
+        lambda r: outside.append(r.url) if not r.url.startswith(served) and not r.url.startswith("data:") else None,
+    )
     for path in [*(f"en/library/{stem}" for stem in ["index", *docs_pages()]), "hi/library"]:
         page.goto(f"{served}/{path}.html", wait_until="load")
         m = page.evaluate("""() => ({scrollWidth: document.documentElement.scrollWidth,

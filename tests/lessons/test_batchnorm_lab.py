@@ -1,6 +1,7 @@
 """accumlib.lessons.batchnorm_lab (lesson 7's experiment): BatchNorm at one effective batch split into micro-batches,
 the running-statistic updates held equal; how far a running average moves; statistics collected anew; the gradient's
 scale."""
+
 import copy
 
 import pytest
@@ -19,20 +20,22 @@ total = batchnorm.total
 @pytest.fixture(scope="module")
 def trained():
     net = models.cnn(norm="batch")
-    accumlib.train(net, (X, Y), torch.optim.SGD(net.parameters(), lr=0.05), micro_batch_size=64, accum_steps=1,
-                   epochs=2)
+    accumlib.train(
+        net, (X, Y), torch.optim.SGD(net.parameters(), lr=0.05), micro_batch_size=64, accum_steps=1, epochs=2
+    )
     return net
 
 
 def test_running_statistics_are_noisier_with_small_micro_batches_and_reestimation_fixes_them(trained):
-    errors = [total(batchnorm.running_stats_error(batchnorm_lab.collect_running_stats(trained, X, m), X))
-              for m in (4, 16, 64)]
+    errors = [
+        total(batchnorm.running_stats_error(batchnorm_lab.collect_running_stats(trained, X, m), X)) for m in (4, 16, 64)
+    ]
     assert errors[0] > errors[1] > errors[2]
     fixed = batchnorm.reestimate(batchnorm_lab.collect_running_stats(trained, X, 4), X, batch_size=256)
     assert total(batchnorm.running_stats_error(fixed, X)) < errors[2] / 5
 
 
-@pytest.mark.parametrize("momentum,updates,moved", [(0.1, 16, 1 - 0.9 ** 16), (0.5, 3, 0.875), (None, 5, 1.0)])
+@pytest.mark.parametrize("momentum,updates,moved", [(0.1, 16, 1 - 0.9**16), (0.5, 3, 0.875), (None, 5, 1.0)])
 def test_how_far_a_running_average_moves_is_measured_with_the_layers_own_momentum(momentum, updates, moved):
     net = models.cnn(norm="batch")
     for layer in batchnorm.batchnorm_layers(net).values():
@@ -48,17 +51,22 @@ def test_how_far_a_running_average_moves_is_measured_with_the_layers_own_momentu
 def splits():
     # float64 so that the comparisons below hold on every CPU; 512 digits, 3 epochs: 24 optimizer steps per run
     X64, Y64 = data.digits(dtype=torch.float64)
-    return batchnorm_lab.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64),
-                                           (X64[:512], Y64[:512]), (X64[1024:], Y64[1024:]), effective_batch=64,
-                                           micro_batch_sizes=(64, 2, 8),
-                                           epochs=3, updates=100)
+    return batchnorm_lab.compare_micro_batches(
+        models.cnn(norm="batch", seed=1, dtype=torch.float64),
+        (X64[:512], Y64[:512]),
+        (X64[1024:], Y64[1024:]),
+        effective_batch=64,
+        micro_batch_sizes=(64, 2, 8),
+        epochs=3,
+        updates=100,
+    )
 
 
 def test_every_split_makes_the_same_steps_and_the_confound_is_counted(splits):
     assert [(o.micro_batch_size, o.accum_steps) for o in splits.batchnorm] == [(2, 32), (8, 8), (64, 1)]
     assert splits.optimizer_steps == 24 and splits.epochs == 3 and splits.updates == 100
     assert [o.training_updates for o in splits.batchnorm] == [768, 192, 24]  # one per micro-batch
-    assert splits.settled_fraction == pytest.approx(1 - 0.9 ** 100, abs=1e-9)  # momentum 0.1: settled
+    assert splits.settled_fraction == pytest.approx(1 - 0.9**100, abs=1e-9)  # momentum 0.1: settled
     assert splits.batchnorm[-1].weight_gap == 0 and splits.batchnorm[0].weight_gap > 1e-3
 
 
@@ -83,8 +91,9 @@ def test_reestimation_changes_no_weight_and_groupnorm_is_exact(splits):
 @pytest.mark.parametrize("sizes, match", [((4,), "two or more"), ((4, 5), "divide"), ((4, 4), "two or more")])
 def test_compare_micro_batches_refuses_sizes_it_cannot_compare(sizes, match):
     with pytest.raises((TypeError, ValueError), match=match):
-        batchnorm_lab.compare_micro_batches(models.cnn(norm="batch"), (X, Y), (X, Y), effective_batch=64,
-                                        micro_batch_sizes=sizes)
+        batchnorm_lab.compare_micro_batches(
+            models.cnn(norm="batch"), (X, Y), (X, Y), effective_batch=64, micro_batch_sizes=sizes
+        )
 
 
 def test_gradient_size_is_the_largest_entry_and_leaves_the_model_as_it_was(trained):
@@ -103,26 +112,46 @@ HX, HY = data.digits(64)
 NET = models.cnn()
 BN_NET = models.cnn(norm="batch")
 ADAM = torch.optim.Adam(NET.parameters())
-NO_STATS = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4, track_running_stats=False),
-                               torch.nn.Flatten(), torch.nn.Linear(144, 10))
+NO_STATS = torch.nn.Sequential(
+    torch.nn.Conv2d(1, 4, 3),
+    torch.nn.BatchNorm2d(4, track_running_stats=False),
+    torch.nn.Flatten(),
+    torch.nn.Linear(144, 10),
+)
 
 
 def compared(**kwargs):
-    arguments = {"model": BN_NET, "data": (HX, HY), "held_out": (HX, HY), "effective_batch": 8,
-                 "micro_batch_sizes": (2, 8), **kwargs}
-    return batchnorm_lab.compare_micro_batches(arguments.pop("model"), arguments.pop("data"),
-                                               arguments.pop("held_out"), **arguments)
+    arguments = {
+        "model": BN_NET,
+        "data": (HX, HY),
+        "held_out": (HX, HY),
+        "effective_batch": 8,
+        "micro_batch_sizes": (2, 8),
+        **kwargs,
+    }
+    return batchnorm_lab.compare_micro_batches(
+        arguments.pop("model"), arguments.pop("data"), arguments.pop("held_out"), **arguments
+    )
 
 
 CASES = {  # id: (call, error type, the parameter its message must name)
-    "collect: batch larger than x": (lambda: batchnorm_lab.collect_running_stats(BN_NET, HX, 128), ValueError,
-                                     "batch_size"),
-    "collect: updates 0": (lambda: batchnorm_lab.collect_running_stats(BN_NET, HX, 4, updates=0), ValueError,
-                           "updates"),
+    "collect: batch larger than x": (
+        lambda: batchnorm_lab.collect_running_stats(BN_NET, HX, 128),
+        ValueError,
+        "batch_size",
+    ),
+    "collect: updates 0": (
+        lambda: batchnorm_lab.collect_running_stats(BN_NET, HX, 4, updates=0),
+        ValueError,
+        "updates",
+    ),
     "moved: updates 0": (lambda: batchnorm_lab.running_average_moved(BN_NET, 0), ValueError, "updates"),
     "moved: no running statistics": (lambda: batchnorm_lab.running_average_moved(NO_STATS, 3), ValueError, "model"),
-    "splits: effective batch larger than data": (lambda: compared(effective_batch=128, micro_batch_sizes=(2, 128)),
-                                                  ValueError, "effective_batch"),
+    "splits: effective batch larger than data": (
+        lambda: compared(effective_batch=128, micro_batch_sizes=(2, 128)),
+        ValueError,
+        "effective_batch",
+    ),
     "splits: epochs 0": (lambda: compared(epochs=0), ValueError, "epochs"),
     "splits: dict data": (lambda: compared(data={"x": HX}), TypeError, "data"),
     "splits: an optimizer instead of a function": (lambda: compared(optimizer_fn=ADAM), TypeError, "optimizer_fn"),
@@ -130,8 +159,11 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "splits: dict held-out data": (lambda: compared(held_out={"x": HX}), TypeError, "held_out"),
     "splits: groups not dividing the channels": (lambda: compared(groups=5), ValueError, "groups"),
     "splits: updates 0": (lambda: compared(updates=0), ValueError, "updates"),
-    "splits: a size not dividing the effective batch": (lambda: compared(micro_batch_sizes=(3, 8)), ValueError,
-                                                         "micro_batch_sizes"),
+    "splits: a size not dividing the effective batch": (
+        lambda: compared(micro_batch_sizes=(3, 8)),
+        ValueError,
+        "micro_batch_sizes",
+    ),
 }
 
 
@@ -143,6 +175,7 @@ def test_bad_input_is_refused_naming_the_parameter_and_nothing_changes(case):
         call()
     assert parameter in str(info.value)
     after = [[t.clone() for t in net.state_dict().values()] for net in (NET, BN_NET)], torch.random.get_rng_state()
-    assert all(torch.equal(a, b) for was, now in zip(before[0], after[0], strict=True)
-               for a, b in zip(was, now, strict=True))
+    assert all(
+        torch.equal(a, b) for was, now in zip(before[0], after[0], strict=True) for a, b in zip(was, now, strict=True)
+    )
     assert torch.equal(before[1], after[1]) and not ADAM.state

@@ -1,5 +1,6 @@
 """Issue 28: an exercise check cannot be hung or killed by the learner's code (exercises/contained.py). Each attack
 gets a verdict in words, and this process (the kernel) goes on with its state untouched."""
+
 import os
 import re
 import signal
@@ -74,15 +75,19 @@ def accumulate({LOOP_ARGS}):
 """
 
 
-@pytest.mark.parametrize("check, name, words", [
-    (lambda: exercises.the_loop.verdict(function(SWALLOWED)), "time-limit-ignored", "bare except:"),
-    (lambda: exercises.the_loop.verdict(function(ALARM_IGNORED)), "time-limit-ignored", "signal.SIGALRM"),
-    (lambda: exercises.the_loop.verdict(function(IN_C)), "time-limit-ignored", "C code"),
-    (lambda: exercises.largest_batch.verdict(lambda fits: NeverShown(0)), "time-limit", "0.5 seconds"),
-    (lambda: exercises.memory_plan.verdict(NeverShown(0), 32), "time-limit", "0.5 seconds"),
-    (lambda: exercises.the_loop.verdict(function(HARD_EXIT)), "process-ended", "exit status 3"),
-    (lambda: exercises.the_loop.verdict(function(SOFT_EXIT)), "exit", "sys.exit()"),
-], ids=["bare-except", "sigalrm-ignored", "c-loop", "repr-never-returns", "repr-in-plan", "os._exit", "sys.exit"])
+@pytest.mark.parametrize(
+    "check, name, words",
+    [
+        (lambda: exercises.the_loop.verdict(function(SWALLOWED)), "time-limit-ignored", "bare except:"),
+        (lambda: exercises.the_loop.verdict(function(ALARM_IGNORED)), "time-limit-ignored", "signal.SIGALRM"),
+        (lambda: exercises.the_loop.verdict(function(IN_C)), "time-limit-ignored", "C code"),
+        (lambda: exercises.largest_batch.verdict(lambda fits: NeverShown(0)), "time-limit", "0.5 seconds"),
+        (lambda: exercises.memory_plan.verdict(NeverShown(0), 32), "time-limit", "0.5 seconds"),
+        (lambda: exercises.the_loop.verdict(function(HARD_EXIT)), "process-ended", "exit status 3"),
+        (lambda: exercises.the_loop.verdict(function(SOFT_EXIT)), "exit", "sys.exit()"),
+    ],
+    ids=["bare-except", "sigalrm-ignored", "c-loop", "repr-never-returns", "repr-in-plan", "os._exit", "sys.exit"],
+)
 def test_each_attack_gets_a_verdict_in_words_and_the_kernel_lives_on(check, name, words):
     pid, handler = os.getpid(), signal.getsignal(signal.SIGALRM)
     result = check()
@@ -112,15 +117,23 @@ def test_global_state_a_right_answer_changes_stays_in_the_child(monkeypatch):
     monkeypatch.setattr(exercises.the_loop, "time_limit", 15.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    before = (torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled(), torch.get_num_threads(),
-              torch.get_default_dtype())
+    before = (
+        torch.is_anomaly_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_num_threads(),
+        torch.get_default_dtype(),
+    )
     rng = torch.get_rng_state()
     seen = []
     right = function(CHANGES_GLOBALS.replace("    for step", "    seen.append(1)\n    for step"))
     right.__globals__["seen"] = seen
     assert exercises.the_loop.verdict(right).correct
-    after = (torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled(), torch.get_num_threads(),
-             torch.get_default_dtype())
+    after = (
+        torch.is_anomaly_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_num_threads(),
+        torch.get_default_dtype(),
+    )
     torch.set_num_threads(threads)
     assert after == before == (False, False, 2, torch.float32)
     assert torch.equal(torch.get_rng_state(), rng)
@@ -128,8 +141,10 @@ def test_global_state_a_right_answer_changes_stays_in_the_child(monkeypatch):
 
 
 def test_what_the_learners_code_prints_reaches_the_kernels_output(capsys):
-    loud = function(f"def accumulate({LOOP_ARGS}):\n    print('step', accum_steps)\n    import sys\n"
-                    f"    print('oops', file=sys.stderr)\n")
+    loud = function(
+        f"def accumulate({LOOP_ARGS}):\n    print('step', accum_steps)\n    import sys\n"
+        f"    print('oops', file=sys.stderr)\n"
+    )
     assert exercises.the_loop.verdict(loud).names == ["micro-batch-count"]
     printed = capsys.readouterr()
     assert "step 3\n" in printed.out and "oops\n" in printed.err

@@ -4,6 +4,7 @@ The runs: the lesson's pair (with and without no_sync()), normalize="count" with
 classic normalize="steps" (with check_gradients=False: its one read carries the loss alone). Each is compared with
 one process training on the same cycles in float64.
 """
+
 import functools
 import os
 import subprocess
@@ -22,11 +23,12 @@ TOKENS_X, TOKENS_Y = data.token_sequences(57, seed=1)  # 24 + 24 + 9: the last c
 MLP = functools.partial(models.mlp, dtype=torch.float64)
 SEQUENCE = functools.partial(models.sequence_model, dtype=torch.float64)
 BY_COUNT = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", count=data.count_tokens)
-RUNS = [ddp_lab.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
-        ddp_lab.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
-        ddp_lab.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
-        ddp_lab.DDPRun(MLP, (X[:96], Y[:96]), 4, 3, epochs=2,
-                       train_options=dict(normalize="steps", check_gradients=False))]
+RUNS = [
+    ddp_lab.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=False),
+    ddp_lab.DDPRun(MLP, (X, Y), 4, 3, epochs=2, no_sync=True),
+    ddp_lab.DDPRun(SEQUENCE, (TOKENS_X, TOKENS_Y), 4, 3, epochs=2, train_options=BY_COUNT),
+    ddp_lab.DDPRun(MLP, (X[:96], Y[:96]), 4, 3, epochs=2, train_options=dict(normalize="steps", check_gradients=False)),
+]
 
 
 PROC = Path("/proc/self/smaps_rollup").exists()  # Linux: what the processes hold and who started whom
@@ -69,8 +71,15 @@ def job():
 
 def one_process(builder, data_, m, k, **options):
     model = builder()
-    history = accumlib.train(model, data_, torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
-                             accum_steps=k, epochs=2, **options)
+    history = accumlib.train(
+        model,
+        data_,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batch_size=m,
+        accum_steps=k,
+        epochs=2,
+        **options,
+    )
     return model, history
 
 
@@ -115,8 +124,9 @@ def test_fsdp2_trains_as_ddp_and_one_process_and_each_process_measures_what_it_h
     results = ddp_lab.compare_fsdp2(MLP, (X, Y), micro_batch_size=4, accum_steps=3, epochs=2)
     single, history = one_process(MLP, (X, Y), 24, 1)
     weights = sum(p.numel() * p.element_size() for p in single.parameters())
-    alone = accumlib.measure_step(MLP(), X[:4], Y[:4], optimizer=torch.optim.SGD(single.parameters(), lr=0.5),
-                                  accum_steps=3)
+    alone = accumlib.measure_step(
+        MLP(), X[:4], Y[:4], optimizer=torch.optim.SGD(single.parameters(), lr=0.5), accum_steps=3
+    )
     for wrap, result in results.items():
         assert result.wrap == wrap and result.micro_batches == (3, 3, 3, 3, 1) * 2
         assert accumlib.parameter_gap(result.state, single) <= 1e-10
@@ -155,8 +165,9 @@ def test_the_ranks_share_the_pages_of_their_parent(job):
 @pytest.mark.slow
 def test_a_failing_process_stops_the_job_at_once_with_its_error():
     """Rank 1's builder fails; rank 0 waits for it in DDP's first broadcast and is stopped, not left hanging."""
-    fails_on_rank_1 = functools.partial(eval, "__import__('torch').nn.Linear(64, 10) "
-                                              "if __import__('os').environ['RANK'] == '0' else 1 / 0")
+    fails_on_rank_1 = functools.partial(
+        eval, "__import__('torch').nn.Linear(64, 10) if __import__('os').environ['RANK'] == '0' else 1 / 0"
+    )
     started = time.perf_counter()
     with pytest.raises(RuntimeError) as info:
         ddp_lab.run_ddp(fails_on_rank_1, data.digits(40, flat=True), micro_batch_size=4, accum_steps=2)
@@ -184,8 +195,11 @@ def test_the_job_ends_with_the_process_that_launched_it():
     """A kernel killed mid-job (SIGKILL: no finally runs in it) leaves no DDP process behind. The ranks are stuck
     (in their builders here; in a collective they would wait for gloo's 30-minute timeout), so neither the progress
     pipe nor gloo tells them: the job's parent sees its launcher has gone and stops them."""
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE,
-                                env={**os.environ, "PYTHONPATH": str(Path(ddp_lab.__file__).parents[2])})
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(ddp_lab.__file__).parents[2])},
+    )
     try:
         assert int(launcher.stdout.readline()) == launcher.pid
         deadline = time.monotonic() + 60
@@ -211,15 +225,18 @@ def running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("change,error,names", [
-    (dict(micro_batch_size=0), ValueError, ["micro_batch_size", "0"]),
-    (dict(no_sync="yes"), TypeError, ["no_sync", "'yes'"]),
-    (dict(data=[X, Y]), TypeError, ["data", "list"]),
-    (dict(builder=models.mlp()), TypeError, ["builder"]),
-    (dict(train_options=dict(seed=3)), ValueError, ["train_options", "seed"]),
-    (dict(wrap="fsdp"), ValueError, ["wrap", "'fsdp'", "'ddp'", "'fsdp2'"]),
-    (dict(measure_memory=1), TypeError, ["measure_memory", "1"]),
-])
+@pytest.mark.parametrize(
+    "change,error,names",
+    [
+        (dict(micro_batch_size=0), ValueError, ["micro_batch_size", "0"]),
+        (dict(no_sync="yes"), TypeError, ["no_sync", "'yes'"]),
+        (dict(data=[X, Y]), TypeError, ["data", "list"]),
+        (dict(builder=models.mlp()), TypeError, ["builder"]),
+        (dict(train_options=dict(seed=3)), ValueError, ["train_options", "seed"]),
+        (dict(wrap="fsdp"), ValueError, ["wrap", "'fsdp'", "'ddp'", "'fsdp2'"]),
+        (dict(measure_memory=1), TypeError, ["measure_memory", "1"]),
+    ],
+)
 def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
     arguments = dict(builder=MLP, data=(X, Y), micro_batch_size=4, accum_steps=3) | change
     with pytest.raises(error) as info:
@@ -227,13 +244,16 @@ def test_bad_runs_are_refused_before_any_process_starts(change, error, names):
     assert all(name in str(info.value) for name in names)
 
 
-@pytest.mark.parametrize("arguments,error,names", [
-    (dict(runs=[]), TypeError, ["runs", "DDPRun"]),
-    (dict(runs=[dict(micro_batch_size=4)]), TypeError, ["runs", "DDPRun"]),
-    (dict(world_size=0), ValueError, ["world_size", "0"]),
-    (dict(timeout=-1), ValueError, ["timeout", "-1"]),
-    (dict(on_progress="bar"), TypeError, ["on_progress", "'bar'"]),
-])
+@pytest.mark.parametrize(
+    "arguments,error,names",
+    [
+        (dict(runs=[]), TypeError, ["runs", "DDPRun"]),
+        (dict(runs=[dict(micro_batch_size=4)]), TypeError, ["runs", "DDPRun"]),
+        (dict(world_size=0), ValueError, ["world_size", "0"]),
+        (dict(timeout=-1), ValueError, ["timeout", "-1"]),
+        (dict(on_progress="bar"), TypeError, ["on_progress", "'bar'"]),
+    ],
+)
 def test_bad_jobs_are_refused_before_any_process_starts(arguments, error, names):
     with pytest.raises(error) as info:
         ddp_lab.launch(**(dict(runs=RUNS[:1]) | arguments))
@@ -250,16 +270,20 @@ main_builder.__module__ = "__main__"  # as a function defined in a notebook cell
 def nested_builder():
     def build():
         return models.mlp()
+
     return build
 
 
-@pytest.mark.parametrize("change, name, words", [
-    (dict(builder=main_builder), "builder", "is defined in __main__ (a notebook cell or the script being run)"),
-    (dict(builder=functools.partial(main_builder)), "builder", "is defined in __main__"),
-    (dict(builder=lambda: models.mlp()), "builder", "is a lambda or a function defined inside another function"),
-    (dict(builder=nested_builder()), "builder", "is a lambda or a function defined inside another function"),
-    (dict(train_options=dict(loss_fn=lambda out, y: out.sum())), "train_options['loss_fn']", "is a lambda"),
-])
+@pytest.mark.parametrize(
+    "change, name, words",
+    [
+        (dict(builder=main_builder), "builder", "is defined in __main__ (a notebook cell or the script being run)"),
+        (dict(builder=functools.partial(main_builder)), "builder", "is defined in __main__"),
+        (dict(builder=lambda: models.mlp()), "builder", "is a lambda or a function defined inside another function"),
+        (dict(builder=nested_builder()), "builder", "is a lambda or a function defined inside another function"),
+        (dict(train_options=dict(loss_fn=lambda out, y: out.sum())), "train_options['loss_fn']", "is a lambda"),
+    ],
+)
 def test_a_function_the_jobs_processes_cannot_import_is_refused_before_any_process_starts(change, name, words):
     """Before: the job failed with "Can't get attribute 'main_builder' on <module 'accumlib.distributed'>" (now
     accumlib.lessons.ddp_lab)."""
@@ -280,8 +304,9 @@ class Payload:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["no signature", "another key's signature", "no key", "changed after signing",
-                                  "signed with the job's key"])
+@pytest.mark.parametrize(
+    "case", ["no signature", "another key's signature", "no key", "changed after signing", "signed with the job's key"]
+)
 def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_path, case):
     """`python -m accumlib.lessons.ddp_lab FOLDER` unpickles a job.pt only when it carries the signature of the key
     launch() gives its own processes (an HMAC of the file): a planted folder's pickle never runs."""
@@ -295,20 +320,31 @@ def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_p
     env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(ddp_lab.__file__).parents[2])}
     env.pop(ddp_lab._KEY, None)
     if case != "no signature":
-        (job / "job.sig").write_text(hmac.new(bytes.fromhex(theirs if case == "another key's signature" else ours),
-                                              pickled, "sha256").hexdigest())
+        (job / "job.sig").write_text(
+            hmac.new(
+                bytes.fromhex(theirs if case == "another key's signature" else ours), pickled, "sha256"
+            ).hexdigest()
+        )
     if case != "no key":
         env[ddp_lab._KEY] = ours
     if case == "changed after signing":
         (job / "job.pt").write_bytes(pickled + b"\0")
-    done = subprocess.run([sys.executable, "-m", "accumlib.lessons.ddp_lab", str(job)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "accumlib.lessons.ddp_lab", str(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if case == "signed with the job's key":  # the control: what launch() writes is unpickled, payload and all
         assert marker.read_text() == "it ran"
         return
     assert done.returncode != 0 and not marker.exists()
-    assert (f"PermissionError: {job} is not a job that accumlib.lessons.ddp_lab.launch() started: its job.pt is not "
-            f"signed with the key launch() gives its own processes ({ddp_lab._KEY})") in done.stderr
+    assert (
+        f"PermissionError: {job} is not a job that accumlib.lessons.ddp_lab.launch() started: its job.pt is not "
+        f"signed with the key launch() gives its own processes ({ddp_lab._KEY})"
+    ) in done.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX: a process is probed with os.kill(pid, 0)")
@@ -318,8 +354,9 @@ def test_the_job_folder_of_a_launcher_that_is_gone_is_collected_by_the_next_laun
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                           check=True)
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     folders = {name: tmp_path / f"accumlib-ddp-{name}" for name in ("gone", "alive", "no pid", "other name")}
     for folder in folders.values():
         folder.mkdir()

@@ -1,6 +1,7 @@
 """Issue 11 section 3: every exercise's stub runs and gets a true verdict, its solution passes, and each bug it
 diagnoses is named. The wrong loops come from pitfalls.classic_train's switches where it has one, so the two
 modules check each other."""
+
 import contextlib
 import functools
 import io
@@ -40,13 +41,19 @@ def verdict_of_cell(exercise, names: dict):
 
 
 ALL = [exercise for group in exercises.BY_LESSON.values() for exercise in group]
-STUB_FINDINGS = {"largest_batch": ["not-largest"], "scale_loss": ["missing-division"],
-                 "the_loop": ["step-every-micro-batch", "missing-division"],
-                 "last_cycle": ["tail-divided-by-steps"], "memory_plan": ["does-not-fit"],
-                 "time_cost": ["no-prediction"], "batchnorm_split": ["smaller-than-needed"],
-                 "amp_loop": ["scaler-unused"],
-                 "clip_after_unscale": ["clipped-scaled"], "no_sync": ["no-sync-missing"],
-                 "first_loop": ["your-turn"]}
+STUB_FINDINGS = {
+    "largest_batch": ["not-largest"],
+    "scale_loss": ["missing-division"],
+    "the_loop": ["step-every-micro-batch", "missing-division"],
+    "last_cycle": ["tail-divided-by-steps"],
+    "memory_plan": ["does-not-fit"],
+    "time_cost": ["no-prediction"],
+    "batchnorm_split": ["smaller-than-needed"],
+    "amp_loop": ["scaler-unused"],
+    "clip_after_unscale": ["clipped-scaled"],
+    "no_sync": ["no-sync-missing"],
+    "first_loop": ["your-turn"],
+}
 
 
 def test_every_lesson_but_the_recap_has_an_exercise():
@@ -78,6 +85,7 @@ def test_the_solution_passes_and_solution_prints_its_code(exercise, capsys):
 
 def test_every_line_of_a_verdict_comes_from_the_message_catalogue(monkeypatch):
     """With a catalogue that marks every message it translates, no line of a verdict is left unmarked."""
+
     class Marking(i18n.gettext.NullTranslations):
         def gettext(self, message):
             return "«" + message + "»"
@@ -99,24 +107,36 @@ def defined(code: str, name: str):
 
 # ---------------------------------------------------------------- loops (lessons 3, 4, 8, 9)
 
+
 def classic(**switches):
     """A learner's loop that is pitfalls.classic_train with these switches, epoch by epoch on the loader's samples.
 
     The loader hands each epoch's micro-batches out first; classic_train, with the same seed, visits the same ones
     in the same order (the check recognises them by content).
     """
+
     def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs=1):
         problem = loader.problem
         for epoch in range(epochs):
             list(loader)
-            pitfalls.classic_train(model, problem.data(epoch), optimizer, micro_batch_size=problem.micro_batch_size,
-                                   accum_steps=accum_steps, seed=problem.seed, loss_fn=loss_fn, **switches)
+            pitfalls.classic_train(
+                model,
+                problem.data(epoch),
+                optimizer,
+                micro_batch_size=problem.micro_batch_size,
+                accum_steps=accum_steps,
+                seed=problem.seed,
+                loss_fn=loss_fn,
+                **switches,
+            )
+
     return accumulate
 
 
 def classic_amp(**switches):
     def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):
         classic(scaler=scaler, **switches)(model, optimizer, loader, loss_fn, accum_steps)
+
     return accumulate
 
 
@@ -130,31 +150,61 @@ OFF_BY_ONE = LOOP.replace("(step + 1) % accum_steps == 0", "step % accum_steps =
 NEVER_ZEROED = LOOP.replace("optimizer.zero_grad()", "pass")
 
 
-@pytest.mark.parametrize("loop, names", [
-    (classic(), []),  # the classic recipe is right when the samples fill whole cycles
-    (classic(divide=False), ["missing-division"]),
-    (classic(zero_every_micro_batch=True), ["zeroed-inside"]),
-    (classic(step_every_micro_batch=True), ["step-every-micro-batch"]),
-    (classic(step_every_micro_batch=True, divide=False), ["step-every-micro-batch", "missing-division"]),
-    (OFF_BY_ONE, ["off-by-one"]),
-    (NEVER_ZEROED, ["never-zeroed"]),
-    (LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n            optimizer.step()"), ["empty-step"]),
-    (LOOP.replace("loss.backward()", "pass"), ["empty-step"]),
-    (LOOP.replace("(step + 1) % accum_steps == 0", "False"), ["no-step"]),
-    (LOOP.replace("/ accum_steps", "/ (accum_steps + 1)"), ["wrong-weight"]),
-    (LOOP.replace("(step + 1) % accum_steps == 0", "step % 2 == 1"), ["steps-misplaced", "not-stepped"]),
-    (LOOP.replace("(step + 1) % accum_steps == 0", "(step + 1) % accum_steps == 0 and step < 6"),
-     ["steps-misplaced", "not-stepped"]),
-    (LOOP.replace("loss.backward()", "loss.backward()\n        if step % accum_steps == 0:\n"
-                                     "            optimizer.zero_grad()"), ["lost-gradients"]),
-    (LOOP.replace("/ accum_steps", "/ accum_steps + sum((p ** 2).sum() for p in model.parameters())"),
-     ["not-micro-batch-gradients"]),
-    (LOOP.replace("loss.backward()", "loss.backward()\n        raise ValueError('my bug')"), ["error"]),
-    (LOOP.replace("model(x)", "model(x * 2)"), ["unknown-input"]),
-    (LOOP.replace("/ accum_steps", "/ accum_steps * (1 + optimizer.param_groups[0]['lr'])"), ["training-differs"]),
-], ids=["classic", "no-division", "zero-inside", "step-every", "stub", "off-by-one", "never-zeroed",
-        "zero-before-step", "no-backward", "never-steps", "divided-by-4", "every-second", "two-cycles-of-three",
-        "zero-after-first", "weight-decay-in-loss", "raises", "changes-inputs", "only-right-at-lr-0"])
+@pytest.mark.parametrize(
+    "loop, names",
+    [
+        (classic(), []),  # the classic recipe is right when the samples fill whole cycles
+        (classic(divide=False), ["missing-division"]),
+        (classic(zero_every_micro_batch=True), ["zeroed-inside"]),
+        (classic(step_every_micro_batch=True), ["step-every-micro-batch"]),
+        (classic(step_every_micro_batch=True, divide=False), ["step-every-micro-batch", "missing-division"]),
+        (OFF_BY_ONE, ["off-by-one"]),
+        (NEVER_ZEROED, ["never-zeroed"]),
+        (LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n            optimizer.step()"), ["empty-step"]),
+        (LOOP.replace("loss.backward()", "pass"), ["empty-step"]),
+        (LOOP.replace("(step + 1) % accum_steps == 0", "False"), ["no-step"]),
+        (LOOP.replace("/ accum_steps", "/ (accum_steps + 1)"), ["wrong-weight"]),
+        (LOOP.replace("(step + 1) % accum_steps == 0", "step % 2 == 1"), ["steps-misplaced", "not-stepped"]),
+        (
+            LOOP.replace("(step + 1) % accum_steps == 0", "(step + 1) % accum_steps == 0 and step < 6"),
+            ["steps-misplaced", "not-stepped"],
+        ),
+        (
+            LOOP.replace(
+                "loss.backward()",
+                "loss.backward()\n        if step % accum_steps == 0:\n            optimizer.zero_grad()",
+            ),
+            ["lost-gradients"],
+        ),
+        (
+            LOOP.replace("/ accum_steps", "/ accum_steps + sum((p ** 2).sum() for p in model.parameters())"),
+            ["not-micro-batch-gradients"],
+        ),
+        (LOOP.replace("loss.backward()", "loss.backward()\n        raise ValueError('my bug')"), ["error"]),
+        (LOOP.replace("model(x)", "model(x * 2)"), ["unknown-input"]),
+        (LOOP.replace("/ accum_steps", "/ accum_steps * (1 + optimizer.param_groups[0]['lr'])"), ["training-differs"]),
+    ],
+    ids=[
+        "classic",
+        "no-division",
+        "zero-inside",
+        "step-every",
+        "stub",
+        "off-by-one",
+        "never-zeroed",
+        "zero-before-step",
+        "no-backward",
+        "never-steps",
+        "divided-by-4",
+        "every-second",
+        "two-cycles-of-three",
+        "zero-after-first",
+        "weight-decay-in-loss",
+        "raises",
+        "changes-inputs",
+        "only-right-at-lr-0",
+    ],
+)
 def test_the_loop_names_each_bug(loop, names):
     function = defined(loop, "accumulate") if isinstance(loop, str) else loop
     result = exercises.the_loop.verdict(function)
@@ -171,8 +221,9 @@ def test_the_loop_says_where_and_by_how_much():
     assert "at step 1 the gradients of the 2 micro-batches before it were wiped out" in text
     text = exercises.the_loop.verdict(defined(NEVER_ZEROED, "accumulate")).text
     assert "Step 2 still holds the gradients of 3 micro-batches that earlier steps already applied" in text
-    text = exercises.the_loop.verdict(defined(LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n"
-                                                           "            optimizer.step()"), "accumulate")).text
+    text = exercises.the_loop.verdict(
+        defined(LOOP.replace("optimizer.step()", "optimizer.zero_grad()\n            optimizer.step()"), "accumulate")
+    ).text
     assert "zero_grad() runs after the last backward() and before optimizer.step()" in text
     text = exercises.the_loop.verdict(defined(LOOP.replace("loss.backward()", "pass"), "accumulate")).text
     assert "no backward() ran before it" in text
@@ -197,14 +248,18 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps, epochs):
 """
 
 
-@pytest.mark.parametrize("loop, names", [
-    (classic(last_cycle="weighted"), []),
-    (classic(last_cycle="drop"), ["tail-dropped"]),
-    (classic(last_cycle="leak"), ["leaked-tail", "tail-dropped"]),
-    (classic(last_cycle="divide-by-steps"), ["tail-divided-by-steps"]),
-    (MEAN_OF_MEANS, ["tail-mean-of-means"]),
-    (MEAN_OF_MEANS.replace("range(epochs)", "range(1)"), ["micro-batch-count"]),
-], ids=["weighted", "drop", "leak", "divide-by-steps", "mean-of-means", "one-epoch"])
+@pytest.mark.parametrize(
+    "loop, names",
+    [
+        (classic(last_cycle="weighted"), []),
+        (classic(last_cycle="drop"), ["tail-dropped"]),
+        (classic(last_cycle="leak"), ["leaked-tail", "tail-dropped"]),
+        (classic(last_cycle="divide-by-steps"), ["tail-divided-by-steps"]),
+        (MEAN_OF_MEANS, ["tail-mean-of-means"]),
+        (MEAN_OF_MEANS.replace("range(epochs)", "range(1)"), ["micro-batch-count"]),
+    ],
+    ids=["weighted", "drop", "leak", "divide-by-steps", "mean-of-means", "one-epoch"],
+)
 def test_last_cycle_names_each_bug(loop, names):
     function = defined(loop, "accumulate") if isinstance(loop, str) else loop
     result = exercises.last_cycle.verdict(function)
@@ -231,20 +286,39 @@ AMP = solution_without_check(exercises.amp_loop)
 AMP_DIRECT = AMP.replace("scaler.step(optimizer)", "optimizer.step()").replace("scaler.update()", "pass")
 
 
-@pytest.mark.parametrize("loop, names", [
-    (classic_amp(), []),
-    (classic_amp(unscale_per_micro_batch=True), ["unscale-per-micro-batch"]),
-    (classic_amp(update_per_micro_batch=True), ["update-before-step"]),
-    (classic_amp(unscale_per_micro_batch=True, update_per_micro_batch=True), ["update-per-micro-batch"]),
-    (classic_amp(step_every_micro_batch=True), ["step-every-micro-batch"]),
-    (classic_amp(divide=False), ["missing-division"]),
-    (AMP_DIRECT, ["optimizer-step-direct"]),
-    (AMP.replace("scaler.scale(loss).backward()", "loss.backward()"), ["loss-not-scaled"]),
-    (AMP.replace("scaler.scale(loss).backward()",
-                 "(scaler.scale(loss) if (step + 1) % accum_steps == 0 else loss).backward()"), ["loss-not-scaled"]),
-    (AMP.replace("scaler.update()", "pass"), ["update-missing"]),
-], ids=["classic", "unscale-per-micro", "update-per-micro", "unscale-and-update-per-micro", "step-every",
-        "no-division", "optimizer-step", "never-scaled", "scaled-at-the-step-only", "no-update"])
+@pytest.mark.parametrize(
+    "loop, names",
+    [
+        (classic_amp(), []),
+        (classic_amp(unscale_per_micro_batch=True), ["unscale-per-micro-batch"]),
+        (classic_amp(update_per_micro_batch=True), ["update-before-step"]),
+        (classic_amp(unscale_per_micro_batch=True, update_per_micro_batch=True), ["update-per-micro-batch"]),
+        (classic_amp(step_every_micro_batch=True), ["step-every-micro-batch"]),
+        (classic_amp(divide=False), ["missing-division"]),
+        (AMP_DIRECT, ["optimizer-step-direct"]),
+        (AMP.replace("scaler.scale(loss).backward()", "loss.backward()"), ["loss-not-scaled"]),
+        (
+            AMP.replace(
+                "scaler.scale(loss).backward()",
+                "(scaler.scale(loss) if (step + 1) % accum_steps == 0 else loss).backward()",
+            ),
+            ["loss-not-scaled"],
+        ),
+        (AMP.replace("scaler.update()", "pass"), ["update-missing"]),
+    ],
+    ids=[
+        "classic",
+        "unscale-per-micro",
+        "update-per-micro",
+        "unscale-and-update-per-micro",
+        "step-every",
+        "no-division",
+        "optimizer-step",
+        "never-scaled",
+        "scaled-at-the-step-only",
+        "no-update",
+    ],
+)
 def test_amp_loop_names_each_scaler_mistake(loop, names):
     function = defined(loop, "accumulate") if isinstance(loop, str) else loop
     result = exercises.amp_loop.verdict(function)
@@ -260,54 +334,94 @@ def test_amp_loop_measures_the_silent_update_per_micro_batch():
 CLIP = solution_without_check(exercises.clip_after_unscale)
 
 
-@pytest.mark.parametrize("step, names", [
-    (CLIP, []),
-    (CLIP.replace("torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)", "pass"), ["not-clipped"]),
-    (CLIP.replace("parameters(), max_norm)", "parameters(), max_norm / 2)"), ["clipped-wrong"]),
-    (CLIP.replace("optimizer.zero_grad()", "pass"), ["never-zeroed"]),
-    (CLIP.replace("scaler.step(optimizer)", "optimizer.step()"), ["optimizer-step-direct"]),
-    (CLIP.replace("scaler.update()", "pass"), ["update-missing"]),
-    # the review's wrong diagnoses: a direct optimizer.step() (PyTorch then stops scaler.update()) was told to move
-    # scaler.update(); clipping after the step was told it never clipped
-    ("def optimizer_step(model, optimizer, scaler, max_norm):\n"
-     "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    optimizer.step()\n    scaler.update()\n"
-     "    optimizer.zero_grad()\n", ["optimizer-step-direct"]),
-    (CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
-                  "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
-                  "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"),
-     ["not-clipped"]),
-], ids=["right", "no-clip", "clip-half", "no-zero", "optimizer-step", "no-update", "direct-step-then-update",
-        "clip-after-step"])
+@pytest.mark.parametrize(
+    "step, names",
+    [
+        (CLIP, []),
+        (CLIP.replace("torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)", "pass"), ["not-clipped"]),
+        (CLIP.replace("parameters(), max_norm)", "parameters(), max_norm / 2)"), ["clipped-wrong"]),
+        (CLIP.replace("optimizer.zero_grad()", "pass"), ["never-zeroed"]),
+        (CLIP.replace("scaler.step(optimizer)", "optimizer.step()"), ["optimizer-step-direct"]),
+        (CLIP.replace("scaler.update()", "pass"), ["update-missing"]),
+        # the review's wrong diagnoses: a direct optimizer.step() (PyTorch then stops scaler.update()) was told to move
+        # scaler.update(); clipping after the step was told it never clipped
+        (
+            "def optimizer_step(model, optimizer, scaler, max_norm):\n"
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    optimizer.step()\n    "
+            "scaler.update()\n"
+            "    optimizer.zero_grad()\n",
+            ["optimizer-step-direct"],
+        ),
+        (
+            CLIP.replace(
+                "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
+                "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
+                "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n",
+            ),
+            ["not-clipped"],
+        ),
+    ],
+    ids=[
+        "right",
+        "no-clip",
+        "clip-half",
+        "no-zero",
+        "optimizer-step",
+        "no-update",
+        "direct-step-then-update",
+        "clip-after-step",
+    ],
+)
 def test_clip_after_unscale_names_each_mistake(step, names):
     result = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step"))
     assert result.names == names, result.text
 
 
 def test_clip_after_step_is_told_to_clip_before_the_step():
-    step = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
-                        "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
-                        "    scaler.step(optimizer)\n"
-                        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")
+    step = CLIP.replace(
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n"
+        "    scaler.step(optimizer)  # knows the gradient is unscaled already\n",
+        "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n",
+    )
     text = exercises.clip_after_unscale.verdict(defined(step, "optimizer_step")).text
     assert "before the step" in text and "Between scaler.unscale_(optimizer) and scaler.step(optimizer)" in text
 
 
-@pytest.mark.parametrize("loop, names", [
-    # the review's wrong diagnoses of amp_loop: both were told to "multiply each micro-batch's loss by its share"
-    (AMP.replace("            scaler.step(optimizer)  #",
-                 "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
-                 "0.5)\n            scaler.step(optimizer)  #"), ["gradient-rescaled"]),
-    (AMP.replace("scaler.scale(loss).backward()", "scaler.scale(loss)\n        loss.backward()"),
-     ["scale-not-backpropagated"]),
-    (AMP.replace("        if (step + 1) % accum_steps == 0:  # once per step:\n"
-                 "            scaler.step(optimizer)  # unscale, check for inf/NaN, step\n",
-                 "        scaler.step(optimizer)\n        if (step + 1) % accum_steps == 0:  # once per step:\n"),
-     ["step-every-micro-batch"]),
-    # valid: an evaluation under no_grad after each step
-    (AMP.replace("            optimizer.zero_grad()",
-                 "            optimizer.zero_grad()\n            with torch.no_grad():\n"
-                 "                model(x)"), []),
-], ids=["clip-while-scaled", "backward-on-the-unscaled-loss", "scaler-step-every-micro-batch", "evaluates"])
+@pytest.mark.parametrize(
+    "loop, names",
+    [
+        # the review's wrong diagnoses of amp_loop: both were told to "multiply each micro-batch's loss by its share"
+        (
+            AMP.replace(
+                "            scaler.step(optimizer)  #",
+                "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                "0.5)\n            scaler.step(optimizer)  #",
+            ),
+            ["gradient-rescaled"],
+        ),
+        (
+            AMP.replace("scaler.scale(loss).backward()", "scaler.scale(loss)\n        loss.backward()"),
+            ["scale-not-backpropagated"],
+        ),
+        (
+            AMP.replace(
+                "        if (step + 1) % accum_steps == 0:  # once per step:\n"
+                "            scaler.step(optimizer)  # unscale, check for inf/NaN, step\n",
+                "        scaler.step(optimizer)\n        if (step + 1) % accum_steps == 0:  # once per step:\n",
+            ),
+            ["step-every-micro-batch"],
+        ),
+        # valid: an evaluation under no_grad after each step
+        (
+            AMP.replace(
+                "            optimizer.zero_grad()",
+                "            optimizer.zero_grad()\n            with torch.no_grad():\n                model(x)",
+            ),
+            [],
+        ),
+    ],
+    ids=["clip-while-scaled", "backward-on-the-unscaled-loss", "scaler-step-every-micro-batch", "evaluates"],
+)
 def test_amp_loop_names_what_the_gradient_shows_not_a_loss_weight(loop, names):
     result = exercises.amp_loop.verdict(defined(loop, "accumulate"))
     assert result.names == names, result.text
@@ -316,16 +430,18 @@ def test_amp_loop_names_what_the_gradient_shows_not_a_loss_weight(loop, names):
 
 
 def test_clipping_the_scaled_gradient_leaves_it_scale_times_too_small():
-    function = defined(exercises.clip_after_unscale.stub.replace("exercises.clip_after_unscale.check", "print"),
-                       "optimizer_step")
+    function = defined(
+        exercises.clip_after_unscale.stub.replace("exercises.clip_after_unscale.check", "print"), "optimizer_step"
+    )
     text = exercises.clip_after_unscale.verdict(function).text
     assert f"unscaled it to norm {0.7 / 2**16:.2e}, 65536 times too small" in text
 
 
-ALWAYS_RESCALED = CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  "
-                               "# clip the true gradient\n",
-                               "    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])\n"
-                               "    for p in model.parameters():\n        p.grad.mul_(max_norm / norm)  # always\n")
+ALWAYS_RESCALED = CLIP.replace(
+    "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # clip the true gradient\n",
+    "    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])\n"
+    "    for p in model.parameters():\n        p.grad.mul_(max_norm / norm)  # always\n",
+)
 
 
 def test_a_clip_that_scales_every_gradient_to_max_norm_is_told_so_on_the_first_problem():
@@ -335,20 +451,26 @@ def test_a_clip_that_scales_every_gradient_to_max_norm_is_told_so_on_the_first_p
     assert "step 3" in result.text and "already below max_norm = 0.7" in result.text
 
 
-@pytest.mark.parametrize("max_norm, cause", [("1.0", "65536 times too far"), ("5.0", "65536 times too far"),
-                                             ("0.3", "to a norm the task did not ask for")])
+@pytest.mark.parametrize(
+    "max_norm, cause",
+    [("1.0", "65536 times too far"), ("5.0", "65536 times too far"), ("0.3", "to a norm the task did not ask for")],
+)
 def test_amp_loop_tells_a_clip_before_unscale_from_one_after_it(max_norm, cause):
     # the review: a clip to 1.0 before unscale_ was told "after scaler.unscale_(), to a norm the task did not ask for"
-    where = ("" if cause.startswith("65536") else "            scaler.unscale_(optimizer)\n")
-    loop = AMP.replace("            scaler.step(optimizer)  #", where + "            torch.nn.utils.clip_grad_norm_("
-                       f"model.parameters(), {max_norm})\n            scaler.step(optimizer)  #")
+    where = "" if cause.startswith("65536") else "            scaler.unscale_(optimizer)\n"
+    loop = AMP.replace(
+        "            scaler.step(optimizer)  #",
+        where + "            torch.nn.utils.clip_grad_norm_("
+        f"model.parameters(), {max_norm})\n            scaler.step(optimizer)  #",
+    )
     result = exercises.amp_loop.verdict(defined(loop, "accumulate"))
     assert result.names == ["gradient-rescaled"] and cause in result.text, result.text
 
 
 def test_a_loss_cut_off_from_the_model_is_not_told_that_no_backward_ran():
-    detached = LOOP.replace("loss_fn(model(x), y) / accum_steps", "loss_fn(model(x), y).detach().requires_grad_() / "
-                            "accum_steps")
+    detached = LOOP.replace(
+        "loss_fn(model(x), y) / accum_steps", "loss_fn(model(x), y).detach().requires_grad_() / accum_steps"
+    )
     result = exercises.the_loop.verdict(defined(detached, "accumulate"))
     assert result.names == ["empty-step"] and "backward() ran, but on a loss cut off from the model" in result.text
     no_backward = exercises.the_loop.verdict(defined(LOOP.replace("loss.backward()", "pass"), "accumulate"))
@@ -365,8 +487,9 @@ def test_an_input_in_another_dtype_is_explained_from_the_dtypes():
 
 def test_amp_loop_names_a_grad_scaler_of_its_own():
     # the review: told "The GradScaler is never used"
-    own = AMP.replace("    for step, (x, y)",
-                      "    scaler = torch.amp.GradScaler('cpu')  # its own\n    for step, (x, y)")
+    own = AMP.replace(
+        "    for step, (x, y)", "    scaler = torch.amp.GradScaler('cpu')  # its own\n    for step, (x, y)"
+    )
     result = exercises.amp_loop.verdict(defined(own, "accumulate"))
     assert result.names == ["own-scaler"], result.text
 
@@ -389,6 +512,7 @@ def cuda_autocast():
 @pytest.mark.parametrize("device, names", [("cuda", []), ("cpu", ["no-autocast"])])
 def test_amp_loop_accepts_cuda_autocast_where_the_lesson_runs_on_cuda(monkeypatch, device, names):
     from accumlib import devices as library_devices
+
     monkeypatch.setattr(library_devices, "pick", lambda environ=None: torch.device(device))
     loop = defined(CUDA_AUTOCAST, "accumulate")
     loop.__globals__["cuda_autocast"] = cuda_autocast
@@ -398,7 +522,8 @@ def test_amp_loop_accepts_cuda_autocast_where_the_lesson_runs_on_cuda(monkeypatc
 
 NO_SYNC = solution_without_check(exercises.no_sync)
 FORWARD_OUTSIDE = NO_SYNC.replace("        with contextlib", "        out = model(x)\n        with contextlib").replace(
-    "loss_fn(model(x), y)", "loss_fn(out, y)")
+    "loss_fn(model(x), y)", "loss_fn(out, y)"
+)
 SYNC_FIRST = """
 import contextlib
 
@@ -412,14 +537,24 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 """
 
 
-@pytest.mark.parametrize("loop, names", [
-    (FORWARD_OUTSIDE, ["no-sync-forward-outside"]),
-    (SYNC_FIRST, ["no-allreduce-before-step", "allreduce-too-early"]),
-    (SYNC_FIRST.replace("contextlib.nullcontext() if step % accum_steps == 0 else ", ""),
-     ["no-allreduce-before-step"]),
-    (SYNC_FIRST.replace("step % accum_steps == 0", "(step + 1) % accum_steps == 0").replace(" / accum_steps", ""),
-     ["missing-division"]),
-], ids=["forward-outside", "sync-first", "never-sync", "no-division"])
+@pytest.mark.parametrize(
+    "loop, names",
+    [
+        (FORWARD_OUTSIDE, ["no-sync-forward-outside"]),
+        (SYNC_FIRST, ["no-allreduce-before-step", "allreduce-too-early"]),
+        (
+            SYNC_FIRST.replace("contextlib.nullcontext() if step % accum_steps == 0 else ", ""),
+            ["no-allreduce-before-step"],
+        ),
+        (
+            SYNC_FIRST.replace("step % accum_steps == 0", "(step + 1) % accum_steps == 0").replace(
+                " / accum_steps", ""
+            ),
+            ["missing-division"],
+        ),
+    ],
+    ids=["forward-outside", "sync-first", "never-sync", "no-division"],
+)
 def test_no_sync_names_where_ddp_all_reduces_and_cleans_up_its_process_group(loop, names):
     result = exercises.no_sync.verdict(defined(loop, "accumulate"))
     assert result.names == names, result.text
@@ -429,9 +564,13 @@ def test_no_sync_names_where_ddp_all_reduces_and_cleans_up_its_process_group(loo
 def test_no_sync_runs_inside_a_jupyter_kernel_twice_and_leaves_no_process_group():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    cells = ["import torch\nfrom torch import nn\nfrom accumlib.lessons import exercises",
-             exercises.no_sync.stub, exercises.no_sync.solution_code, exercises.no_sync.solution_code,
-             "import torch.distributed as dist\nprint(dist.is_initialized())"]
+    cells = [
+        "import torch\nfrom torch import nn\nfrom accumlib.lessons import exercises",
+        exercises.no_sync.stub,
+        exercises.no_sync.solution_code,
+        exercises.no_sync.solution_code,
+        "import torch.distributed as dist\nprint(dist.is_initialized())",
+    ]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
     printed = ["".join(o.get("text", "") for o in cell.outputs) for cell in notebook.cells]
@@ -442,13 +581,18 @@ def test_no_sync_runs_inside_a_jupyter_kernel_twice_and_leaves_no_process_group(
 
 # ---------------------------------------------------------------- lesson 2: scaling the loss
 
-@pytest.mark.parametrize("body, name", [
-    ("return loss / accum_steps ** 2", "wrong-scale"),
-    ("return loss.item() / accum_steps", "not-a-tensor"),
-    ("return loss.detach() / accum_steps", "detached"),
-    ("return loss * (1 + torch.rand(()))", "not-proportional"),
-    ("return loss / undefined_name", "error"),
-], ids=["squared", "item", "detach", "random", "raises"])
+
+@pytest.mark.parametrize(
+    "body, name",
+    [
+        ("return loss / accum_steps ** 2", "wrong-scale"),
+        ("return loss.item() / accum_steps", "not-a-tensor"),
+        ("return loss.detach() / accum_steps", "detached"),
+        ("return loss * (1 + torch.rand(()))", "not-proportional"),
+        ("return loss / undefined_name", "error"),
+    ],
+    ids=["squared", "item", "detach", "random", "raises"],
+)
 def test_scale_loss_names_each_mistake(body, name):
     function = defined(f"def scale_loss(loss, accum_steps):\n    {body}\n", "scale_loss")
     with torch.random.fork_rng(devices=[]):
@@ -457,11 +601,12 @@ def test_scale_loss_names_each_mistake(body, name):
 
 
 def test_scale_loss_measures_the_factor():
-    text = exercises.scale_loss.verdict(lambda loss, accum_steps: loss / accum_steps ** 2).text
+    text = exercises.scale_loss.verdict(lambda loss, accum_steps: loss / accum_steps**2).text
     assert "add up to 0.25 times the full-batch gradient" in text
 
 
 # ---------------------------------------------------------------- lessons 1 and 5: memory
+
 
 def test_largest_batch_is_the_largest_that_fits_and_one_more_does_not():
     exercise = exercises.largest_batch
@@ -477,8 +622,15 @@ def test_largest_batch_is_the_largest_that_fits_and_one_more_does_not():
 def test_a_plan_the_check_refuses_is_refused_by_train_with_the_same_budget():
     model = models.cnn()
     with pytest.raises(accumlib.OutOfMemory) as refused:
-        accumlib.train(model, data.digits(256), torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=16,
-                       accum_steps=16, memory_budget=exercises.memory_plan.card_bytes, measure_memory=False)
+        accumlib.train(
+            model,
+            data.digits(256),
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            micro_batch_size=16,
+            accum_steps=16,
+            memory_budget=exercises.memory_plan.card_bytes,
+            measure_memory=False,
+        )
     assert refused.value.needed_bytes == planning.step_peak(16, 16)
     result = exercises.memory_plan.verdict(16, 16)
     assert result.names == ["does-not-fit"] and f"needs {planning.step_peak(16, 16):,} bytes" in result.text
@@ -490,13 +642,21 @@ def test_the_peak_of_an_accumulating_step_is_the_same_from_two_micro_batches_on(
         assert len(peaks) == 1 and planning._measured_peak(micro, 1, torch.device("cpu")) < peaks.pop()
 
 
-@pytest.mark.parametrize("plan, name", [((8, 16), "wrong-effective-batch"), ((8.5, 30), "not-a-count"),
-                                        (("8", 32), "not-a-count"), ((8, 0), "not-a-count")])
+@pytest.mark.parametrize(
+    "plan, name",
+    [
+        ((8, 16), "wrong-effective-batch"),
+        ((8.5, 30), "not-a-count"),
+        (("8", 32), "not-a-count"),
+        ((8, 0), "not-a-count"),
+    ],
+)
 def test_memory_plan_names_each_mistake(plan, name):
     assert exercises.memory_plan.verdict(*plan).names == [name]
 
 
 # ---------------------------------------------------------------- prediction (lesson 6)
+
 
 def test_the_prediction_is_compared_with_the_measurement():
     assert exercises.time_cost.verdict(16).names == ["prediction-off"]
@@ -507,19 +667,26 @@ def test_the_prediction_is_compared_with_the_measurement():
 
 # ---------------------------------------------------------------- lesson 7: the largest micro-batch that fits
 
-@pytest.mark.parametrize("body, name", [
-    ("return 8, 8", "wrong-product"),  # hard-coded: right for 64 on 0.5 MiB only, and the checker asks for several
-    ("return 8, effective_batch // 8", "smaller-than-needed"),  # a fixed size: 16 fits 96 on 1 MiB
-    ("return effective_batch, 1", "does-not-fit"),
-    ("m = 1\n    while fits(m * 2) and effective_batch % (m * 2) == 0:\n        m *= 2\n"
-     "    return m, effective_batch // m",
-     "smaller-than-needed"),  # powers of two only: 10 fits and divides 60, 4 is returned
-    ("return fits(0)", "error"),  # fits() refuses sizes outside 1 .. effective_batch, in words
-    ("return [1, 2, 3]", "not-a-pair"),
-    ("return 'eight', 8", "not-a-pair"),
-    ("while True:\n        fits(1)", "endless-search"),  # stopped by the call limit (a core.Budget)
-    ("raise KeyError('m')", "error"),
-], ids=["hard-coded", "fixed-size", "too-large", "powers-of-two", "bad-size", "three", "text", "endless", "raises"])
+
+@pytest.mark.parametrize(
+    "body, name",
+    [
+        ("return 8, 8", "wrong-product"),  # hard-coded: right for 64 on 0.5 MiB only, and the checker asks for several
+        ("return 8, effective_batch // 8", "smaller-than-needed"),  # a fixed size: 16 fits 96 on 1 MiB
+        ("return effective_batch, 1", "does-not-fit"),
+        (
+            "m = 1\n    while fits(m * 2) and effective_batch % (m * 2) == 0:\n        m *= 2\n"
+            "    return m, effective_batch // m",
+            "smaller-than-needed",
+        ),  # powers of two only: 10 fits and divides 60, 4 is returned
+        ("return fits(0)", "error"),  # fits() refuses sizes outside 1 .. effective_batch, in words
+        ("return [1, 2, 3]", "not-a-pair"),
+        ("return 'eight', 8", "not-a-pair"),
+        ("while True:\n        fits(1)", "endless-search"),  # stopped by the call limit (a core.Budget)
+        ("raise KeyError('m')", "error"),
+    ],
+    ids=["hard-coded", "fixed-size", "too-large", "powers-of-two", "bad-size", "three", "text", "endless", "raises"],
+)
 def test_batchnorm_split_names_each_mistake(body, name):
     function = defined(f"def choose_split(fits, effective_batch):\n    {body}\n", "choose_split")
     result = exercises.batchnorm_split.verdict(function)
@@ -527,12 +694,16 @@ def test_batchnorm_split_names_each_mistake(body, name):
     assert "Traceback" not in result.text
 
 
-@pytest.mark.parametrize("body", [
-    "for m in range(effective_batch, 0, -1):\n        if effective_batch % m == 0 and fits(m):\n"
-    "            return float(m), effective_batch / m",  # floats with whole values
-    "best = max(m for m in range(1, effective_batch + 1) if effective_batch % m == 0 and fits(m))\n"
-    "    return torch.tensor(best), effective_batch // best",  # a 0-d tensor
-], ids=["floats", "tensor"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "for m in range(effective_batch, 0, -1):\n        if effective_batch % m == 0 and fits(m):\n"
+        "            return float(m), effective_batch / m",  # floats with whole values
+        "best = max(m for m in range(1, effective_batch + 1) if effective_batch % m == 0 and fits(m))\n"
+        "    return torch.tensor(best), effective_batch // best",  # a 0-d tensor
+    ],
+    ids=["floats", "tensor"],
+)
 def test_batchnorm_split_accepts_unusual_valid_answers(body):
     function = defined(f"def choose_split(fits, effective_batch):\n    {body}\n", "choose_split")
     assert exercises.batchnorm_split.verdict(function).correct
@@ -545,10 +716,10 @@ def test_batchnorm_split_stops_a_loop_that_never_calls_fits(short_time_limits):
     assert result.names == ["time-limit"] and f"{SHORT_LIMIT:g} seconds" in result.text
 
 
-
 # ---------------------------------------------------------------- issue 21: answers that try to fool or crash a check
 # For every exercise: a hard-coded (or copied) answer, a crashing one, one that never terminates and an unusual valid
 # one, each with the verdict it must get. test_the_verdict_table prints the whole table (pytest -s shows it).
+
 
 class Endless(float):
     """A number whose value never comes: float() of it loops forever (a non-terminating answer to a number task)."""
@@ -572,10 +743,11 @@ def cell(code: str, name: str):
 FOREVER = "    while True:\n        pass\n"
 LOOP_ARGS = "model, optimizer, loader, loss_fn, accum_steps"
 HARD_CODED_LOOP = LOOP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3")
-SEED_PATTERN = LOOP.replace("        loss = loss_fn",
-                            "        if step % accum_steps == 0:\n            optimizer.zero_grad()"
-                            "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn"
-                            ).replace("            optimizer.zero_grad()  # once per cycle, after the step\n", "")
+SEED_PATTERN = LOOP.replace(
+    "        loss = loss_fn",
+    "        if step % accum_steps == 0:\n            optimizer.zero_grad()"
+    "  # the seed's pattern: zero at the start of a cycle\n        loss = loss_fn",
+).replace("            optimizer.zero_grad()  # once per cycle, after the step\n", "")
 LAST = solution_without_check(exercises.last_cycle)
 FIRST = solution_without_check(exercises.first_loop)
 AMP_BF16 = AMP.replace("torch.float16", "torch.bfloat16")
@@ -593,8 +765,9 @@ def test_lesson_zero_never_states_the_step_condition_before_the_learner_writes_o
     try:
         _, names = run_cell(exercises.first_loop.stub.replace("exercises.first_loop.check", "print"))
         stub = exercises.first_loop.verdict(names["accumulate"])
-        always = exercises.first_loop.verdict(cell(FIRST.replace("(step + 1) % accum_steps == 0", "True"),
-                                                    "accumulate"))
+        always = exercises.first_loop.verdict(
+            cell(FIRST.replace("(step + 1) % accum_steps == 0", "True"), "accumulate")
+        )
         hint = io.StringIO()
         with contextlib.redirect_stdout(hint):
             exercises.first_loop.hint()
@@ -605,8 +778,9 @@ def test_lesson_zero_never_states_the_step_condition_before_the_learner_writes_o
     for text in (stub.text, always.text, hint.getvalue()):
         assert not STEP_CONDITION.search(text), text
     # lesson 3's own check of the same loop still names the condition: only lesson 0 keeps it back
-    assert STEP_CONDITION.search(exercises.the_loop.verdict(cell(LOOP.replace("(step + 1) % accum_steps == 0", "True"),
-                                                                 "accumulate")).text)
+    assert STEP_CONDITION.search(
+        exercises.the_loop.verdict(cell(LOOP.replace("(step + 1) % accum_steps == 0", "True"), "accumulate")).text
+    )
 
 
 # exercise -> case -> (the answer: a tuple of the values check() gets, the finding names it must get; [] is right)
@@ -614,39 +788,64 @@ CASES = {
     "largest_batch": {
         "hard-coded": ((lambda fits: 70,), ["hard-coded"]),  # the right size for the lesson's card, no search
         "crashing": ((lambda fits: fits(0),), ["error"]),
-        "non-terminating": ((cell("def largest_batch(fits):\n    batch = 1\n    while fits(batch * 2):\n"
-                                  "        batch * 2  # typo: never kept\n    return batch\n", "largest_batch"),),
-                            ["endless-search"]),
-        "non-terminating, no fits()": ((cell("def largest_batch(fits):\n" + FOREVER, "largest_batch"),),
-                                       ["time-limit"]),
-        "unusual valid": ((cell("def largest_batch(fits):\n    batch = 1.0\n    while fits(batch + 1):\n"
-                                "        batch += 1.0  # a linear search in floats\n    return batch\n",
-                                "largest_batch"),), []),
+        "non-terminating": (
+            (
+                cell(
+                    "def largest_batch(fits):\n    batch = 1\n    while fits(batch * 2):\n"
+                    "        batch * 2  # typo: never kept\n    return batch\n",
+                    "largest_batch",
+                ),
+            ),
+            ["endless-search"],
+        ),
+        "non-terminating, no fits()": (
+            (cell("def largest_batch(fits):\n" + FOREVER, "largest_batch"),),
+            ["time-limit"],
+        ),
+        "unusual valid": (
+            (
+                cell(
+                    "def largest_batch(fits):\n    batch = 1.0\n    while fits(batch + 1):\n"
+                    "        batch += 1.0  # a linear search in floats\n    return batch\n",
+                    "largest_batch",
+                ),
+            ),
+            [],
+        ),
     },
     "scale_loss": {
         "hard-coded": ((lambda loss, accum_steps: loss / 4,), ["not-general"]),
         "crashing": ((lambda loss, accum_steps: (loss.backward(), loss / accum_steps)[1],), ["backward-inside"]),
-        "crashing, None .grad": ((lambda loss, accum_steps: torch.ones((), requires_grad=True) * loss.item(),),
-                                 ["no-gradient"]),
+        "crashing, None .grad": (
+            (lambda loss, accum_steps: torch.ones((), requires_grad=True) * loss.item(),),
+            ["no-gradient"],
+        ),
         "non-terminating": ((cell("def scale_loss(loss, accum_steps):\n" + FOREVER, "scale_loss"),), ["time-limit"]),
         "unusual valid": ((lambda loss, accum_steps: loss.div(float(accum_steps)),), []),
     },
     "the_loop": {
         "hard-coded": ((cell(HARD_CODED_LOOP, "accumulate"),), ["not-general"]),
-        "crashing": ((cell(LOOP.replace("loss.backward()", "loss.backward()\n        loss.backward()"),
-                           "accumulate"),), ["backward-twice"]),
-        "frozen model": ((cell(LOOP.replace("    for step", "    model.requires_grad_(False)\n    for step"),
-                               "accumulate"),), ["model-frozen"]),
+        "crashing": (
+            (cell(LOOP.replace("loss.backward()", "loss.backward()\n        loss.backward()"), "accumulate"),),
+            ["backward-twice"],
+        ),
+        "frozen model": (
+            (cell(LOOP.replace("    for step", "    model.requires_grad_(False)\n    for step"), "accumulate"),),
+            ["model-frozen"],
+        ),
         "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
         "unusual valid": ((cell(SEED_PATTERN, "accumulate"),), []),
     },
     "last_cycle": {
-        "hard-coded": ((cell(LAST.replace("accum_steps)", "3)").replace("first + accum_steps", "first + 3"),
-                             "accumulate"),), ["not-general"]),
-        "crashing": ((cell(LAST.replace("samples = sum", "samples = sum(y for x, y in cycle) + sum"),
-                           "accumulate"),), ["error"]),
-        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}, epochs):\n" + FOREVER, "accumulate"),),
-                            ["time-limit"]),
+        "hard-coded": (
+            (cell(LAST.replace("accum_steps)", "3)").replace("first + accum_steps", "first + 3"), "accumulate"),),
+            ["not-general"],
+        ),
+        "crashing": (
+            (cell(LAST.replace("samples = sum", "samples = sum(y for x, y in cycle) + sum"), "accumulate"),),
+            ["error"],
+        ),
+        "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}, epochs):\n" + FOREVER, "accumulate"),), ["time-limit"]),
         "unusual valid": ((cell(LAST.replace("* len(y) / samples", "/ samples * y.numel()"), "accumulate"),), []),
     },
     "memory_plan": {
@@ -662,60 +861,130 @@ CASES = {
         "unusual valid": ((np.float32(1.0),), []),
     },
     "amp_loop": {
-        "hard-coded": ((cell(AMP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3"), "accumulate"),),
-                       ["not-general"]),
-        "no autocast": ((cell(AMP.replace("with torch.autocast(x.device.type, dtype=torch.float16):  "
-                                          "# on the device x is on", "if True:"), "accumulate"),), ["no-autocast"]),
-        "crashing": ((cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
-                     ["error"]),
-        "non-terminating": ((cell("def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n"
-                                  + FOREVER, "accumulate"),), ["time-limit"]),
+        "hard-coded": (
+            (cell(AMP.replace("/ accum_steps", "/ 3").replace("% accum_steps", "% 3"), "accumulate"),),
+            ["not-general"],
+        ),
+        "no autocast": (
+            (
+                cell(
+                    AMP.replace(
+                        "with torch.autocast(x.device.type, dtype=torch.float16):  # on the device x is on", "if True:"
+                    ),
+                    "accumulate",
+                ),
+            ),
+            ["no-autocast"],
+        ),
+        "crashing": (
+            (cell(AMP.replace("scaler.update()  # adapt", "scaler.update(0)  # adapt"), "accumulate"),),
+            ["error"],
+        ),
+        "non-terminating": (
+            (
+                cell(
+                    "def accumulate(model, optimizer, scaler, loader, loss_fn, accum_steps):\n" + FOREVER, "accumulate"
+                ),
+            ),
+            ["time-limit"],
+        ),
         "unusual valid": ((cell(AMP_BF16, "accumulate"),), []),
     },
     "clip_after_unscale": {
-        "hard-coded": ((cell(CLIP.replace("parameters(), max_norm)", "parameters(), 0.7)"), "optimizer_step"),),
-                       ["not-general"]),
-        "crashing": ((cell(CLIP.replace("    scaler.unscale_(optimizer)", "    optimizer.zero_grad()\n"
-                                        "    scaler.unscale_(optimizer)"), "optimizer_step"),),
-                     ["zeroed-before-step"]),
-        "non-terminating": ((cell("def optimizer_step(model, optimizer, scaler, max_norm):\n" + FOREVER,
-                                  "optimizer_step"),), ["time-limit"]),
-        "unusual valid": ((cell(CLIP.replace(
-            "    scaler.unscale_(optimizer)  # the true gradient, once per step\n"
-            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
-            "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())"),
-            "optimizer_step"),), []),
+        "hard-coded": (
+            (cell(CLIP.replace("parameters(), max_norm)", "parameters(), 0.7)"), "optimizer_step"),),
+            ["not-general"],
+        ),
+        "crashing": (
+            (
+                cell(
+                    CLIP.replace(
+                        "    scaler.unscale_(optimizer)", "    optimizer.zero_grad()\n    scaler.unscale_(optimizer)"
+                    ),
+                    "optimizer_step",
+                ),
+            ),
+            ["zeroed-before-step"],
+        ),
+        "non-terminating": (
+            (cell("def optimizer_step(model, optimizer, scaler, max_norm):\n" + FOREVER, "optimizer_step"),),
+            ["time-limit"],
+        ),
+        "unusual valid": (
+            (
+                cell(
+                    CLIP.replace(
+                        "    scaler.unscale_(optimizer)  # the true gradient, once per step\n"
+                        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+                        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())",
+                    ),
+                    "optimizer_step",
+                ),
+            ),
+            [],
+        ),
     },
     "no_sync": {
-        "hard-coded": ((cell(NO_SYNC.replace("% accum_steps", "% 3").replace("/ accum_steps", "/ 3"),
-                             "accumulate"),), ["not-general"]),
+        "hard-coded": (
+            (cell(NO_SYNC.replace("% accum_steps", "% 3").replace("/ accum_steps", "/ 3"), "accumulate"),),
+            ["not-general"],
+        ),
         "crashing": ((cell(NO_SYNC.replace("model.no_sync()", "model.no_sync"), "accumulate"),), ["error"]),
         "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
-        "unusual valid": ((cell(NO_SYNC.replace("contextlib.nullcontext() if last else model.no_sync()",
-                                                "model.no_sync() if not last else contextlib.nullcontext()"),
-                                "accumulate"),), []),
+        "unusual valid": (
+            (
+                cell(
+                    NO_SYNC.replace(
+                        "contextlib.nullcontext() if last else model.no_sync()",
+                        "model.no_sync() if not last else contextlib.nullcontext()",
+                    ),
+                    "accumulate",
+                ),
+            ),
+            [],
+        ),
     },
     "batchnorm_split": {
         # right for 64 on the first card only: the checker asks for other effective batches too
         "hard-coded": ((lambda fits, effective_batch: (8, 8),), ["wrong-product"]),
         "crashing": ((lambda fits, effective_batch: (fits(effective_batch + 1), 1),), ["error"]),
-        "non-terminating": ((cell("def choose_split(fits, effective_batch):\n" + FOREVER, "choose_split"),),
-                            ["time-limit"]),
-        "unusual valid": ((cell("def choose_split(fits, effective_batch):\n"
-                                "    sizes = [m for m in range(1, effective_batch + 1) if effective_batch % m == 0]\n"
-                                "    m = max(filter(fits, sizes))  # the largest divisor that fits\n"
-                                "    return m, effective_batch / m  # a float with a whole value\n", "choose_split"),),
-                          []),
+        "non-terminating": (
+            (cell("def choose_split(fits, effective_batch):\n" + FOREVER, "choose_split"),),
+            ["time-limit"],
+        ),
+        "unusual valid": (
+            (
+                cell(
+                    "def choose_split(fits, effective_batch):\n"
+                    "    sizes = [m for m in range(1, effective_batch + 1) if effective_batch % m == 0]\n"
+                    "    m = max(filter(fits, sizes))  # the largest divisor that fits\n"
+                    "    return m, effective_batch / m  # a float with a whole value\n",
+                    "choose_split",
+                ),
+            ),
+            [],
+        ),
     },
     "first_loop": {
         # the lesson's 4 written in: right on the first problem (accum_steps = 4), not on the second (3)
-        "hard-coded": ((cell(FIRST.replace("% accum_steps", "% 4").replace("/ accum_steps", "/ 4"), "accumulate"),),
-                       ["not-general"]),
-        "crashing": ((cell(FIRST.replace("loss.backward()", "loss.backward()\n        loss.backward()"),
-                           "accumulate"),), ["backward-twice"]),
+        "hard-coded": (
+            (cell(FIRST.replace("% accum_steps", "% 4").replace("/ accum_steps", "/ 4"), "accumulate"),),
+            ["not-general"],
+        ),
+        "crashing": (
+            (cell(FIRST.replace("loss.backward()", "loss.backward()\n        loss.backward()"), "accumulate"),),
+            ["backward-twice"],
+        ),
         "non-terminating": ((cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate"),), ["time-limit"]),
-        "unusual valid": ((cell(FIRST.replace("(step + 1) % accum_steps == 0", "step % accum_steps == accum_steps - 1"),
-                                "accumulate"),), []),
+        "unusual valid": (
+            (
+                cell(
+                    FIRST.replace("(step + 1) % accum_steps == 0", "step % accum_steps == accum_steps - 1"),
+                    "accumulate",
+                ),
+            ),
+            [],
+        ),
     },
 }
 SHORT_LIMIT = 0.5  # seconds: the time limit for the answers that never end (see verdict_of)
@@ -744,10 +1013,14 @@ def short_time_limits(monkeypatch):
         monkeypatch.setattr(exercise, "time_limit", SHORT_LIMIT)
 
 
-@pytest.mark.parametrize("name, case", [(n, c) for n, cases in CASES.items() for c in cases],
-                         ids=[f"{n}:{c}" for n, cases in CASES.items() for c in cases])
+@pytest.mark.parametrize(
+    "name, case",
+    [(n, c) for n, cases in CASES.items() for c in cases],
+    ids=[f"{n}:{c}" for n, cases in CASES.items() for c in cases],
+)
 def test_an_answer_that_tries_to_fool_or_crash_the_check_gets_its_verdict(name, case):
     import sys
+
     names = CASES[name][case][1]
     hook = sys.excepthook
     result = verdict_of(name, case)
@@ -774,6 +1047,7 @@ def test_every_exercise_meets_all_four_kinds_of_answer_and_the_table_of_verdicts
 def test_the_time_limit_lives_only_during_a_check(short_time_limits):
     import signal
     import threading
+
     before = signal.getsignal(signal.SIGALRM), threading.active_count()
     function = cell(f"def accumulate({LOOP_ARGS}):\n" + FOREVER, "accumulate")
     assert exercises.the_loop.verdict(function).names == ["time-limit"]
@@ -786,11 +1060,25 @@ def test_the_time_limit_lives_only_during_a_check(short_time_limits):
     assert out[0].names == ["time-limit"]
 
 
-@pytest.mark.parametrize("value, whole", [(32, 32), (32.0, 32), (np.float32(32.0), 32), (np.int64(32), 32),
-                                          (torch.tensor(32), 32), (torch.tensor(32.0), 32), (32.5, None),
-                                          (True, None), ("32", None), (float("nan"), None), (torch.ones(2), None)])
+@pytest.mark.parametrize(
+    "value, whole",
+    [
+        (32, 32),
+        (32.0, 32),
+        (np.float32(32.0), 32),
+        (np.int64(32), 32),
+        (torch.tensor(32), 32),
+        (torch.tensor(32.0), 32),
+        (32.5, None),
+        (True, None),
+        ("32", None),
+        (float("nan"), None),
+        (torch.ones(2), None),
+    ],
+)
 def test_whole_numbers_of_any_real_numeric_type(value, whole):
     from accumlib.lessons.exercises.core import whole_number
+
     assert whole_number(value) == whole
 
 
@@ -804,8 +1092,10 @@ def test_a_plan_that_fits_passes_and_names_the_fastest_one():
 def _tokens_without_comments(code: str) -> list[tuple[int, str]]:
     import io
     import tokenize
-    return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(code).readline)
-            if t.type != tokenize.COMMENT]
+
+    return [
+        (t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type != tokenize.COMMENT
+    ]
 
 
 def test_every_solution_prints_its_comments_in_the_course_language_and_its_code_unchanged(capsys):
@@ -832,8 +1122,9 @@ def test_every_solution_prints_its_comments_in_the_course_language_and_its_code_
             finally:
                 accumlib.set_language("en")
             assert _tokens_without_comments(shown) == _tokens_without_comments(exercise.solution_code.rstrip() + "\n")
-            comments = [line.split("#", 1)[1] for line in shown.splitlines()
-                        if "  # " in line or line.lstrip().startswith("#")]
+            comments = [
+                line.split("#", 1)[1] for line in shown.splitlines() if "  # " in line or line.lstrip().startswith("#")
+            ]
             assert comments, exercise.name
             for comment in comments:
                 assert hindi.devanagari_share(comment) > 0 and not hindi.untranslated(comment), (exercise.name, comment)

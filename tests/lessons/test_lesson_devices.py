@@ -1,6 +1,7 @@
 """A lesson's one device (accumlib.lessons.devices): chosen once, said in the course language, and every lesson
 function, dashboard, exercise checker and notebook puts its models, data and runs there. No GPU here: the meta
 device stands in for one (below)."""
+
 import pytest
 import torch
 
@@ -23,13 +24,16 @@ def test_the_gpu_when_there_is_one_else_the_cpu(monkeypatch, capsys):
 
 def test_the_dashboards_page_says_its_dashboards_run_there_in_either_language(monkeypatch, capsys):
     from accumlib import i18n
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert devices.choose({}, page="dashboards") == torch.device("cpu")
     assert capsys.readouterr().out == "These dashboards run on the CPU.\n"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA T4")
-    assert (devices.describe(torch.device("cuda"), page="dashboards")
-            == "These dashboards run on the GPU: NVIDIA T4 (cuda).")
+    assert (
+        devices.describe(torch.device("cuda"), page="dashboards")
+        == "These dashboards run on the GPU: NVIDIA T4 (cuda)."
+    )
     before = i18n.language()
     try:
         i18n.set_language("hi")
@@ -47,6 +51,7 @@ def test_the_lessons_choice_is_the_library_s():
     # One choice, the library's: accumlib.devices.pick, which accumlib.train(device=None) makes, is what
     # lessons.devices re-exports, not a copy (tests/library/test_devices.py: train honours ACCUMLIB_DEVICE).
     from accumlib import devices as library_devices
+
     assert devices.pick is library_devices.pick
 
 
@@ -61,8 +66,12 @@ X, Y = data.digits(16, flat=True)
 # CUDA; the run stops at its first host read (.item(), .tolist(): meta has no values), which is as far as a device
 # test without a GPU goes. Each test below fails without the change that puts the function's models and data on
 # `device` (checked by reverting it: a device mismatch, or forward passes on the CPU).
-MISMATCH = ("Expected all tensors to be on the same device", "is not on the expected device", "different devices",
-            "same device")
+MISMATCH = (
+    "Expected all tensors to be on the same device",
+    "is not on the expected device",
+    "different devices",
+    "same device",
+)
 REFUSED = "model is on the meta device (weights without data)"  # measure_step's refusal, before any forward
 STOPS = ("Cannot copy out of meta tensor", "cannot be called on meta tensors", REFUSED, "_local_scalar_dense")
 
@@ -71,8 +80,8 @@ def on_meta(monkeypatch, run):
     """run(meta) with train's refusal of the meta device lifted; return the devices every module's forward pass saw
     (its tensor inputs and its own parameters). A device mismatch fails the test; a host read ends the run."""
     from accumlib import loop, source
-    monkeypatch.setattr(loop, "_device", lambda device: torch.device(device) if device is not None
-                        else devices.pick())
+
+    monkeypatch.setattr(loop, "_device", lambda device: torch.device(device) if device is not None else devices.pick())
     monkeypatch.setattr(source, "_refuse_meta", lambda batch: None)
     seen = []
 
@@ -117,16 +126,21 @@ def test_each_dashboard_computes_on_the_device_given(monkeypatch, dashboard):
     assert on_meta(monkeypatch, run) == {torch.device("meta")}
 
 
-@pytest.mark.parametrize("check", [
-    lambda: exercises.largest_batch.verdict(lambda fits: 64 if fits(64) else 1),
-    lambda: exercises.memory_plan.verdict(8, 32),
-    lambda: exercises.batchnorm_split.verdict(lambda fits, batch: (1, batch)),  # too small: measures the deviation
-    lambda: exercises.time_cost.verdict(1),
-], ids=["largest_batch", "memory_plan", "batchnorm_split", "time_cost"])
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda: exercises.largest_batch.verdict(lambda fits: 64 if fits(64) else 1),
+        lambda: exercises.memory_plan.verdict(8, 32),
+        lambda: exercises.batchnorm_split.verdict(lambda fits, batch: (1, batch)),  # too small: measures the deviation
+        lambda: exercises.time_cost.verdict(1),
+    ],
+    ids=["largest_batch", "memory_plan", "batchnorm_split", "time_cost"],
+)
 def test_each_exercise_checker_builds_its_models_and_data_on_the_lessons_device(monkeypatch, check):
     # The lesson's device is accumlib.devices.pick()'s: made the meta stand-in here. A checker answers in words
     # whatever escapes (a verdict, never an exception), so the devices its forward passes saw are what is checked.
     from accumlib import devices as library_devices
+
     for module in (planning, normalization):  # peaks measured before on the CPU are cached
         (getattr(module, "_measured_peak", None) or module.step_peak).cache_clear()
     monkeypatch.setattr(library_devices, "pick", lambda environ=None: torch.device("meta"))
@@ -149,9 +163,15 @@ def test_the_show_helpers_keep_what_they_record_on_the_models_device(monkeypatch
 
         def clipped(per_micro_batch):
             net = torch.nn.Linear(64, 10).to(device)
-            pitfalls.classic_train(net, (X.to(device), Y.to(device)), torch.optim.SGD(net.parameters(), lr=0.5),
-                                   micro_batch_size=4, accum_steps=2, clip_grad_norm=0.05,
-                                   clip_per_micro_batch=per_micro_batch)
+            pitfalls.classic_train(
+                net,
+                (X.to(device), Y.to(device)),
+                torch.optim.SGD(net.parameters(), lr=0.5),
+                micro_batch_size=4,
+                accum_steps=2,
+                clip_grad_norm=0.05,
+                clip_per_micro_batch=per_micro_batch,
+            )
             return net
 
         show.once_per_step.clipping(clipped, max_norm=0.05)
@@ -159,8 +179,20 @@ def test_the_show_helpers_keep_what_they_record_on_the_models_device(monkeypatch
     assert on_meta(monkeypatch, run) == {torch.device("meta")}
 
 
-CHOOSING = ["00_in_ten_minutes", "01_large_batch_problem", "02_grad_accumulates", "03_the_loop", "04_last_cycle",
-            "05_memory", "06_time", "07_batchnorm", "08_once_per_step", "09_ddp", "10_recap_and_quiz", "dashboards"]
+CHOOSING = [
+    "00_in_ten_minutes",
+    "01_large_batch_problem",
+    "02_grad_accumulates",
+    "03_the_loop",
+    "04_last_cycle",
+    "05_memory",
+    "06_time",
+    "07_batchnorm",
+    "08_once_per_step",
+    "09_ddp",
+    "10_recap_and_quiz",
+    "dashboards",
+]
 
 
 @pytest.mark.parametrize("name", CHOOSING)
@@ -173,17 +205,21 @@ def test_a_lesson_chooses_its_device_once_and_puts_every_model_batch_and_run_the
 
     import nbformat
     from pathlib import Path
+
     notebook = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "en" / f"{name}.ipynb", 4)
     code = [c.source for c in notebook.cells if c.cell_type == "code" and c.get("id") != "platform-setup"]
-    chosen = {"09_ddp": 'device = torch.device("cpu")',
-              "dashboards": 'device = devices.choose(page="dashboards")'}.get(name, "device = devices.choose()")
+    chosen = {"09_ddp": 'device = torch.device("cpu")', "dashboards": 'device = devices.choose(page="dashboards")'}.get(
+        name, "device = devices.choose()"
+    )
     assert chosen in code[0] and not any("device = " in cell for cell in code[1:])
     text = "\n".join(code)
     for call in re.findall(r"\btrain\((?:[^()]|\([^()]*\))*\)", text):  # accumlib.train, or train imported
         assert "device=device" in call, call
     for built in re.finditer(r"models\.\w+\((?:[^()]|\([^()]*\))*\)", text):
-        assert text[built.end():].startswith(".to(device)"), built.group()
+        assert text[built.end() :].startswith(".to(device)"), built.group()
     for loaded in re.finditer(r"data\.digits\(", text):
-        assert text[:loaded.start()].endswith("(t.to(device) for t in ") or name == "09_ddp", text[loaded.start():][:60]
+        assert text[: loaded.start()].endswith("(t.to(device) for t in ") or name == "09_ddp", text[loaded.start() :][
+            :60
+        ]
     # an exercise cell is the learner's: its checker gives it everything on its own device (fingerprint.py)
     assert not any('"cpu"' in cell.replace(chosen, "") for cell in code if "exercises." not in cell)

@@ -1,5 +1,6 @@
 """accumlib.lessons.models, the lessons' model builders: bad sizes, kinds, seeds and dtypes are refused with the
 right error type and a message naming the parameter, and a refusal leaves the global RNG as it was."""
+
 import pytest
 import torch
 
@@ -9,8 +10,11 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "cnn: unknown norm": (lambda: models.cnn(norm="bn"), ValueError, "norm"),
     "cnn: zero channels": (lambda: models.cnn(channels=(0, 4)), ValueError, "channels"),
     "cnn: channels a number": (lambda: models.cnn(channels=16), TypeError, "channels"),
-    "cnn: GroupNorm channels not multiples of 4": (lambda: models.cnn(norm="group", channels=(16, 30)), ValueError,
-                                                   "channels"),
+    "cnn: GroupNorm channels not multiples of 4": (
+        lambda: models.cnn(norm="group", channels=(16, 30)),
+        ValueError,
+        "channels",
+    ),
     "cnn: seed as text": (lambda: models.cnn(seed="a"), TypeError, "seed"),
     "cnn: integer dtype": (lambda: models.cnn(dtype=torch.int64), TypeError, "dtype"),
     "mlp: hidden 0": (lambda: models.mlp(hidden=0), ValueError, "hidden"),

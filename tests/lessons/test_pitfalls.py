@@ -1,4 +1,5 @@
 """Issue 7: each bug real training code shipped is measurably wrong; accumlib's loop is right."""
+
 import pytest
 import torch
 
@@ -46,8 +47,9 @@ def test_weighted_is_exact_also_when_the_last_micro_batch_is_short():
     outcomes = {}
     for last_cycle in ("weighted", "divide-by-steps"):
         model, opt = fresh()
-        pitfalls.classic_train(model, (X[:98], Y[:98]), opt, micro_batch_size=4, accum_steps=3, epochs=2,
-                               last_cycle=last_cycle)
+        pitfalls.classic_train(
+            model, (X[:98], Y[:98]), opt, micro_batch_size=4, accum_steps=3, epochs=2, last_cycle=last_cycle
+        )
         outcomes[last_cycle] = gap(model, reference)
     assert outcomes["weighted"] <= 1e-10 < 1e-3 < outcomes["divide-by-steps"]
 
@@ -66,8 +68,9 @@ def first_step_change(cycle_samples=12, **switches):
     """The weight change of the first optimizer step (one cycle of data, 3 x 4, lr 0.5), flattened."""
     model, opt = fresh()
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
-    pitfalls.classic_train(model, (X[:cycle_samples], Y[:cycle_samples]), opt, micro_batch_size=4, accum_steps=3,
-                           **switches)
+    pitfalls.classic_train(
+        model, (X[:cycle_samples], Y[:cycle_samples]), opt, micro_batch_size=4, accum_steps=3, **switches
+    )
     return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
 
 
@@ -86,14 +89,16 @@ def test_zeroing_every_micro_batch_steps_with_the_last_micro_batch_alone():
     assert torch.allclose(first_step_change(zero_every_micro_batch=True), expected, rtol=1e-10, atol=1e-15)
 
 
-@pytest.mark.parametrize("switches", [dict(divide=False), dict(zero_every_micro_batch=True),
-                                      dict(step_every_micro_batch=True)], ids=lambda s: next(iter(s)))
+@pytest.mark.parametrize(
+    "switches",
+    [dict(divide=False), dict(zero_every_micro_batch=True), dict(step_every_micro_batch=True)],
+    ids=lambda s: next(iter(s)),
+)
 def test_each_bug_switch_misses_the_full_batch_run(switches):
     reference, opt = fresh()
     accumlib.train(reference, (X[:96], Y[:96]), opt, micro_batch_size=12, accum_steps=1, epochs=2)
     model, opt = fresh()
-    log = pitfalls.classic_train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3, epochs=2,
-                                 **switches)
+    log = pitfalls.classic_train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3, epochs=2, **switches)
     assert gap(model, reference) > 1e-3
     assert log.steps == (48 if "step_every_micro_batch" in switches else 16)
 
@@ -109,12 +114,28 @@ def recorded_inputs(run) -> list[torch.Tensor]:
 
 def test_classic_train_visits_the_same_micro_batches_in_the_same_order_as_accumlib_train():
     def classic(model):
-        pitfalls.classic_train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                               accum_steps=3, epochs=2, seed=7, last_cycle="weighted")
+        pitfalls.classic_train(
+            model,
+            (X, Y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            epochs=2,
+            seed=7,
+            last_cycle="weighted",
+        )
 
     def reference(model):
-        accumlib.train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                       accum_steps=3, epochs=2, seed=7, measure_memory=False)
+        accumlib.train(
+            model,
+            (X, Y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            epochs=2,
+            seed=7,
+            measure_memory=False,
+        )
 
     mine, theirs = recorded_inputs(classic), recorded_inputs(reference)
     assert len(mine) == len(theirs) == 50
@@ -124,11 +145,11 @@ def test_classic_train_visits_the_same_micro_batches_in_the_same_order_as_accuml
 def test_on_step_sees_each_step_with_its_true_mean_loss_like_accumlib():
     model, opt = fresh()
     steps = []
-    log = pitfalls.classic_train(model, (X, Y), opt, micro_batch_size=4, accum_steps=3, epochs=2,
-                                 last_cycle="weighted", on_step=steps.append)
+    log = pitfalls.classic_train(
+        model, (X, Y), opt, micro_batch_size=4, accum_steps=3, epochs=2, last_cycle="weighted", on_step=steps.append
+    )
     reference, opt = fresh()
-    history = accumlib.train(reference, (X, Y), opt, micro_batch_size=4, accum_steps=3, epochs=2,
-                             measure_memory=False)
+    history = accumlib.train(reference, (X, Y), opt, micro_batch_size=4, accum_steps=3, epochs=2, measure_memory=False)
     assert [s.step for s in steps] == list(range(1, 19)) and log.steps == 18
     assert [s.samples_seen for s in steps] == [r.samples_seen for r in history]
     assert [(s.micro_batches, s.samples) for s in steps] == [(r.micro_batches, r.samples) for r in history]
@@ -139,14 +160,16 @@ def test_on_step_sees_each_step_with_its_true_mean_loss_like_accumlib():
 def test_on_step_loss_covers_only_the_micro_batches_whose_gradient_the_step_applied():
     steps = []
     model, opt = fresh()
-    log = pitfalls.classic_train(model, (X, Y), opt, micro_batch_size=4, accum_steps=3, epochs=2,
-                                 last_cycle="leak", on_step=steps.append)
+    log = pitfalls.classic_train(
+        model, (X, Y), opt, micro_batch_size=4, accum_steps=3, epochs=2, last_cycle="leak", on_step=steps.append
+    )
     assert [s.micro_batches for s in steps[7:10]] == [3, 4, 3]  # epoch 1's tail leaks into epoch 2's first step
     assert steps[8].loss == pytest.approx(sum(log.true_losses[24:28]) / 4, rel=1e-12)
     steps.clear()
     model, opt = fresh()
-    log = pitfalls.classic_train(model, (X, Y), opt, micro_batch_size=4, accum_steps=3, zero_every_micro_batch=True,
-                                 on_step=steps.append)
+    log = pitfalls.classic_train(
+        model, (X, Y), opt, micro_batch_size=4, accum_steps=3, zero_every_micro_batch=True, on_step=steps.append
+    )
     assert {s.micro_batches for s in steps} == {1}
     assert [s.loss for s in steps] == pytest.approx(log.true_losses[2:24:3], rel=1e-12)
 
@@ -160,8 +183,9 @@ def test_an_exception_from_on_step_propagates_after_that_step():
     with pytest.raises(accumlib.StopTraining):
         pitfalls.classic_train(model, (X, Y), opt, micro_batch_size=4, accum_steps=3, on_step=stop_at_second)
     reference, opt = fresh()
-    accumlib.train(reference, (X, Y), opt, micro_batch_size=4, accum_steps=3, on_step=stop_at_second,
-                   measure_memory=False)
+    accumlib.train(
+        reference, (X, Y), opt, micro_batch_size=4, accum_steps=3, on_step=stop_at_second, measure_memory=False
+    )
     assert gap(model, reference) <= 1e-10  # two steps taken, as accumlib stopped by the same callback
     untrained, _ = fresh()
     assert gap(model, untrained) > 1e-3
@@ -171,22 +195,36 @@ def test_scheduler_stepped_per_micro_batch_runs_accum_steps_times_too_fast():
     model, opt = fresh()
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     with pytest.warns(UserWarning, match="before `optimizer.step\\(\\)`"):  # PyTorch notices, too late
-        log = pitfalls.classic_train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3,
-                                     scheduler=scheduler, scheduler_per_micro_batch=True)
+        log = pitfalls.classic_train(
+            model,
+            (X[:96], Y[:96]),
+            opt,
+            micro_batch_size=4,
+            accum_steps=3,
+            scheduler=scheduler,
+            scheduler_per_micro_batch=True,
+        )
     # 3 scheduler steps per optimizer step, all taken before it: the first step already runs at the 4th value
     assert log.step_lrs == pytest.approx([0.5 * 0.9 ** (3 * (i + 1)) for i in range(8)])
     model, opt = fresh()
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     history = accumlib.train(model, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3, scheduler=scheduler)
-    assert [r.lr for r in history] == pytest.approx([0.5 * 0.9 ** i for i in range(8)])
+    assert [r.lr for r in history] == pytest.approx([0.5 * 0.9**i for i in range(8)])
 
 
 def test_clipping_inside_the_micro_batch_loop_differs_from_clipping_the_accumulated_gradient():
     clipped_full, opt = fresh()
     accumlib.train(clipped_full, (X[:96], Y[:96]), opt, micro_batch_size=12, accum_steps=1, clip_grad_norm=0.05)
     per_micro, opt = fresh()
-    pitfalls.classic_train(per_micro, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3, clip_grad_norm=0.05,
-                           clip_per_micro_batch=True)
+    pitfalls.classic_train(
+        per_micro,
+        (X[:96], Y[:96]),
+        opt,
+        micro_batch_size=4,
+        accum_steps=3,
+        clip_grad_norm=0.05,
+        clip_per_micro_batch=True,
+    )
     assert gap(per_micro, clipped_full) > 1e-3
     once, opt = fresh()
     accumlib.train(once, (X[:96], Y[:96]), opt, micro_batch_size=4, accum_steps=3, clip_grad_norm=0.05)
@@ -198,8 +236,15 @@ def amp_run(cycles=4, scaler=None, **switches):
     Xf, Yf = data.digits(12 * cycles, flat=True)
     model = models.mlp()
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
-    log = pitfalls.classic_train(model, (Xf, Yf), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
-                                 accum_steps=3, scaler=scaler or torch.amp.GradScaler("cpu"), **switches)
+    log = pitfalls.classic_train(
+        model,
+        (Xf, Yf),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=4,
+        accum_steps=3,
+        scaler=scaler or torch.amp.GradScaler("cpu"),
+        **switches,
+    )
     return log, torch.cat([p.detach().flatten() for p in model.parameters()]) - before
 
 
@@ -224,10 +269,10 @@ def test_unscale_and_update_per_micro_batch_run_silently_and_shrink_the_gradient
     assert 0 < ratio < 1 / 2**16  # the last micro-batch's share, divided by the scale 65536
     scaler = torch.amp.GradScaler("cpu", growth_interval=1)  # the scale doubles at each update() without infs
     amp_run(cycles=1, scaler=scaler, unscale_per_micro_batch=True, update_per_micro_batch=True)
-    assert scaler.get_scale() == 2.0 ** 16 * 2 ** 4  # 3 updates per micro-batch + 1 after the step
+    assert scaler.get_scale() == 2.0**16 * 2**4  # 3 updates per micro-batch + 1 after the step
     scaler = torch.amp.GradScaler("cpu", growth_interval=1)
     amp_run(cycles=1, scaler=scaler)
-    assert scaler.get_scale() == 2.0 ** 17  # once per step
+    assert scaler.get_scale() == 2.0**17  # once per step
 
 
 def test_stepping_the_scaler_every_micro_batch_runs_silently():
@@ -235,17 +280,21 @@ def test_stepping_the_scaler_every_micro_batch_runs_silently():
     assert log.steps == 12
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(divide="no"), "divide must be True or False"),
-    (dict(zero_every_micro_batch=1), "zero_every_micro_batch must be True or False"),
-    (dict(last_cycle="weighed"), "last_cycle must be one of"),
-    (dict(accum_steps=0), "accum_steps must be a positive integer"),
-    (dict(micro_batch_size=101), "micro_batch_size=101 is larger than the dataset"),
-    (dict(seed=1.5), "seed must be an integer"),
-    (dict(on_step="print"), "on_step must be a function"),
-    (dict(update_per_micro_batch=True), "need scaler="),
-    (dict(clip_grad_norm=0), "clip_grad_norm must be a positive"),
-], ids=lambda v: str(v)[:30])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(divide="no"), "divide must be True or False"),
+        (dict(zero_every_micro_batch=1), "zero_every_micro_batch must be True or False"),
+        (dict(last_cycle="weighed"), "last_cycle must be one of"),
+        (dict(accum_steps=0), "accum_steps must be a positive integer"),
+        (dict(micro_batch_size=101), "micro_batch_size=101 is larger than the dataset"),
+        (dict(seed=1.5), "seed must be an integer"),
+        (dict(on_step="print"), "on_step must be a function"),
+        (dict(update_per_micro_batch=True), "need scaler="),
+        (dict(clip_grad_norm=0), "clip_grad_norm must be a positive"),
+    ],
+    ids=lambda v: str(v)[:30],
+)
 def test_bad_arguments_are_refused_before_any_weight_changes(bad, match):
     model, opt = fresh()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -263,10 +312,10 @@ def test_logging_the_scaled_loss_shrinks_it_by_accum_steps():
     histories = []
     for m, k in [(4, 3), (2, 6)]:
         model, opt = fresh()
-        histories.append([r.loss for r in accumlib.train(model, (X[:96], Y[:96]), opt, micro_batch_size=m,
-                                                          accum_steps=k)])
+        histories.append(
+            [r.loss for r in accumlib.train(model, (X[:96], Y[:96]), opt, micro_batch_size=m, accum_steps=k)]
+        )
     assert histories[0] == pytest.approx(histories[1], abs=1e-12)  # accumlib logs the true loss, whatever k
-
 
 
 def test_zeroing_at_the_start_of_each_cycle_is_not_a_bug():
@@ -278,15 +327,36 @@ def test_zeroing_at_the_start_of_each_cycle_is_not_a_bug():
     for at_start in (False, True):
         model = models.mlp(dtype=torch.float64)
         steps = []
-        pitfalls.classic_train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                               accum_steps=3, epochs=2, last_cycle="weighted", zero_at_cycle_start=at_start,
-                               on_step=steps.append)
+        pitfalls.classic_train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            epochs=2,
+            last_cycle="weighted",
+            zero_at_cycle_start=at_start,
+            on_step=steps.append,
+        )
         runs.append((model, steps))
     (after, steps_after), (start, steps_start) = runs
     assert accumlib.parameter_gap(after, start) == 0 and steps_after == steps_start and len(steps_after) == 8
     with pytest.raises(ValueError, match="nothing can leak into it"):
-        pitfalls.classic_train(models.mlp(dtype=torch.float64), (X, y), torch.optim.SGD(models.mlp().parameters()),
-                               micro_batch_size=4, accum_steps=3, zero_at_cycle_start=True, last_cycle="leak")
+        pitfalls.classic_train(
+            models.mlp(dtype=torch.float64),
+            (X, y),
+            torch.optim.SGD(models.mlp().parameters()),
+            micro_batch_size=4,
+            accum_steps=3,
+            zero_at_cycle_start=True,
+            last_cycle="leak",
+        )
     with pytest.raises(TypeError, match="zero_at_cycle_start must be True or False"):
-        pitfalls.classic_train(models.mlp(dtype=torch.float64), (X, y), torch.optim.SGD(models.mlp().parameters()),
-                               micro_batch_size=4, accum_steps=3, zero_at_cycle_start=1)
+        pitfalls.classic_train(
+            models.mlp(dtype=torch.float64),
+            (X, y),
+            torch.optim.SGD(models.mlp().parameters()),
+            micro_batch_size=4,
+            accum_steps=3,
+            zero_at_cycle_start=1,
+        )

@@ -1,5 +1,6 @@
 """Figures: Hindi text renders with a Devanagari font (no missing glyphs), Latin text keeps its usual font, every
 fixed label goes through the catalogue, axes are labelled and every figure has alt text."""
+
 import gettext
 from pathlib import Path
 import re
@@ -53,6 +54,7 @@ def test_without_the_fallback_the_same_figure_misses_glyphs(devanagari, monkeypa
 
 def test_latin_text_keeps_its_usual_font(devanagari, monkeypatch):
     """An English figure drawn with the Devanagari fallback is pixel for pixel the figure drawn without it."""
+
     def pixels():
         figure = plots.loss_curves({"one batch of 32": CURVE, "4 micro-batches of 8": CURVE}, "The same title", "alt")
         with plots.drawing():
@@ -115,8 +117,9 @@ def test_a_hindi_figure_renders_with_the_systems_fonts_hidden(tmp_path):
     out = Path(__file__).resolve().parents[2] / "build" / "screenshots" / "hindi-figure-no-system-font.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MPLCONFIGDIR=str(tmp_path / "mplconfig"), PYTHONPATH=str(Path(plots.__file__).parents[2]))
-    run = subprocess.run([sys.executable, "-c", HIDDEN_SYSTEM_FONTS, str(out)], env=env, capture_output=True,
-                         text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, "-c", HIDDEN_SYSTEM_FONTS, str(out)], env=env, capture_output=True, text=True, timeout=240
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert not [name for name in result["before"] if "Devanagari" in name]  # the hiding worked
@@ -131,7 +134,7 @@ def test_fixed_labels_come_from_the_catalogue(monkeypatch):
             return "".join(p if p.startswith("{") else p.upper() for p in re.split(r"(\{[^}]*\})", message))
 
     monkeypatch.setattr(i18n, "catalogue", lambda code: Upper())
-    figure = plots.memory_stack({"a": {"parameters": 2 ** 20, "other": 2 ** 19}}, "T", "alt", budget_bytes=2 ** 20)
+    figure = plots.memory_stack({"a": {"parameters": 2**20, "other": 2**19}}, "T", "alt", budget_bytes=2**20)
     ax = figure.figure.axes[0]
     assert ax.get_ylabel() == "PEAK MEMORY (MIB)"
     assert {t.get_text() for t in ax.get_legend().get_texts()} == {"PARAMETERS", "OTHER", "CARD BUDGET (1.00 MIB)"}
@@ -139,13 +142,16 @@ def test_fixed_labels_come_from_the_catalogue(monkeypatch):
 
 def test_every_figure_has_labelled_axes_with_units_alt_text_and_a_wrapped_title():
     long_title = "A title that states a measured finding and runs on for longer than one line of the figure can hold"
-    figures = [plots.loss_curves({"a": CURVE}, long_title, "alt 1"),
-               plots.memory_by_batch([1, 2, 4], [10, 20, 40], 30, long_title, "alt 2"),
-               plots.memory_stack({"a": {"parameters": 1, "other": 2}}, long_title, "alt 3"),
-               plots.bars(["a", "b"], [1, 2], "ratio (x)", long_title, "alt 4", reference=1.0),
-               plots.deviation_bars({"mean": {"layer 1": 0.1}, "variance": {"layer 1": 0.2}}, "deviation (relative)",
-                                    long_title, "alt 5"),
-               plots.lines({"a": ([1, 2], [3, 4])}, "step", "learning rate", long_title, "alt 6")]
+    figures = [
+        plots.loss_curves({"a": CURVE}, long_title, "alt 1"),
+        plots.memory_by_batch([1, 2, 4], [10, 20, 40], 30, long_title, "alt 2"),
+        plots.memory_stack({"a": {"parameters": 1, "other": 2}}, long_title, "alt 3"),
+        plots.bars(["a", "b"], [1, 2], "ratio (x)", long_title, "alt 4", reference=1.0),
+        plots.deviation_bars(
+            {"mean": {"layer 1": 0.1}, "variance": {"layer 1": 0.2}}, "deviation (relative)", long_title, "alt 5"
+        ),
+        plots.lines({"a": ([1, 2], [3, 4])}, "step", "learning rate", long_title, "alt 6"),
+    ]
     for i, figure in enumerate(figures, 1):
         ax = figure.figure.axes[0]
         assert "(" in ax.get_ylabel() or ax.get_ylabel() == "learning rate"
@@ -157,9 +163,15 @@ def test_every_figure_has_labelled_axes_with_units_alt_text_and_a_wrapped_title(
 
 
 def test_a_diverging_curve_on_a_log_axis_keeps_its_gaps_and_plain_tick_labels():
-    figure = plots.loss_curves({"reference": CURVE, "diverging": {"samples_seen": [32, 64, 96, 128],
-                                                                  "loss": [2.3, 40.0, float("inf"), float("nan")]}},
-                               "title", "alt", logy=True)
+    figure = plots.loss_curves(
+        {
+            "reference": CURVE,
+            "diverging": {"samples_seen": [32, 64, 96, 128], "loss": [2.3, 40.0, float("inf"), float("nan")]},
+        },
+        "title",
+        "alt",
+        logy=True,
+    )
     ax = figure.figure.axes[0]
     assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel().replace("\n", " ")
     assert np.isnan(ax.get_lines()[1].get_ydata()[2:]).all()
@@ -177,8 +189,11 @@ def drawn_text_boxes(figure):
     figure.png()
     ax = figure.figure.axes[0]
     renderer = figure.figure.canvas.get_renderer()
-    ticks = [t.get_window_extent(renderer) for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
-             if t.get_visible() and t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    ticks = [
+        t.get_window_extent(renderer)
+        for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
+        if t.get_visible() and t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]
+    ]
     return ax.yaxis.label.get_window_extent(renderer), ticks
 
 
@@ -190,18 +205,25 @@ def test_a_log_axis_label_and_its_tick_labels_do_not_overlap(language):
     i18n.set_language(language)
     try:
         label = i18n._("deviation from the whole batch (relative)")
-        figure = plots.lines({"a": ([4, 64], [0.077, 0.024]), "b": ([4, 64], [0.030, 0.010])},
-                             i18n._("micro-batch size (samples)"), label, "title", "alt", logy=True)
+        figure = plots.lines(
+            {"a": ([4, 64], [0.077, 0.024]), "b": ([4, 64], [0.030, 0.010])},
+            i18n._("micro-batch size (samples)"),
+            label,
+            "title",
+            "alt",
+            logy=True,
+        )
     finally:
         i18n.set_language("en")
     ylabel, ticks = drawn_text_boxes(figure)
     assert len(ticks) >= 2, "the axis needs at least two labelled ticks to be read"
     assert not [t for t in ticks if overlaps(ylabel, t)], f"the y label {label!r} overlaps a tick label"
-    assert not [(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1:] if overlaps(a, b)]
+    assert not [(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :] if overlaps(a, b)]
 
 
-@pytest.mark.parametrize("version, language, warns", [("3.10.0", "hi", True), ("3.10.0", "en", False),
-                                                      ("3.11.2", "hi", False)])
+@pytest.mark.parametrize(
+    "version, language, warns", [("3.10.0", "hi", True), ("3.10.0", "en", False), ("3.11.2", "hi", False)]
+)
 def test_hindi_figures_on_a_matplotlib_that_cannot_shape_say_how_to_fix_it(monkeypatch, version, language, warns):
     """Colab's matplotlib 3.10 draws Devanagari unjoined (its matras and conjuncts apart: looked at, 3.10.0 against
     3.11.2); the lessons otherwise work with it, so a Hindi course warns once, in Hindi, with the command and the
@@ -251,24 +273,36 @@ def lesson_figures(monkeypatch) -> list:
     made = []
     for module in (show_batchnorm, large_batch, show_memory, show_time):
         monkeypatch.setattr(module, "figure", lambda plot: made.append(plot) or plot)
-    for dashboard in (widgets.LossDashboard(samples=256, epochs=1), widgets.MemoryDashboard(),
-                      widgets.BatchNormDashboard()):
+    for dashboard in (
+        widgets.LossDashboard(samples=256, epochs=1),
+        widgets.MemoryDashboard(),
+        widgets.BatchNormDashboard(),
+    ):
         made += dashboard.compute(dashboard.current_settings(), _Job())[0]
     digits = data.digits()
     X, _y = data.digits(256)
-    show_batchnorm.deviation({m: batchnorm.micro_batch_deviation(models.cnn(norm="batch"), X[:64], m)
-                              for m in (4, 16, 64)}, batch=64)
+    show_batchnorm.deviation(
+        {m: batchnorm.micro_batch_deviation(models.cnn(norm="batch"), X[:64], m) for m in (4, 16, 64)}, batch=64
+    )
     reports = [memory.measure_step(models.cnn(), *memory.batch_of(digits, size)) for size in (8, 16, 32, 64)]
     large_batch.memory_by_batch(reports, (reports[1].peak + reports[2].peak) // 2)
     flat = data.digits(64, flat=True)
     runs = {}
     for size in (4, 32):
         model = models.mlp(seed=0)
-        runs[size] = train(model, flat, torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=size,
-                           accum_steps=1, epochs=2, measure_memory=False)
+        runs[size] = train(
+            model,
+            flat,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=size,
+            accum_steps=1,
+            epochs=2,
+            measure_memory=False,
+        )
     large_batch.compare_batches(runs)
-    show_memory.categories([memory.measure_step(models.cnn(), X[:m], _y[:m], accum_steps=64 // m, fake=True)
-                            for m in (64, 32, 16, 8, 4)])  # lesson 5's five splits of 64: five labelled bars
+    show_memory.categories(
+        [memory.measure_step(models.cnn(), X[:m], _y[:m], accum_steps=64 // m, fake=True) for m in (64, 32, 16, 8, 4)]
+    )  # lesson 5's five splits of 64: five labelled bars
     decomposition = timing.decompose_time(models.cnn(), data.digits(64), accum_steps=(1, 4, 16), repeats=1, warmup=0)
     show_time.passes(decomposition)  # layout only: the measured times differ from run to run, the checks do not
     return made
@@ -280,8 +314,13 @@ def drawn_texts(plot) -> dict[str, object]:
     figure = plot.figure
     renderer = figure.canvas.get_renderer()
     ax = figure.axes[0]
-    texts = {"title": ax.title, "x label": ax.xaxis.label, "y label": ax.yaxis.label,
-             "x offset": ax.xaxis.offsetText, "y offset": ax.yaxis.offsetText}
+    texts = {
+        "title": ax.title,
+        "x label": ax.xaxis.label,
+        "y label": ax.yaxis.label,
+        "x offset": ax.xaxis.offsetText,
+        "y offset": ax.yaxis.offsetText,
+    }
     if ax.get_legend() is not None:
         texts |= {f"legend {i}": t for i, t in enumerate(ax.get_legend().get_texts())}
     for name, axis, limits, coordinate in (("x", ax.xaxis, ax.get_xlim(), 0), ("y", ax.yaxis, ax.get_ylim(), 1)):
@@ -293,8 +332,7 @@ def drawn_texts(plot) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("language", ["en", "hi"])
-def test_every_text_of_a_lesson_figure_is_inside_it_apart_from_the_rest_and_legible_on_a_phone(language,
-                                                                                            monkeypatch):
+def test_every_text_of_a_lesson_figure_is_inside_it_apart_from_the_rest_and_legible_on_a_phone(language, monkeypatch):
     """Each figure as the lessons and the dashboards draw it from measured data, in both editions (Hindi strings are
     longer): every text (title, axis labels, tick labels, legend) lies inside the figure, no two overlap, the legend
     covers no line or bar (it sits outside the axes), and the smallest text, scaled down to the narrowest box a
@@ -308,12 +346,14 @@ def test_every_text_of_a_lesson_figure_is_inside_it_apart_from_the_rest_and_legi
             boxes = drawn_texts(plot)
             assert {"title", "y label"} <= set(boxes) and any("tick" in name for name in boxes), where
             whole = plot.figure.bbox
-            outside = [name for name, b in boxes.items()
-                       if b.x0 < whole.x0 - 0.5 or b.y0 < whole.y0 - 0.5 or b.x1 > whole.x1 + 0.5
-                       or b.y1 > whole.y1 + 0.5]
+            outside = [
+                name
+                for name, b in boxes.items()
+                if b.x0 < whole.x0 - 0.5 or b.y0 < whole.y0 - 0.5 or b.x1 > whole.x1 + 0.5 or b.y1 > whole.y1 + 0.5
+            ]
             assert outside == [], (where, outside)
             names = list(boxes)
-            crossing = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if overlaps(boxes[a], boxes[b])]
+            crossing = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if overlaps(boxes[a], boxes[b])]
             assert crossing == [], (where, crossing)
             legend = plot.figure.axes[0].get_legend()
             if legend is not None:

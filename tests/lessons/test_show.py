@@ -1,4 +1,5 @@
 """accumlib.lessons.show: the shared text tables line up in Hindi as in English; topics load on first use."""
+
 import pytest
 
 from accumlib.lessons import show
@@ -9,8 +10,9 @@ def test_table_columns_line_up_by_display_width_in_devanagari():
     text = _format.table(["batch", "हिस्सा"], [["8", "ज़्यादा"], ["128", "कम"]])
     lines = text.splitlines()
     # every line's second column starts at the same display column
-    starts = [_format.width(line[:line.index(cell)])
-              for line, cell in zip(lines, ["हिस्सा", "ज़्यादा", "कम"], strict=True)]
+    starts = [
+        _format.width(line[: line.index(cell)]) for line, cell in zip(lines, ["हिस्सा", "ज़्यादा", "कम"], strict=True)
+    ]
     assert len(set(starts)) == 1
     assert lines[1].startswith("    8") and lines[2].startswith("  128")  # numbers right-aligned
     assert _format.width("ज़्यादा") == 5  # ज ़ ् य ा द ा: the nukta and the virama take no column, the ा signs do
@@ -32,8 +34,10 @@ def test_every_table_is_shown_as_html_with_its_text_as_before(capsys, monkeypatc
     exactly as it was printed before (nbval compares it); English and Hindi alike."""
     shown = []
     monkeypatch.setattr(_format, "display", shown.append)
-    for header, rows in ((["split", "peak (bytes)"], [["8 × 4", "310,944"], ["32 × 1", "986,204"]]),
-                         (["बँटवारा", "peak (bytes)"], [["8 × 4", "310,944"], ["एक batch", "986,204"]])):
+    for header, rows in (
+        (["split", "peak (bytes)"], [["8 × 4", "310,944"], ["32 × 1", "986,204"]]),
+        (["बँटवारा", "peak (bytes)"], [["8 × 4", "310,944"], ["एक batch", "986,204"]]),
+    ):
         text = _format.print_table(header, rows)
         assert capsys.readouterr().out == "" and len(shown) == 1
         view = shown.pop()

@@ -1,6 +1,7 @@
 """accumlib.lessons.show.batchnorm (lesson 7): every finding's wording follows the measurement it is given; measured
 on small runs of the lesson's BatchNorm CNN, and on hand-made results where a branch needs data the CNN does not
 give."""
+
 import dataclasses
 
 import pytest
@@ -32,11 +33,15 @@ def test_deviation_does_not_claim_a_difference_it_did_not_measure(capsys):
 
 def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale(capsys):
     net = models.cnn(norm="batch")
-    gaps = {name: accumlib.gradient_gap(model, torch.nn.functional.cross_entropy, X[:64], Y[:64], 8)
-            for name, model in (("BatchNorm", net), ("GroupNorm", batchnorm.to_groupnorm(net)))}
+    gaps = {
+        name: accumlib.gradient_gap(model, torch.nn.functional.cross_entropy, X[:64], Y[:64], 8)
+        for name, model in (("BatchNorm", net), ("GroupNorm", batchnorm.to_groupnorm(net)))
+    }
     size = batchnorm_lab.gradient_size(net, torch.nn.functional.cross_entropy, X[:64], Y[:64])
     assert show.gradient_gaps(gaps, micro_batch_size=8, accum_steps=8, gradient_size=size) == {
-        "BatchNorm": False, "GroupNorm": True}
+        "BatchNorm": False,
+        "GroupNorm": True,
+    }
     out = capsys.readouterr().out
     assert f"one batch of 64, whose largest entry is {size:.3f}:" in out
     assert "GroupNorm: below 1e-05: accumulation is exact up to float32 rounding." in out
@@ -48,24 +53,32 @@ def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale
 @pytest.fixture(scope="module")
 def splits():
     X64, Y64 = data.digits(dtype=torch.float64)
-    return batchnorm_lab.compare_micro_batches(models.cnn(norm="batch", seed=1, dtype=torch.float64),
-                                               (X64[:256], Y64[:256]), (X64[1024:1280], Y64[1024:1280]),
-                                               effective_batch=32, micro_batch_sizes=(2, 32), epochs=1, updates=50)
+    return batchnorm_lab.compare_micro_batches(
+        models.cnn(norm="batch", seed=1, dtype=torch.float64),
+        (X64[:256], Y64[:256]),
+        (X64[1024:1280], Y64[1024:1280]),
+        effective_batch=32,
+        micro_batch_sizes=(2, 32),
+        epochs=1,
+        updates=50,
+    )
 
 
 def test_micro_batches_print_the_confound_the_table_and_findings_that_follow_the_numbers(splits, capsys):
     findings = show.micro_batches(splits)
     out = capsys.readouterr().out
-    assert ("Training updated the running statistics once per micro-batch: 128 times at 2 × 16, 8 times at "
-            "32 × 1.") in out
-    assert f"after 50 updates a running average has moved {1 - 0.9 ** 50:.3%} of the way" in out
+    assert (
+        "Training updated the running statistics once per micro-batch: 128 times at 2 × 16, 8 times at 32 × 1."
+    ) in out
+    assert f"after 50 updates a running average has moved {1 - 0.9**50:.3%} of the way" in out
     errors = [o.settled.statistics_error_total for o in splits.batchnorm]
     assert findings.noisiest_smallest == (errors[0] == max(errors))
     losses = [o.reestimated.loss for o in splits.batchnorm]
     assert findings.loss_falls_with_size == (losses[0] >= losses[1])
     assert findings.reestimate_kept_weights and findings.groupnorm_exact
-    assert findings.reestimate_helped == [o.micro_batch_size for o in splits.batchnorm
-                                          if o.reestimated.loss < o.settled.loss]
+    assert findings.reestimate_helped == [
+        o.micro_batch_size for o in splits.batchnorm if o.reestimated.loss < o.settled.loss
+    ]
     assert "none kept" in out and f"Lowest held-out loss: {findings.best}," in out
 
 
@@ -80,8 +93,11 @@ def test_on_the_lessons_digits_the_smallest_micro_batch_trains_the_worst_weights
 
 def test_micro_batches_do_not_claim_noise_or_a_trend_they_did_not_measure(splits, capsys):
     small, large = splits.batchnorm
-    quiet = dataclasses.replace(small, settled=dataclasses.replace(small.settled, statistics_error=[]),
-                                reestimated=dataclasses.replace(small.reestimated, loss=large.reestimated.loss - 1))
+    quiet = dataclasses.replace(
+        small,
+        settled=dataclasses.replace(small.settled, statistics_error=[]),
+        reestimated=dataclasses.replace(small.reestimated, loss=large.reestimated.loss - 1),
+    )
     findings = show.micro_batches(dataclasses.replace(splits, batchnorm=[quiet, large]))
     out = capsys.readouterr().out
     assert not findings.noisiest_smallest and "are not the furthest" in out
@@ -109,10 +125,14 @@ def test_a_brief_deviation_keeps_the_finding_and_the_figure_without_the_table(ca
 
 def _with_values(splits, errors, losses):
     """`splits` with its BatchNorm rows' statistics error (one layer, mean only) and re-estimated loss replaced."""
-    rows = [dataclasses.replace(o, settled=dataclasses.replace(
-                o.settled, statistics_error=[batchnorm.LayerDeviation("1", e, 0.0)]),
-                reestimated=dataclasses.replace(o.reestimated, loss=loss))
-            for o, e, loss in zip(splits.batchnorm, errors, losses, strict=True)]
+    rows = [
+        dataclasses.replace(
+            o,
+            settled=dataclasses.replace(o.settled, statistics_error=[batchnorm.LayerDeviation("1", e, 0.0)]),
+            reestimated=dataclasses.replace(o.reestimated, loss=loss),
+        )
+        for o, e, loss in zip(splits.batchnorm, errors, losses, strict=True)
+    ]
     return dataclasses.replace(splits, batchnorm=rows)
 
 
@@ -125,10 +145,11 @@ def test_over_seeds_calls_a_difference_a_finding_only_when_every_seed_agrees(spl
     assert "0.120 ± 0.014" in out and "0.340 ± 0.014" in out  # seed 1 and 2's mean ± standard deviation at 2 × 16
     error, loss = found
     assert (error.quantity, error.smaller, error.larger, error.same_sign) == ("statistics error", 2, 32, True)
-    assert error.mean == pytest.approx(0.065) and error.spread == pytest.approx(0.005 * 2 ** 0.5)
+    assert error.mean == pytest.approx(0.065) and error.spread == pytest.approx(0.005 * 2**0.5)
     assert (loss.quantity, loss.same_sign) == ("re-estimated loss", True) and loss.mean == pytest.approx(0.035)
-    assert ("statistics error, 2 × 16 minus 32 × 1: +0.065 ± 0.007, the same sign in all 2 seeds: 2 × 16 is "
-            "higher.") in out
+    assert (
+        "statistics error, 2 × 16 minus 32 × 1: +0.065 ± 0.007, the same sign in all 2 seeds: 2 × 16 is higher."
+    ) in out
     split_seeds = {**agree, 3: _with_values(splits, [0.05, 0.06], [0.29, 0.30])}
     found = show.over_seeds(split_seeds)
     out = capsys.readouterr().out

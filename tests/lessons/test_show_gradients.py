@@ -1,6 +1,7 @@
 """accumlib.lessons.show.gradients (lesson 2): what an accumulated gradient is called follows what it measures: equal
 to the full-batch gradient, a multiple of it, or neither; gradient_gap's table; SGD against Adam without the
 division."""
+
 import pytest
 import torch
 
@@ -49,8 +50,10 @@ def test_compare_refuses_gradients_of_another_model(full_batch):
 
 
 def test_gap_table_sees_k_times_the_gradient_only_where_accumulation_is_exact(model, full_batch, capsys):
-    gaps = {k: {n: accumlib.gradient_gap(model, LOSS, X, Y, accum_steps=k, normalize=n) for n in ("steps", "none")}
-            for k in (2, 4, 8)}
+    gaps = {
+        k: {n: accumlib.gradient_gap(model, LOSS, X, Y, accum_steps=k, normalize=n) for n in ("steps", "none")}
+        for k in (2, 4, 8)
+    }
     assert gradients.gap_table(gaps, full_batch) is True
     out = capsys.readouterr().out
     assert "every gap is float rounding" in out and "each gap is accum_steps - 1 times" in out
@@ -61,8 +64,10 @@ def test_gap_table_sees_k_times_the_gradient_only_where_accumulation_is_exact(mo
     digits = data.digits(32, dtype=torch.float64)
     batchnorm = models.cnn(norm="batch", dtype=torch.float64)
     full = torch.autograd.grad(LOSS(batchnorm(digits[0]), digits[1]), list(batchnorm.parameters()))
-    gaps = {k: {n: accumlib.gradient_gap(batchnorm, LOSS, *digits, accum_steps=k, normalize=n)
-                for n in ("steps", "none")} for k in (2, 4)}
+    gaps = {
+        k: {n: accumlib.gradient_gap(batchnorm, LOSS, *digits, accum_steps=k, normalize=n) for n in ("steps", "none")}
+        for k in (2, 4)
+    }
     assert gradients.gap_table(gaps, full) is False
     out = capsys.readouterr().out
     assert "some gaps are larger than float rounding" in out and "not all accum_steps - 1 times" in out

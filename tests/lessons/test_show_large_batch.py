@@ -1,5 +1,6 @@
 """accumlib.lessons.show.large_batch (lesson 1): the findings follow the measurements: which run wins per step and per
 sample, from which batch size on a step does not fit, what each step of an accumulating run really held."""
+
 import dataclasses
 import itertools
 
@@ -18,8 +19,15 @@ def histories(lr: float, sizes=(4, 32), epochs: int = 2) -> dict:
     runs = {}
     for size in sizes:
         model = models.mlp(seed=0)
-        runs[size] = accumlib.train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=lr), micro_batch_size=size,
-                                    accum_steps=1, epochs=epochs, measure_memory=False)
+        runs[size] = accumlib.train(
+            model,
+            (X, Y),
+            torch.optim.SGD(model.parameters(), lr=lr),
+            micro_batch_size=size,
+            accum_steps=1,
+            epochs=epochs,
+            measure_memory=False,
+        )
     return runs
 
 
@@ -84,8 +92,12 @@ def test_memory_finding_when_everything_or_nothing_fits(reports, capsys):
 
 def test_memory_finding_claims_no_threshold_when_the_peaks_do_not_grow(reports, capsys):
     # a size that fits after one that does not (peaks swapped): no "from N samples on"
-    swapped = [reports[0], dataclasses.replace(reports[1], peak=reports[3].peak), reports[2],
-               dataclasses.replace(reports[3], peak=reports[1].peak)]
+    swapped = [
+        reports[0],
+        dataclasses.replace(reports[1], peak=reports[3].peak),
+        reports[2],
+        dataclasses.replace(reports[3], peak=reports[1].peak),
+    ]
     found = large_batch.memory_by_batch(swapped, (reports[1].peak + reports[2].peak) // 2)
     out = capsys.readouterr().out
     assert found.fitting == [8, 64] and found.first_too_large is None
@@ -95,8 +107,14 @@ def test_memory_finding_claims_no_threshold_when_the_peaks_do_not_grow(reports, 
 def test_accumulated_reports_what_each_step_held_and_its_peak(capsys):
     digits = data.digits(100)
     model = models.cnn()
-    history = accumlib.train(model, digits, torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=8,
-                             accum_steps=4, measure_memory=True)
+    history = accumlib.train(
+        model,
+        digits,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=8,
+        accum_steps=4,
+        measure_memory=True,
+    )
     peak = max(r.peak_memory_bytes for r in history)
     assert large_batch.accumulated(history, peak) == [(3, 32, 4), (1, 4, 1)]
     out = capsys.readouterr().out
@@ -104,8 +122,14 @@ def test_accumulated_reports_what_each_step_held_and_its_peak(capsys):
     assert f"{peak:,} bytes, stays within" in out
     large_batch.accumulated(history, peak - 1)
     assert "is more than the" in capsys.readouterr().out
-    unmeasured = accumlib.train(model, digits, torch.optim.SGD(model.parameters(), lr=0.05),
-                                micro_batch_size=8, accum_steps=4, measure_memory=False)
+    unmeasured = accumlib.train(
+        model,
+        digits,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=8,
+        accum_steps=4,
+        measure_memory=False,
+    )
     with pytest.raises(ValueError, match="measure_memory=True"):
         large_batch.accumulated(unmeasured, peak)
 
@@ -121,8 +145,14 @@ def test_brief_findings_leave_out_the_tables_and_keep_the_findings(reports, caps
     assert brief.fitting == full.fitting and brief.plot.alt == full.plot.alt
     digits = data.digits(64)
     model = models.cnn()
-    history = accumlib.train(model, digits, torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=8,
-                             accum_steps=4, measure_memory=True)
+    history = accumlib.train(
+        model,
+        digits,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=8,
+        accum_steps=4,
+        measure_memory=True,
+    )
     assert large_batch.accumulated(history, 2**30, brief=True) == [(2, 32, 4)]
     out = capsys.readouterr().out
     assert "samples per step" not in out and out.startswith("2 optimizer steps for 64 samples.\nThe peak memory")

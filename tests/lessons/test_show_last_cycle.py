@@ -1,5 +1,6 @@
 """accumlib.lessons.show.last_cycle (lesson 4): the weights of a short last cycle, which treatments of it match one
 batch per cycle, and the weight of a token in a mean of means against a count over the cycle, all as measured."""
+
 import pytest
 import torch
 
@@ -20,19 +21,23 @@ def test_weights_of_the_short_last_cycle(capsys):
     cycles = last_cycle.weights(sizes, accum_steps=3)
     out = capsys.readouterr().out
     assert cycles[-1] == [2] and len(cycles) == 5
-    assert ("50 samples in micro-batches of at most 4: 13 micro-batches. They make 5 cycles of up to 3 "
-            "micro-batches.") in out
+    assert (
+        "50 samples in micro-batches of at most 4: 13 micro-batches. They make 5 cycles of up to 3 micro-batches."
+    ) in out
     assert "\n    5              1        2  1/3                          1\n" in out
-    assert ("its step gets 33% of the gradient one batch of those 2 samples gives; weighted by their samples, "
-            "100%.") in out
+    assert (
+        "its step gets 33% of the gradient one batch of those 2 samples gives; weighted by their samples, 100%."
+    ) in out
     last_cycle.weights([4, 4, 4, 4, 2], accum_steps=3)  # a last cycle of 4 and 2 samples: 4/6 and 2/6 of it
     out = capsys.readouterr().out
     assert "1/3, 1/3, 1/3" in out and "2/3, 1/3" in out and "its step gets 67% of the gradient" in out
     last_cycle.weights([4] * 9, accum_steps=3)
     assert "Every cycle is full" in capsys.readouterr().out
     last_cycle.weights([3], accum_steps=3)  # one micro-batch: singular, not "1 micro-batches, 1 cycles"
-    assert ("3 samples in micro-batches of at most 3: 1 micro-batch. They make 1 cycle of up to 3 micro-batches."
-            in capsys.readouterr().out)
+    assert (
+        "3 samples in micro-batches of at most 3: 1 micro-batch. They make 1 cycle of up to 3 micro-batches."
+        in capsys.readouterr().out
+    )
     with pytest.raises(ValueError, match="sizes must list the samples of each micro-batch"):
         last_cycle.weights([4, 0], accum_steps=3)
 
@@ -44,18 +49,29 @@ def test_last_cycles_finds_only_the_weighted_loops_exact(capsys):
     for treatment in pitfalls.LAST_CYCLE_CHOICES:
         model, optimizer = fresh()
         steps = []
-        pitfalls.classic_train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3, epochs=2,
-                               last_cycle=treatment, on_step=steps.append)
+        pitfalls.classic_train(
+            model,
+            (X, Y),
+            optimizer,
+            micro_batch_size=4,
+            accum_steps=3,
+            epochs=2,
+            last_cycle=treatment,
+            on_step=steps.append,
+        )
         runs[treatment] = (model, steps)
     model, optimizer = fresh()
-    history = accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3, epochs=2,
-                             measure_memory=False)
+    history = accumlib.train(
+        model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3, epochs=2, measure_memory=False
+    )
     gaps = last_cycle.last_cycles(runs, reference, library=(model, history))
     out = capsys.readouterr().out
     assert max(gaps["weighted"], gaps["accumlib.train"]) <= last_cycle.ROUNDING
     assert min(gaps[name] for name in pitfalls.LAST_CYCLE) > 1e-3
-    assert f"Only weighted and accumlib.train give the weights of training with one batch per cycle, up to rounding " \
-           f"(at most {last_cycle.ROUNDING:.1e})" in out
+    assert (
+        f"Only weighted and accumlib.train give the weights of training with one batch per cycle, up to rounding "
+        f"(at most {last_cycle.ROUNDING:.1e})" in out
+    )
     # their rows print the rounding bound, not the rounding's digits (those change with the CPU and the threads)
     assert out.count(f"< {last_cycle.ROUNDING:.1e}") == sum(gaps[name] <= last_cycle.ROUNDING for name in gaps)
     assert "\nleak                           8  3, 4  " in out  # the leaked tail makes a step of 4 micro-batches
@@ -82,17 +98,26 @@ def test_tokens_compares_each_normalisation_with_the_reference(capsys):
 
     def run(micro_batch_size, accum_steps, **loss):
         model = models.sequence_model(dtype=torch.float64)
-        accumlib.train(model, (tokens, targets), torch.optim.SGD(model.parameters(), lr=0.5),
-                       micro_batch_size=micro_batch_size, accum_steps=accum_steps, measure_memory=False, **loss)
+        accumlib.train(
+            model,
+            (tokens, targets),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=micro_batch_size,
+            accum_steps=accum_steps,
+            measure_memory=False,
+            **loss,
+        )
         return model
 
-    by_tokens = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count",
-                     count=data.count_tokens)
-    gaps = last_cycle.tokens({"mean": run(4, 3, loss_fn=models.token_loss_mean), "count": run(4, 3, **by_tokens)},
-                             run(12, 1, **by_tokens))
+    by_tokens = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", normalize="count", count=data.count_tokens)
+    gaps = last_cycle.tokens(
+        {"mean": run(4, 3, loss_fn=models.token_loss_mean), "count": run(4, 3, **by_tokens)}, run(12, 1, **by_tokens)
+    )
     out = capsys.readouterr().out
     assert gaps["count"] <= last_cycle.ROUNDING < 1e-4 < gaps["mean"]
     assert f"mean of micro-batch means: off by up to {gaps['mean']:.1e}." in out
-    assert f"sum / tokens in the cycle: the weights of one batch per cycle, up to rounding (at most " \
-           f"{last_cycle.ROUNDING:.1e})." in out
+    assert (
+        f"sum / tokens in the cycle: the weights of one batch per cycle, up to rounding (at most "
+        f"{last_cycle.ROUNDING:.1e})." in out
+    )
     assert f"< {last_cycle.ROUNDING:.1e}" in out and f"{gaps['mean']:.1e}" in out.splitlines()[1]

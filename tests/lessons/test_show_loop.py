@@ -1,5 +1,6 @@
 """accumlib.lessons.show.loop (lesson 3): the findings follow the runs: the same weights or not, what a misplaced line
 did, and which micro-batches a step condition steps after."""
+
 import pytest
 import torch
 
@@ -25,8 +26,7 @@ def library():
 def classic(**mistake):
     model, optimizer = fresh()
     steps = []
-    pitfalls.classic_train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3, on_step=steps.append,
-                           **mistake)
+    pitfalls.classic_train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3, on_step=steps.append, **mistake)
     return model, steps
 
 
@@ -36,16 +36,23 @@ def test_same_weights_says_equal_only_when_they_are(library, capsys):
     same = loop.same_weights(hand, model, history)
     assert same <= loop.ROUNDING
     out = capsys.readouterr().out
-    assert ("end with exactly the same weights, bit for bit" if same == 0 else "end with the same weights: they "
-            "differ by at most") in out and "4 optimizer steps, each of 3 micro-batches and 12 samples" in out
+    assert (
+        "end with exactly the same weights, bit for bit"
+        if same == 0
+        else "end with the same weights: they differ by at most"
+    ) in out and "4 optimizer steps, each of 3 micro-batches and 12 samples" in out
     other, _ = fresh()
     gap = loop.same_weights(other, model, history)
     assert gap > 1e-3 and f"different weights: they differ by up to {gap:.2e}" in capsys.readouterr().out
 
 
 def test_misplaced_names_what_each_mistake_did(library, capsys):
-    runs = {"": classic(), "zero_every_micro_batch": classic(zero_every_micro_batch=True),
-            "step_every_micro_batch": classic(step_every_micro_batch=True), "divide": classic(divide=False)}
+    runs = {
+        "": classic(),
+        "zero_every_micro_batch": classic(zero_every_micro_batch=True),
+        "step_every_micro_batch": classic(step_every_micro_batch=True),
+        "divide": classic(divide=False),
+    }
     gaps = loop.misplaced(runs, library[0], accum_steps=3)
     out = capsys.readouterr().out
     assert gaps[""] <= loop.ROUNDING < 1e-3 < min(gaps[name] for name in runs if name)
@@ -58,12 +65,20 @@ def test_misplaced_names_what_each_mistake_did(library, capsys):
 
 def test_step_schedule_counts_what_each_condition_steps(capsys):
     steps = range(10)
-    held = loop.step_schedule({"(step + 1) % 4 == 0": [s for s in steps if (s + 1) % 4 == 0],
-                               "step % 4 == 0": [s for s in steps if s % 4 == 0]}, 10, 4)
+    held = loop.step_schedule(
+        {
+            "(step + 1) % 4 == 0": [s for s in steps if (s + 1) % 4 == 0],
+            "step % 4 == 0": [s for s in steps if s % 4 == 0],
+        },
+        10,
+        4,
+    )
     out = capsys.readouterr().out
     assert held == {"(step + 1) % 4 == 0": [4, 4], "step % 4 == 0": [1, 4, 4]}
-    assert ("(step + 1) % 4 == 0: the last 2 micro-batches get no step in this epoch: they join the next epoch's first "
-            "step (lesson 4); only after the last epoch are they never applied.") in out
+    assert (
+        "(step + 1) % 4 == 0: the last 2 micro-batches get no step in this epoch: they join the next epoch's first "
+        "step (lesson 4); only after the last epoch are they never applied."
+    ) in out
     assert "step % 4 == 0: the first step comes after 1 micro-batch, not 4." in out
     assert "step % 4 == 0: the last micro-batch gets no step in this epoch" in out
     loop.step_schedule({"right": [3, 7, 11]}, 12, 4)

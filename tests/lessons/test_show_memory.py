@@ -1,5 +1,6 @@
 """accumlib.lessons.show.memory (lesson 5): what it says depends on the measured bytes; measured here with the lesson's
 models under FakeTensorMode (the same bytes as the CPU tracker, nothing computed)."""
+
 import pytest
 import torch
 
@@ -13,18 +14,23 @@ XF, YF = data.digits(64, flat=True)
 
 
 def cnn_report(micro_batch_size, accum_steps):
-    return memory.measure_step(models.cnn(), X[:micro_batch_size], Y[:micro_batch_size], accum_steps=accum_steps,
-                               fake=True)
+    return memory.measure_step(
+        models.cnn(), X[:micro_batch_size], Y[:micro_batch_size], accum_steps=accum_steps, fake=True
+    )
 
 
 @pytest.fixture(scope="module")
 def wide_pairs():
     wide = models.wide_mlp()
     pairs = {}
-    for name, optimizer in (("SGD", torch.optim.SGD(wide.parameters(), lr=0.1)),
-                            ("Adam", torch.optim.Adam(wide.parameters()))):
-        pairs[name] = (memory.measure_step(wide, XF, YF, optimizer=optimizer, fake=True),
-                       memory.measure_step(wide, XF[:8], YF[:8], optimizer=optimizer, accum_steps=8, fake=True))
+    for name, optimizer in (
+        ("SGD", torch.optim.SGD(wide.parameters(), lr=0.1)),
+        ("Adam", torch.optim.Adam(wide.parameters())),
+    ):
+        pairs[name] = (
+            memory.measure_step(wide, XF, YF, optimizer=optimizer, fake=True),
+            memory.measure_step(wide, XF[:8], YF[:8], optimizer=optimizer, accum_steps=8, fake=True),
+        )
     return pairs
 
 
@@ -45,7 +51,8 @@ def test_categories_sort_what_shrinks_stays_and_grows_and_say_why_the_gradient_g
     assert "9.8 times smaller, while the micro-batch is 16 times smaller" in out
     assert "Every split peaks during backward()." in out
     assert changes.plot.figure.axes[0].get_title().replace("\n", " ") == (
-        "Effective batch 64: the peak falls from 1.82 MiB at 64 × 1 to 0.19 MiB at 4 × 16")
+        "Effective batch 64: the peak falls from 1.82 MiB at 64 × 1 to 0.19 MiB at 4 × 16"
+    )
     assert "peaks of {:,}, {:,}, {:,} bytes".format(*(r.peak for r in reports)) in changes.plot.alt
 
 
@@ -73,8 +80,9 @@ def test_accumulation_raises_the_sgd_peak_and_barely_moves_the_adam_peak(wide_pa
     assert -1e-3 < adam.change < 0 and adam.accumulated.peak_phase == adam.one_batch.peak_phase == "step"
     assert adam.model_sized_share > 0.999
     out = capsys.readouterr().out
-    assert ("SGD: 8 × 8 peaks 44% higher than 64 × 1. What changed most: incoming gradients, 0 → 16,785,408 "
-            "bytes.") in out
+    assert (
+        "SGD: 8 × 8 peaks 44% higher than 64 × 1. What changed most: incoming gradients, 0 → 16,785,408 bytes."
+    ) in out
     assert "Adam: 8 × 8 peaks 0.014% lower than 64 × 1." in out
     assert "99.998% of the bytes are fixed by the model" in out  # not rounded up to 100.00%
 
@@ -94,12 +102,19 @@ def test_the_plan_is_said_with_the_next_larger_split_that_train_refuses(capsys):
     assert "The next larger micro-batch that divides 256, 16 × 16, would need 542,428 bytes" in out
     assert "has 15 samples, but no whole number of micro-batches of 15 makes 256" in out
     model = models.cnn()
-    history = accumlib.train(model, (data.digits(256)[0], data.digits(256)[1]),
-                             torch.optim.SGD(model.parameters(), lr=0.05), micro_batch_size=8, accum_steps=32,
-                             memory_budget=plan.budget_bytes, measure_memory=False)
+    history = accumlib.train(
+        model,
+        (data.digits(256)[0], data.digits(256)[1]),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        micro_batch_size=8,
+        accum_steps=32,
+        memory_budget=plan.budget_bytes,
+        measure_memory=False,
+    )
     show.trained(history)
-    assert capsys.readouterr().out == ("accumlib.train accepted it: 1 optimizer step of 32 micro-batches, 256 samples "
-                                       "per step.\n")
+    assert capsys.readouterr().out == (
+        "accumlib.train accepted it: 1 optimizer step of 32 micro-batches, 256 samples per step.\n"
+    )
 
 
 def test_a_plan_that_needs_no_accumulation_names_no_larger_split(capsys):

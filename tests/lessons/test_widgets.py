@@ -1,5 +1,6 @@
 """Dashboards driven from pytest: set controls, wait for the runs, check the figures' data, the summary, the record
 of runs, and the Hindi edition (with a fake catalogue that translates every message into Devanagari)."""
+
 import gettext
 import itertools
 import re
@@ -121,18 +122,21 @@ def test_each_switch_takes_the_curve_off_the_full_batch_and_does_nothing_at_accu
 def test_switches_combine_and_switching_back_returns_to_the_full_batch():
     dashboard = widgets.LossDashboard(samples=128, epochs=1)
     dashboard.show()
-    run = settle(dashboard, forget_division=True, zero_every_micro_batch=True, step_every_micro_batch=True,
-                 batchnorm=True)
+    run = settle(
+        dashboard, forget_division=True, zero_every_micro_batch=True, step_every_micro_batch=True, batchnorm=True
+    )
     assert run.outcome == "done" and run.settings["loop"] == "pitfalls.classic_train"
     assert "the loop with your bugs" in list(line_data(dashboard.plots[0]))[1]
-    run = settle(dashboard, forget_division=False, zero_every_micro_batch=False, step_every_micro_batch=False,
-                 batchnorm=False)
+    run = settle(
+        dashboard, forget_division=False, zero_every_micro_batch=False, step_every_micro_batch=False, batchnorm=False
+    )
     assert run.settings["loop"] == "accumlib.train" and "curves equal to within 1e-5: yes" in dashboard.summary
 
 
 def test_a_diverging_loop_is_drawn_on_a_log_scale():
-    dashboard = widgets.LossDashboard(samples=128, epochs=1, lr=2.0, micro_batch_size=4, accum_steps=16,
-                                      forget_division=True)
+    dashboard = widgets.LossDashboard(
+        samples=128, epochs=1, lr=2.0, micro_batch_size=4, accum_steps=16, forget_division=True
+    )
     dashboard.show()
     ax = dashboard.plots[0].figure.axes[0]
     (_, reference), (_, accumulated) = line_data(dashboard.plots[0]).values()
@@ -179,8 +183,11 @@ def test_the_card_slider_redraws_without_measuring_again(memory_dashboard, monke
     measured = []
     monkeypatch.setattr(widgets.memory, "measure_step", lambda *a, **k: measured.append(a) or pytest.fail("measured"))
     settle(memory_dashboard, budget=4.0)
-    assert "does NOT fit" not in memory_dashboard.summary and "both fit the 4.00 MiB card" in \
-        memory_dashboard.plots[0].figure.axes[0].get_title().replace("\n", " ") and not measured
+    assert (
+        "does NOT fit" not in memory_dashboard.summary
+        and "both fit the 4.00 MiB card" in memory_dashboard.plots[0].figure.axes[0].get_title().replace("\n", " ")
+        and not measured
+    )
 
 
 @pytest.mark.parametrize("m, k", MEMORY_COMBINATIONS)
@@ -189,8 +196,9 @@ def test_every_memory_combination_gives_a_figure(memory_dashboard, m, k):
     assert run.outcome == "done" and memory_dashboard.shown == memory_dashboard.current_settings()
     heights = bar_heights(memory_dashboard.plots[0])
     peaks = [sum(h[i] for h in heights.values()) for i in (0, 1)]
-    assert peaks == pytest.approx([memory_dashboard._reports[m, k].peak / plots.MIB,
-                                   memory_dashboard._reports[m * k, 1].peak / plots.MIB])
+    assert peaks == pytest.approx(
+        [memory_dashboard._reports[m, k].peak / plots.MIB, memory_dashboard._reports[m * k, 1].peak / plots.MIB]
+    )
     if k == 1:
         assert peaks[0] == peaks[1]  # one micro-batch per step is the one batch
     assert f"one batch of {m * k}:" in memory_dashboard.summary
@@ -222,8 +230,10 @@ def test_batchnorm_running_statistics_do_not_depend_on_accum_steps(batchnorm_das
     settle(batchnorm_dashboard, accum_steps=9)
     assert bar_heights(batchnorm_dashboard.plots[1]) == first
     collected, reestimated = next(iter(first.values()))
-    assert f"Eval-mode loss on 512 held-out digits: {collected:.3f} with running statistics from micro-batches of 4, " \
-           f"{reestimated:.3f} re-estimated with one batch of 512" in batchnorm_dashboard.summary
+    assert (
+        f"Eval-mode loss on 512 held-out digits: {collected:.3f} with running statistics from micro-batches of 4, "
+        f"{reestimated:.3f} re-estimated with one batch of 512" in batchnorm_dashboard.summary
+    )
     assert 0 < reestimated < 2.3  # better than chance (ln 10) on held-out digits
 
 
@@ -237,10 +247,16 @@ def test_every_batchnorm_combination_gives_figures(batchnorm_dashboard, m, k):
 
 
 # --- what every dashboard does ----------------------------------------------------------------------------------
-DASHBOARDS = {"loss": lambda: widgets.LossDashboard(samples=256, epochs=1),
-              "memory": widgets.MemoryDashboard, "batchnorm": widgets.BatchNormDashboard}
-FINAL = {"loss": dict(micro_batch_size=4, accum_steps=5), "memory": dict(micro_batch_size=32, accum_steps=5),
-         "batchnorm": dict(micro_batch_size=32, accum_steps=5)}
+DASHBOARDS = {
+    "loss": lambda: widgets.LossDashboard(samples=256, epochs=1),
+    "memory": widgets.MemoryDashboard,
+    "batchnorm": widgets.BatchNormDashboard,
+}
+FINAL = {
+    "loss": dict(micro_batch_size=4, accum_steps=5),
+    "memory": dict(micro_batch_size=32, accum_steps=5),
+    "batchnorm": dict(micro_batch_size=32, accum_steps=5),
+}
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
@@ -262,8 +278,27 @@ def test_twenty_rapid_changes_end_with_the_final_settings_and_the_stale_runs_sto
         control(dashboard, key).value = value
     dashboard.wait()
     changes = dashboard.runs[1:]
-    assert [r.settings["accum_steps"] for r in changes[:19]] == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
-                                                                  15, 14, 13, 12]  # in the order started
+    assert [r.settings["accum_steps"] for r in changes[:19]] == [
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+        11,
+        12,
+        13,
+        14,
+        15,
+        16,
+        15,
+        14,
+        13,
+        12,
+    ]  # in the order started
     assert all(r.outcome == "cancelled" for r in changes[:-1])
     assert (changes[-1].settings, changes[-1].outcome) == (dashboard.current_settings(), "done")
     assert dashboard.shown == dashboard.current_settings()
@@ -324,7 +359,7 @@ def test_show_prints_every_setting_and_the_finding_the_same_way_every_time(name,
     assert printed[0] == printed[1]
     settings = dashboard.current_settings()
     lines = printed[0].splitlines()
-    assert lines[-len(dashboard.summary.splitlines()):] == dashboard.summary.splitlines()
+    assert lines[-len(dashboard.summary.splitlines()) :] == dashboard.summary.splitlines()
     assert lines[-len(dashboard.summary.splitlines()) - 1].startswith("when this cell ran")
     assert all(f"{key}={value}" in dashboard.summary for key, value in settings.items())
     assert "seconds" not in printed[0] and not re.search(r"\d\s?s\b", dashboard.summary)
@@ -433,9 +468,14 @@ def shown_strings(dashboard) -> list[str]:
     return [s for s in found if s.strip()]
 
 
-@pytest.mark.parametrize("name, changes", [("loss", dict(forget_division=True, accum_steps=1, micro_batch_size=64)),
-                                           ("memory", dict(budget=4.0, accum_steps=1)),
-                                           ("batchnorm", dict(accum_steps=1, micro_batch_size=2))])
+@pytest.mark.parametrize(
+    "name, changes",
+    [
+        ("loss", dict(forget_division=True, accum_steps=1, micro_batch_size=64)),
+        ("memory", dict(budget=4.0, accum_steps=1)),
+        ("batchnorm", dict(accum_steps=1, micro_batch_size=2)),
+    ],
+)
 def test_a_dashboard_in_hindi_shows_no_english_sentence(hindi, name, changes, capsys):
     dashboard = DASHBOARDS[name]()
     dashboard.show()
@@ -448,9 +488,11 @@ def test_a_dashboard_in_hindi_shows_no_english_sentence(hindi, name, changes, ca
     leftovers = {text: untranslated(text) for text in shown if untranslated(text)}
     assert not leftovers
     assert any("शब्द" in text for text in shown)
-    extracted = {message[0] if isinstance(message, tuple) else message
-                 for path in (widgets.__file__, plots.__file__)
-                 for _, message, _, _ in extract_from_file("python", path)}
+    extracted = {
+        message[0] if isinstance(message, tuple) else message
+        for path in (widgets.__file__, plots.__file__)
+        for _, message, _, _ in extract_from_file("python", path)
+    }
     assert hindi.asked <= extracted, f"messages not extractable for the catalogue: {hindi.asked - extracted}"
 
 
@@ -483,8 +525,9 @@ def test_a_process_that_exits_while_a_dashboard_computes_exits_cleanly(name):
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for attempt in range(3):
-        done = subprocess.run([sys.executable, "-c", EXIT_WHILE_COMPUTING, name], capture_output=True, text=True,
-                              timeout=240, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_WHILE_COMPUTING, name], capture_output=True, text=True, timeout=240, env=env
+        )
         assert "computing at exit: True" in done.stdout, (attempt, done.stdout, done.stderr)  # the race was run
         assert (done.returncode, done.stderr) == (0, ""), attempt
 
@@ -509,11 +552,13 @@ def test_a_kernel_restarted_while_a_dashboard_computes_exits_cleanly(tmp_path):
     client.start_channels()
     try:
         client.wait_for_ready(timeout=120)
-        code = ("from accumlib.lessons import widgets\n"
-                "dashboards = [widgets.LossDashboard(), widgets.MemoryDashboard(), widgets.BatchNormDashboard()]\n"
-                "for d in dashboards: d.show()\n"
-                "for d in dashboards: d.micro_batch_size.value = 2\n"
-                "print(all(d._thread.is_alive() for d in dashboards))")
+        code = (
+            "from accumlib.lessons import widgets\n"
+            "dashboards = [widgets.LossDashboard(), widgets.MemoryDashboard(), widgets.BatchNormDashboard()]\n"
+            "for d in dashboards: d.show()\n"
+            "for d in dashboards: d.micro_batch_size.value = 2\n"
+            "print(all(d._thread.is_alive() for d in dashboards))"
+        )
         reply = client.execute_interactive(code, timeout=180, output_hook=lambda msg: printed.append(msg))
         assert reply["content"]["status"] == "ok"
         process = manager.provisioner.process
@@ -530,8 +575,11 @@ def test_a_kernel_restarted_while_a_dashboard_computes_exits_cleanly(tmp_path):
 def test_a_micro_batch_size_of_none_is_refused_and_the_slider_keeps_its_size():
     """ipywidgets' own SelectionSlider kept None after its TraitError, and every later change failed."""
     dashboard = widgets.LossDashboard(samples=96, epochs=1)
-    with pytest.raises(widgets.traitlets.TraitError, match=r"^micro-batch size must be one of 2, 4, 8, 16, 32, 64, "
-                                                          r"got None; it stays 8$"):
+    with pytest.raises(
+        widgets.traitlets.TraitError,
+        match=r"^micro-batch size must be one of 2, 4, 8, 16, 32, 64, "
+        r"got None; it stays 8$",
+    ):
         dashboard.micro_batch_size.value = None
     assert dashboard.micro_batch_size.value == 8 and dashboard.effective_batch == 32 and not dashboard.runs
     assert settle(dashboard, micro_batch_size=16).settings["effective_batch"] == 64
@@ -583,12 +631,16 @@ def test_the_cached_digits_are_copied_for_each_caller():
 
 def test_dashboard_settings_take_numpy_integers_as_python_ints():
     """np.int64 from a config or np.random: the dashboard is the one built from the Python ints."""
-    dashboard = widgets.LossDashboard(samples=np.int64(96), epochs=1, micro_batch_size=np.int64(16),
-                                      accum_steps=np.int32(2))
-    assert dashboard.current_settings() == widgets.LossDashboard(samples=96, epochs=1, micro_batch_size=16,
-                                                                 accum_steps=2).current_settings()
-    assert all(type(v) is int for v in (dashboard.samples, dashboard.micro_batch_size.value,
-                                         dashboard.accum_steps.value))
+    dashboard = widgets.LossDashboard(
+        samples=np.int64(96), epochs=1, micro_batch_size=np.int64(16), accum_steps=np.int32(2)
+    )
+    assert (
+        dashboard.current_settings()
+        == widgets.LossDashboard(samples=96, epochs=1, micro_batch_size=16, accum_steps=2).current_settings()
+    )
+    assert all(
+        type(v) is int for v in (dashboard.samples, dashboard.micro_batch_size.value, dashboard.accum_steps.value)
+    )
     for bad in (8.0, True, np.True_):
         with pytest.raises(ValueError, match=r"^micro_batch_size must be one of \(2, 4, 8, 16, 32, 64\), got "):
             widgets.LossDashboard(micro_batch_size=bad)

@@ -1,4 +1,5 @@
 """What a refusal must leave as it found: a model's and an optimizer's state, compared exactly (the library's tests)."""
+
 import copy
 
 import torch
@@ -6,9 +7,11 @@ import torch
 
 def snapshot(model, optimizer):
     """The model's state entries, each parameter's .grad and the optimizer's state, copied."""
-    return ([t.clone() for t in model.state_dict().values()],
-            [None if p.grad is None else p.grad.clone() for p in model.parameters()],
-            copy.deepcopy(optimizer.state_dict()))
+    return (
+        [t.clone() for t in model.state_dict().values()],
+        [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+        copy.deepcopy(optimizer.state_dict()),
+    )
 
 
 def same(a, b) -> bool:

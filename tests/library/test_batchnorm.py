@@ -1,5 +1,6 @@
 """accumlib.batchnorm: what micro-batches do to BatchNorm's statistics, what its running statistics hold, and what each
 remedy fixes."""
+
 import copy
 
 import pytest
@@ -18,8 +19,9 @@ total = batchnorm.total
 @pytest.fixture(scope="module")
 def trained():
     net = models.cnn(norm="batch")
-    accumlib.train(net, (X, Y), torch.optim.SGD(net.parameters(), lr=0.05), micro_batch_size=64, accum_steps=1,
-                   epochs=2)
+    accumlib.train(
+        net, (X, Y), torch.optim.SGD(net.parameters(), lr=0.05), micro_batch_size=64, accum_steps=1, epochs=2
+    )
     return net
 
 
@@ -34,6 +36,7 @@ def test_running_stats_of_micro_batch_training_diverge_from_the_full_batch_run()
         net = models.cnn(norm="batch")
         accumlib.train(net, (X, Y), torch.optim.SGD(net.parameters(), lr=0.05), micro_batch_size=m, accum_steps=k)
         return net
+
     full = fit(32, 1)
     assert total(batchnorm.running_stats_divergence(fit(4, 8), full)) > 0.05
     assert total(batchnorm.running_stats_divergence(fit(32, 1), full)) == 0

@@ -43,8 +43,7 @@ class FakeCuda:
             "get_per_process_memory_fraction": lambda device=None: self.fraction,
         }.items():
             monkeypatch.setattr(torch.cuda, name, value)
-        monkeypatch.setattr(budget, "_take_workspaces", lambda device: setattr(self, "workspaces",
-                                                                               self.workspaces + 1))
+        monkeypatch.setattr(budget, "_take_workspaces", lambda device: setattr(self, "workspaces", self.workspaces + 1))
 
     def set_fraction(self, fraction, device=None):
         self.fraction = fraction

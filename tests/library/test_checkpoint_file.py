@@ -1,5 +1,6 @@
 """accumlib.checkpoint_file: a checkpoint's file is written whole or not at all, and read only when every part
 matches its checksum (train's runs through it: tests/library/test_checkpoint.py)."""
+
 import os
 import zipfile
 
@@ -39,14 +40,20 @@ def test_a_changed_byte_is_refused_by_its_checksum_before_torch_load_reads_it(tm
     data[data.find(record) + len(record) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     assert torch.load(path, weights_only=True)["weights"].shape == (1000,)  # unrefused without the check
-    with pytest.raises(ValueError, match=rf"checkpoint '{path}' cannot be resumed: it is damaged: its part "
-                                         rf"'.*' does not match its checksum; nothing was changed"):
+    with pytest.raises(
+        ValueError,
+        match=rf"checkpoint '{path}' cannot be resumed: it is damaged: its part "
+        rf"'.*' does not match its checksum; nothing was changed",
+    ):
         checkpoint_file._load(path, StepRecord, WholeState())
 
 
 def test_a_file_of_another_form_is_refused_naming_the_first_part_that_is_wrong(tmp_path):
     path = tmp_path / "run.pt"
     torch.save({"format": checkpoint_file.FORMAT, "version": checkpoint_file.VERSION}, path)
-    with pytest.raises(ValueError, match=r"it is not an accumlib checkpoint of this version, or it is damaged: "
-                                         r"'run'"):
+    with pytest.raises(
+        ValueError,
+        match=r"it is not an accumlib checkpoint of this version, or it is damaged: "
+        r"'run'",
+    ):
         checkpoint_file._load(path, StepRecord, WholeState())

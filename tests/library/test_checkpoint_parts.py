@@ -1,4 +1,5 @@
 """accumlib.checkpoint_parts: the model-and-optimizer part of a checkpoint (FSDP2's shards: test_torchrun.py)."""
+
 import torch
 from torch import nn
 

@@ -5,6 +5,7 @@ Every refusal is compared by its whole message; "nothing changed" compares every
 optimizer's state exactly (torch.equal): a refusal computes nothing, so nothing may differ in any digit. Bytes on
 the CPU are exact integers (live tensor storages), so the budget comparisons are exact too.
 """
+
 import copy
 import dataclasses
 
@@ -33,20 +34,39 @@ def trained():
 
 other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
 REFUSED = [  # (an option accumulate_and_step refuses, its value)
-    ("loss_fn", 5), ("loss_fn", nn.CrossEntropyLoss), ("loss_fn", "cross_entropy"),
-    ("clip_grad_norm", 0), ("clip_grad_norm", -1.0), ("clip_grad_norm", float("inf")), ("clip_grad_norm", "1"),
-    ("clip_grad_norm", True), ("scaler", "fp16"), ("scaler", object()),
-    ("scheduler", object()), ("scheduler", torch.optim.lr_scheduler.StepLR(other, 1)),
-    ("ddp_no_sync", 1), ("ddp_no_sync", "yes"), ("ddp_no_sync", None),
-    ("on_nonfinite", "ignore"), ("on_nonfinite", True), ("on_nonfinite", None),
-    ("check_gradients", 0), ("check_gradients", None), ("check_gradients", "no"),
-    ("amp", "fp32"), ("amp", 1), ("amp", torch.bfloat16), ("amp", None),
+    ("loss_fn", 5),
+    ("loss_fn", nn.CrossEntropyLoss),
+    ("loss_fn", "cross_entropy"),
+    ("clip_grad_norm", 0),
+    ("clip_grad_norm", -1.0),
+    ("clip_grad_norm", float("inf")),
+    ("clip_grad_norm", "1"),
+    ("clip_grad_norm", True),
+    ("scaler", "fp16"),
+    ("scaler", object()),
+    ("scheduler", object()),
+    ("scheduler", torch.optim.lr_scheduler.StepLR(other, 1)),
+    ("ddp_no_sync", 1),
+    ("ddp_no_sync", "yes"),
+    ("ddp_no_sync", None),
+    ("on_nonfinite", "ignore"),
+    ("on_nonfinite", True),
+    ("on_nonfinite", None),
+    ("check_gradients", 0),
+    ("check_gradients", None),
+    ("check_gradients", "no"),
+    ("amp", "fp32"),
+    ("amp", 1),
+    ("amp", torch.bfloat16),
+    ("amp", None),
 ]
 
 
-@pytest.mark.parametrize("name, value", REFUSED,
-                         ids=[f"{n}={v!r}"[:40] if " at 0x" not in repr(v) else f"{n}={type(v).__name__}"
-                              for n, v in REFUSED])  # no address: xdist workers must agree
+@pytest.mark.parametrize(
+    "name, value",
+    REFUSED,
+    ids=[f"{n}={v!r}"[:40] if " at 0x" not in repr(v) else f"{n}={type(v).__name__}" for n, v in REFUSED],
+)  # no address: xdist workers must agree
 def test_train_refuses_each_cycle_option_with_accumulate_and_steps_message_and_changes_nothing(name, value):
     model, optimizer = trained()
     before = snapshot(model, optimizer)
@@ -69,12 +89,15 @@ def test_train_refuses_each_cycle_option_with_accumulate_and_steps_message_and_c
 LOSS_FN_REFUSED = [5, nn.CrossEntropyLoss, "cross_entropy"]
 MEASUREMENTS = {  # every function of the library that takes loss_fn, called with a refused one
     "measure_step": lambda bad, model, opt: memory.measure_step(model, X[:8], Y[:8], optimizer=opt, loss_fn=bad),
-    "check_fits": lambda bad, model, opt: memory.check_fits(model, opt, X[:8], Y[:8], accum_steps=2,
-                                                            budget_bytes=10**9, loss_fn=bad),
-    "fit_batch": lambda bad, model, opt: memory.fit_batch(model, (X[:8], Y[:8]), target_batch=16,
-                                                          budget_bytes=10**9, optimizer=opt, loss_fn=bad),
-    "time_config": lambda bad, model, opt: timing.time_config(model, (X, Y), micro_batch_size=8, accum_steps=2,
-                                                              loss_fn=bad),
+    "check_fits": lambda bad, model, opt: memory.check_fits(
+        model, opt, X[:8], Y[:8], accum_steps=2, budget_bytes=10**9, loss_fn=bad
+    ),
+    "fit_batch": lambda bad, model, opt: memory.fit_batch(
+        model, (X[:8], Y[:8]), target_batch=16, budget_bytes=10**9, optimizer=opt, loss_fn=bad
+    ),
+    "time_config": lambda bad, model, opt: timing.time_config(
+        model, (X, Y), micro_batch_size=8, accum_steps=2, loss_fn=bad
+    ),
     "decompose_time": lambda bad, model, opt: timing.decompose_time(model, (X, Y), effective_batch=16, loss_fn=bad),
     "batchnorm.evaluate": lambda bad, model, opt: batchnorm.evaluate(model, X[:8], Y[:8], loss_fn=bad),
 }
@@ -99,8 +122,15 @@ def test_the_options_are_checked_once_per_run_not_per_step(monkeypatch):
     monkeypatch.setattr(cycle.CycleOptions, "__post_init__", lambda self: built.append(self) or check(self))
     torch.manual_seed(0)
     model = nn.Linear(6, 3)
-    history = accumlib.train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
-                             accum_steps=2, clip_grad_norm=1.0, device="cpu")
+    history = accumlib.train(
+        model,
+        (X, Y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=4,
+        accum_steps=2,
+        clip_grad_norm=1.0,
+        device="cpu",
+    )
     assert len(history) == 8 and len(built) == 1
     assert built[0].clip_grad_norm == 1.0 and built[0].loss_fn is None  # the model's own, or cross-entropy
 
@@ -125,7 +155,7 @@ OPTION_SAMPLES = {
     "loss_fn": lambda opt: dict(loss_fn=smoothed),
     "clip_grad_norm": lambda opt: dict(clip_grad_norm=0.05),
     "amp": lambda opt: dict(amp="bf16"),
-    "scaler": lambda opt: dict(amp="fp16", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)),
+    "scaler": lambda opt: dict(amp="fp16", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**4)),
     "scheduler": lambda opt: dict(scheduler=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)),
     "ddp_no_sync": lambda opt: dict(ddp_no_sync=False),
     "on_nonfinite": lambda opt: dict(on_nonfinite="raise"),
@@ -150,12 +180,22 @@ def one_step(entry: str, how: str, name: str):
     chosen = {} if name is None else OPTION_SAMPLES[name](optimizer)
     given = dict(options=accumlib.CycleOptions(**chosen)) if how == "options" else chosen
     if entry == "train":
-        history = accumlib.train(model, (X[:32], Y[:32]), optimizer, micro_batch_size=8, accum_steps=4, max_steps=1,
-                                 shuffle=False, device="cpu", **given)
+        history = accumlib.train(
+            model,
+            (X[:32], Y[:32]),
+            optimizer,
+            micro_batch_size=8,
+            accum_steps=4,
+            max_steps=1,
+            shuffle=False,
+            device="cpu",
+            **given,
+        )
         result = history[0]
     else:
-        result = accumlib.accumulate_and_step(model, optimizer, list(zip(X[:32].split(8), Y[:32].split(8),
-                                                                          strict=True)), [0.25] * 4, **given)
+        result = accumlib.accumulate_and_step(
+            model, optimizer, list(zip(X[:32].split(8), Y[:32].split(8), strict=True)), [0.25] * 4, **given
+        )
     return [t.clone() for t in model.state_dict().values()], result.loss, optimizer.param_groups[0]["lr"]
 
 
@@ -174,13 +214,18 @@ def test_each_option_gives_the_same_step_as_a_keyword_or_in_options_in_train_and
 def test_an_option_given_as_a_keyword_and_in_options_is_refused_by_name_before_anything_changes(entry):
     model, optimizer = trained()
     before = snapshot(model, optimizer)
-    call = ((lambda **kw: accumlib.train(model, (X, Y), optimizer, micro_batch_size=8, accum_steps=2, device="cpu",
-                                         **kw)) if entry == "train" else
-            (lambda **kw: accumlib.accumulate_and_step(model, optimizer, [(X[:8], Y[:8])], [1.0], **kw)))
+    call = (
+        (lambda **kw: accumlib.train(model, (X, Y), optimizer, micro_batch_size=8, accum_steps=2, device="cpu", **kw))
+        if entry == "train"
+        else (lambda **kw: accumlib.accumulate_and_step(model, optimizer, [(X[:8], Y[:8])], [1.0], **kw))
+    )
     with pytest.raises(TypeError, match=rf"^{entry}\(\) got 'clip_grad_norm' both as a keyword and in options=: "):
         call(options=accumlib.CycleOptions(clip_grad_norm=1.0), clip_grad_norm=2.0)
-    with pytest.raises(TypeError, match=rf"^{entry}\(\) got an unexpected keyword argument 'autocast_dtype'; the "
-                                        r"cycle's options are loss_fn, clip_grad_norm, amp, scaler, "):
+    with pytest.raises(
+        TypeError,
+        match=rf"^{entry}\(\) got an unexpected keyword argument 'autocast_dtype'; the "
+        r"cycle's options are loss_fn, clip_grad_norm, amp, scaler, ",
+    ):
         call(autocast_dtype=torch.bfloat16)  # one word for one idea: amp
     with pytest.raises(TypeError, match=r"^options must be an accumlib.CycleOptions, got \{'amp': 'bf16'\}"):
         call(options={"amp": "bf16"})
@@ -230,11 +275,19 @@ def linear():
 def cycle_peak(model, batches):
     """The traced peak of one cycle of `batches`, as train weighs a cycle of equal micro-batches."""
     weights = [len(x) / sum(len(b[0]) for b in batches) for x, _y in batches]
-    return memory.check_cycle_fits(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, weights,
-                                   options=accumlib.CycleOptions(), budget_bytes=2**40, what="", advice="").peak
+    return memory.check_cycle_fits(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        batches,
+        weights,
+        options=accumlib.CycleOptions(),
+        budget_bytes=2**40,
+        what="",
+        advice="",
+    ).peak
 
 
-SMALL = [(X[i:i + 4], Y[i:i + 4]) for i in range(0, 32, 4)]  # 8 batches of 4: 4 cycles of 2 at accum_steps=2
+SMALL = [(X[i : i + 4], Y[i : i + 4]) for i in range(0, 32, 4)]  # 8 batches of 4: 4 cycles of 2 at accum_steps=2
 LARGE = [(X[:32], Y[:32]), (X[32:64], Y[32:64])]  # a last cycle of two batches of 32 (a padded tail, say)
 
 
@@ -245,8 +298,14 @@ def test_a_loader_whose_last_cycle_crosses_the_budget_raises_before_that_cycle_c
     reference = linear()  # the run without the large cycle: what the weights must be when the error comes
     accumlib.train(reference, SMALL, torch.optim.SGD(reference.parameters(), lr=0.1), accum_steps=2, device="cpu")
     with pytest.raises(memory.OutOfMemory) as error:
-        accumlib.train(model, SMALL + LARGE, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
-                       memory_budget=small, device="cpu")
+        accumlib.train(
+            model,
+            SMALL + LARGE,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            accum_steps=2,
+            memory_budget=small,
+            device="cpu",
+        )
     assert error.value.needed_bytes == large and error.value.available_bytes == small
     assert f"{large:,} bytes" in str(error.value) and f"budget is {small:,} bytes" in str(error.value)
     assert "step 5 (epoch 0, 2 batches, 64 samples)" in str(error.value)  # the cycle that does not fit
@@ -261,8 +320,16 @@ def test_a_loader_that_fits_trains_within_the_budget_and_each_layout_is_traced_o
     traced = []
     check = memory.check_cycle_fits
     monkeypatch.setattr(memory, "check_cycle_fits", lambda *a, **k: traced.append(a[2]) or check(*a, **k))
-    history = accumlib.train(model, SMALL + LARGE, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2,
-                             memory_budget=budget, measure_memory=True, epochs=2, device="cpu")
+    history = accumlib.train(
+        model,
+        SMALL + LARGE,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        accum_steps=2,
+        memory_budget=budget,
+        measure_memory=True,
+        epochs=2,
+        device="cpu",
+    )
     assert len(history) == 10 and all(0 < r.peak_memory_bytes <= budget for r in history)
     assert [[len(x) for x, _y in batches] for batches in traced] == [[4, 4], [32, 32]]  # two layouts, two epochs
 
@@ -281,25 +348,41 @@ class OwnLoss(nn.Module):
 def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target():
     """A dict batch is the model's inputs and loss_fn's target: the trace copies its tensors once (a second copy
     would count them twice), so its step peaks as the same step on (x, y) pairs does, byte for byte."""
-    batches = [{"inputs": X[i:i + 8], "labels": Y[i:i + 8]} for i in range(0, 16, 8)]
+    batches = [{"inputs": X[i : i + 8], "labels": Y[i : i + 8]} for i in range(0, 16, 8)]
     model, plain = OwnLoss(), linear()
 
     def sgd(model):
         return torch.optim.SGD(model.parameters(), lr=0.1)
 
     own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
-    as_dicts = memory.check_cycle_fits(model, sgd(model), [(cycle.Inputs((), b), b) for b in batches], [0.5, 0.5],
-                                       options=own, budget_bytes=2**40, what="", advice="")
-    as_pairs = memory.check_cycle_fits(plain, sgd(plain), [(b["inputs"], b["labels"]) for b in batches],
-                                       [0.5, 0.5], options=accumlib.CycleOptions(), budget_bytes=2**40, what="",
-                                       advice="")
+    as_dicts = memory.check_cycle_fits(
+        model,
+        sgd(model),
+        [(cycle.Inputs((), b), b) for b in batches],
+        [0.5, 0.5],
+        options=own,
+        budget_bytes=2**40,
+        what="",
+        advice="",
+    )
+    as_pairs = memory.check_cycle_fits(
+        plain,
+        sgd(plain),
+        [(b["inputs"], b["labels"]) for b in batches],
+        [0.5, 0.5],
+        options=accumlib.CycleOptions(),
+        budget_bytes=2**40,
+        what="",
+        advice="",
+    )
     assert as_dicts.inputs == as_pairs.inputs > 0 and as_dicts.peak == as_pairs.peak
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(memory.OutOfMemory):
         accumlib.train(model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak - 1, device="cpu")
     assert same(model.state_dict(), before)
-    history = accumlib.train(model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak,
-                             measure_memory=True, device="cpu")
+    history = accumlib.train(
+        model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak, measure_memory=True, device="cpu"
+    )
     assert len(history) == 1 and history[0].peak_memory_bytes <= as_dicts.peak
 
 
@@ -319,8 +402,11 @@ class Masked(nn.Module):
         return self.linear(x) * self.mask[0, :3]
 
 
-@pytest.mark.parametrize("make", [lambda p: torch.optim.Adam(p), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
-                         ids=["Adam", "SGD with momentum"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda p: torch.optim.Adam(p), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
+    ids=["Adam", "SGD with momentum"],
+)
 @pytest.mark.parametrize("m, k", [(8, 2), (16, 2), (4, 4)])
 def test_trains_recorded_peak_with_a_stateful_optimizer_is_measure_steps_from_the_first_step(make, m, k):
     """measure_step reports the heavier of a run's first step (the optimizer makes its state in it) and a later
@@ -328,8 +414,9 @@ def test_trains_recorded_peak_with_a_stateful_optimizer_is_measure_steps_from_th
     record was the first step's alone, fewer bytes: the state did not yet live through its passes)."""
     model = Masked()
     planned = memory.measure_step(model, X[:m], Y[:m], optimizer=make(model.parameters()), accum_steps=k).peak
-    history = accumlib.train(model, (X, Y), make(model.parameters()), micro_batch_size=m, accum_steps=k,
-                             measure_memory=True, device="cpu")
+    history = accumlib.train(
+        model, (X, Y), make(model.parameters()), micro_batch_size=m, accum_steps=k, measure_memory=True, device="cpu"
+    )
     assert len(history) == 64 // (m * k) and [r.peak_memory_bytes for r in history] == [planned] * len(history)
 
 
@@ -352,17 +439,27 @@ def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget()
         return torch.optim.SGD(model.parameters(), lr=0.1)
 
     own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
-    batches = [{"inputs": X[i:i + 8], "labels": Y[i:i + 8]} for i in (0, 8)]
-    peak = memory.check_cycle_fits(model, sgd(model), [(cycle.Inputs((), b), b) for b in batches], [0.5, 0.5],
-                                   options=own, budget_bytes=2**40, what="", advice="").peak
+    batches = [{"inputs": X[i : i + 8], "labels": Y[i : i + 8]} for i in (0, 8)]
+    peak = memory.check_cycle_fits(
+        model,
+        sgd(model),
+        [(cycle.Inputs((), b), b) for b in batches],
+        [0.5, 0.5],
+        options=own,
+        budget_bytes=2**40,
+        what="",
+        advice="",
+    ).peak
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(memory.OutOfMemory) as error:
-        accumlib.train(model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2, memory_budget=peak - 1,
-                       device="cpu")
+        accumlib.train(
+            model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2, memory_budget=peak - 1, device="cpu"
+        )
     assert error.value.needed_bytes == peak and "step 1 (epoch 0, 2 batches, 16 samples)" in str(error.value)
     assert same(model.state_dict(), before)
-    history = accumlib.train(model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2,
-                             memory_budget=peak, device="cpu")
+    history = accumlib.train(
+        model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2, memory_budget=peak, device="cpu"
+    )
     assert len(history) == 2
 
 
@@ -379,11 +476,20 @@ class Noisy(torch.utils.data.Dataset):
 def test_measuring_a_stateful_optimizers_later_step_changes_nothing_of_the_run():
     """The later-step trace fetches the cycle again (under its own random state) and traces copies: the run with
     measure_memory=True trains bit for bit as the one without, dropout and a random augmentation included."""
+
     def run(measure_memory):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
-        history = accumlib.train(model, Noisy(), torch.optim.Adam(model.parameters()), micro_batch_size=4,
-                                 accum_steps=2, epochs=2, measure_memory=measure_memory, device="cpu")
+        history = accumlib.train(
+            model,
+            Noisy(),
+            torch.optim.Adam(model.parameters()),
+            micro_batch_size=4,
+            accum_steps=2,
+            epochs=2,
+            measure_memory=measure_memory,
+            device="cpu",
+        )
         return [r.loss for r in history], model.state_dict()
 
     (measured, weights), (plain, plain_weights) = run(True), run(False)

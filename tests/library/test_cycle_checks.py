@@ -1,4 +1,5 @@
 """accumlib.cycle_checks: what a cycle is given, refused by name before anything changes."""
+
 import pytest
 import torch
 from torch import nn

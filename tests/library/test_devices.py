@@ -3,6 +3,7 @@ their data to the model's device (a lesson's device, accumlib.lessons.devices: t
 No GPU here: FakeTensorMode accepts `cuda` tensors in this CPU build of torch, computes nothing, and raises
 FakeTensorDeviceMismatchError where an operation mixes devices, so a device mix-up is caught on the CPU. Autograd on
 a fake CUDA tensor aborts a CPU build, so only forward passes are checked this way."""
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
@@ -12,9 +13,15 @@ from accumlib import batchnorm, devices
 from builders import data
 
 
-@pytest.mark.parametrize("asked, message", [("cuda", "ACCUMLIB_DEVICE='cuda' but this machine has no CUDA GPU"),
-                                            ("cuda:3", "no CUDA GPU"), ("tpu", "ACCUMLIB_DEVICE='tpu'"),
-                                            ("gpu please", "is not a device; valid: cpu, cuda, cuda:N, mps")])
+@pytest.mark.parametrize(
+    "asked, message",
+    [
+        ("cuda", "ACCUMLIB_DEVICE='cuda' but this machine has no CUDA GPU"),
+        ("cuda:3", "no CUDA GPU"),
+        ("tpu", "ACCUMLIB_DEVICE='tpu'"),
+        ("gpu please", "is not a device; valid: cpu, cuda, cuda:N, mps"),
+    ],
+)
 def test_an_unusable_choice_is_refused_with_its_name(monkeypatch, asked, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -26,8 +33,9 @@ X, Y = data.digits(16, flat=True)
 
 def fake_cuda_model(mode):
     """A small BatchNorm model whose weights and buffers are fake tensors on cuda:0 (values never computed)."""
-    net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                              torch.nn.Linear(16, 10))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
+    )
     with mode:
         for module in net.modules():
             for name, p in list(module._parameters.items()):
@@ -40,11 +48,15 @@ def fake_cuda_model(mode):
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # a deepcopy of the fake model
-@pytest.mark.parametrize("measure", [
-    lambda net: batchnorm.micro_batch_deviation(net, X, 4),
-    lambda net: batchnorm.running_stats_error(net, X),
-    lambda net: batchnorm.evaluate(net, X, Y),
-], ids=["micro_batch_deviation", "running_stats_error", "evaluate"])  # reestimate reads a value before its forward
+@pytest.mark.parametrize(
+    "measure",
+    [
+        lambda net: batchnorm.micro_batch_deviation(net, X, 4),
+        lambda net: batchnorm.running_stats_error(net, X),
+        lambda net: batchnorm.evaluate(net, X, Y),
+    ],
+    ids=["micro_batch_deviation", "running_stats_error", "evaluate"],
+)  # reestimate reads a value before its forward
 def test_batchnorm_measurements_run_where_the_model_is_given_data_on_the_cpu(measure):
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     net = fake_cuda_model(mode)
@@ -104,12 +116,15 @@ def test_train_without_a_device_honours_ACCUMLIB_DEVICE_as_the_lessons_do(monkey
 
 def test_bf16_is_offered_where_the_device_has_it(monkeypatch):
     from accumlib import devices as library_devices
+
     assert library_devices.supports_bf16(torch.device("cpu"))
     for supported in (True, False):  # a T4 (compute capability 7.5) has no bf16, an A100 or H100 has
         asked = []
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
-                            lambda including_emulation=True, s=supported, asked=asked:
-                            asked.append(including_emulation) or s)
+        monkeypatch.setattr(
+            torch.cuda,
+            "is_bf16_supported",
+            lambda including_emulation=True, s=supported, asked=asked: asked.append(including_emulation) or s,
+        )
         assert library_devices.supports_bf16(torch.device("cuda")) is supported
         assert asked == [False]  # native kernels, not an emulation
     assert not library_devices.supports_bf16(torch.device("mps"))
@@ -124,8 +139,10 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
     import dataclasses
 
     from accumlib import loop, memory, tracing
-    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
-                              torch.nn.Linear(64, 64))
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 64)
+    )
     net[3].weight = net[0].weight  # a shared weight stays one parameter in the copy (the optimizer's mapping)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     state = {name: t.clone() for name, t in net.state_dict().items()}
@@ -134,10 +151,15 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
     seen = []
 
     def spy(model, optimizer, batches, *args, **kwargs):
-        seen.append(({t.device.type for t in [*model.parameters(), *model.buffers()]},
-                     {t.device.type for batch in batches for t in batch}, len(list(model.parameters())),
-                     {id(p) for group in optimizer.param_groups for p in group["params"]} == {
-                         id(p) for p in model.parameters()}))
+        seen.append(
+            (
+                {t.device.type for t in [*model.parameters(), *model.buffers()]},
+                {t.device.type for batch in batches for t in batch},
+                len(list(model.parameters())),
+                {id(p) for group in optimizer.param_groups for p in group["params"]}
+                == {id(p) for p in model.parameters()},
+            )
+        )
         return dataclasses.replace(report, peak=2**40)
 
     monkeypatch.setattr(tracing, "_measure", spy)
@@ -155,6 +177,7 @@ def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(m
     # valid, before any forward pass, weight or optimizer state changes. The GPU is a stand-in: this CPU build has
     # none, so train's device check and supports_bf16 are patched; the refusal is all that runs.
     from accumlib import cycle, devices as library_devices, loop
+
     net = torch.nn.Linear(64, 10)
     opt = torch.optim.Adam(net.parameters())
     state = {name: t.clone() for name, t in net.state_dict().items()}
@@ -162,8 +185,11 @@ def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(m
     net.register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
     monkeypatch.setattr(loop, "_device", torch.device)
     monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or False)  # a T4
-    with pytest.raises(ValueError, match=r"amp='bf16' but the GPU cuda has no native bfloat16 .*; valid here: "
-                                         r"amp='fp16', which trains with a GradScaler, or amp=False"):
+    with pytest.raises(
+        ValueError,
+        match=r"amp='bf16' but the GPU cuda has no native bfloat16 .*; valid here: "
+        r"amp='fp16', which trains with a GradScaler, or amp=False",
+    ):
         accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, amp="bf16", device="cuda")
     assert asked == [torch.device("cuda")] and not seen and not opt.state
     assert all(torch.equal(state[name], t) for name, t in net.state_dict().items())

@@ -1,5 +1,6 @@
 """accumlib.failures: under DDP a failure on one process is told to every process before a collective it would never
 reach. One process here (a gloo group of one); two processes that fail apart: test_torchrun.py."""
+
 import pytest
 import torch
 import torch.distributed as dist

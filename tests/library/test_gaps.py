@@ -1,5 +1,6 @@
 """accumlib.gaps: gradient_gap (accumulated against full-batch gradient) and parameter_gap (two models' weights), in
 float64, leaving the model as found, never hiding a NaN."""
+
 import math
 
 import pytest

@@ -3,12 +3,14 @@
 Every read of a tensor's value on the host (`item`, `tolist`, `float()`, `bool()`, `int()`, use as an index) is
 counted with a TorchFunctionMode. On a GPU each one makes the host wait until the device has caught up.
 """
+
 import pytest
 import torch
 
 import accumlib
 from accumlib.timing import HostReads
 from builders import data, models
+
 
 def test_the_counter_sees_every_kind_of_read():
     t, i = torch.tensor(2.0), torch.tensor(1)
@@ -49,13 +51,25 @@ def reads_of_a_run(normalize, extras):
         at_step.append((reads.count, len(at_micro_batch), record.skipped))
 
     with HostReads() as reads:
-        history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=5, epochs=2,
-                                 normalize=normalize, loss_fn=counting_loss, device="cpu", on_step=on_step, **options)
+        history = accumlib.train(
+            model,
+            (X, y),
+            optimizer,
+            micro_batch_size=4,
+            accum_steps=5,
+            epochs=2,
+            normalize=normalize,
+            loss_fn=counting_loss,
+            device="cpu",
+            on_step=on_step,
+            **options,
+        )
     return history, at_micro_batch, at_step
 
 
-@pytest.mark.parametrize("extras", [(), ("clipping", "scheduler"), ("bf16", "clipping", "plateau"), ("fp16",),
-                                    ("unchecked",)])
+@pytest.mark.parametrize(
+    "extras", [(), ("clipping", "scheduler"), ("bf16", "clipping", "plateau"), ("fp16",), ("unchecked",)]
+)
 @pytest.mark.parametrize("normalize", ["samples", "steps", "count"])
 def test_one_read_per_optimizer_step_and_none_per_micro_batch(normalize, extras):
     history, at_micro_batch, at_step = reads_of_a_run(normalize, extras)

@@ -1,6 +1,7 @@
 """Hostile inputs to the measurements (memory, timing, batchnorm): each is refused up front with the right error type
 and a message naming the parameter, and the caller's model and optimizer are untouched (the lessons' model
 builders: tests/lessons/test_models.py)."""
+
 import pytest
 import torch
 from torch import nn
@@ -17,16 +18,22 @@ ADAM = torch.optim.Adam(NET.parameters())
 NET(X[:4]).sum().backward()  # the user's model has gradients and the optimizer has state: both must survive
 ADAM.step()
 FROZEN = models.cnn().requires_grad_(False)
-NO_STATS = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, track_running_stats=False), nn.Flatten(),
-                         nn.Linear(144, 10))
+NO_STATS = nn.Sequential(
+    nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, track_running_stats=False), nn.Flatten(), nn.Linear(144, 10)
+)
 with torch.device("meta"):
     META = models.cnn()
 
 
 def fit(**kwargs):
     arguments = {"model": NET, "example_batch": EXAMPLE, "target_batch": 64, "budget_bytes": 2**20, **kwargs}
-    return memory.fit_batch(arguments.pop("model"), arguments.pop("example_batch"), arguments.pop("target_batch"),
-                            arguments.pop("budget_bytes"), **arguments)
+    return memory.fit_batch(
+        arguments.pop("model"),
+        arguments.pop("example_batch"),
+        arguments.pop("target_batch"),
+        arguments.pop("budget_bytes"),
+        **arguments,
+    )
 
 
 def step(**kwargs):
@@ -108,24 +115,36 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "decompose: split twice": (lambda: decomposed(accum_steps=(1, 1, 2)), ValueError, "accum_steps"),
     "decompose: data too small": (lambda: decomposed(effective_batch=128), ValueError, "effective_batch"),
     "decompose: threads 0": (lambda: decomposed(threads=0), ValueError, "threads"),
-    "decompose: loss not reduced": (lambda: decomposed(loss_fn=nn.CrossEntropyLoss(reduction="none")), ValueError,
-                                    "loss_fn"),
+    "decompose: loss not reduced": (
+        lambda: decomposed(loss_fn=nn.CrossEntropyLoss(reduction="none")),
+        ValueError,
+        "loss_fn",
+    ),
     "decompose: x of the wrong shape": (lambda: decomposed(data=(X.flatten(1), Y)), ValueError, "x"),
     "decompose: meta model": (lambda: decomposed(model=META), ValueError, "model"),
     "deviation: no BatchNorm": (lambda: batchnorm.micro_batch_deviation(NET, X, 4), ValueError, "model"),
     "deviation: x a list": (lambda: batchnorm.micro_batch_deviation(BN_NET, X.tolist(), 4), TypeError, "x"),
-    "deviation: micro-batch larger than x": (lambda: batchnorm.micro_batch_deviation(BN_NET, X, 65), ValueError,
-                                             "micro_batch_size"),
+    "deviation: micro-batch larger than x": (
+        lambda: batchnorm.micro_batch_deviation(BN_NET, X, 65),
+        ValueError,
+        "micro_batch_size",
+    ),
     "reestimate: no BatchNorm": (lambda: batchnorm.reestimate(NET, X), ValueError, "model"),
     "reestimate: batch_size 0": (lambda: batchnorm.reestimate(BN_NET, X, 0), ValueError, "batch_size"),
     "reestimate: batch larger than x": (lambda: batchnorm.reestimate(BN_NET, X, 100), ValueError, "batch_size"),
     "error: one sample": (lambda: batchnorm.running_stats_error(BN_NET, X[:1]), ValueError, "x"),
     "error: no running statistics": (lambda: batchnorm.running_stats_error(NO_STATS, X), ValueError, "model"),
-    "divergence: reference without BatchNorm": (lambda: batchnorm.running_stats_divergence(BN_NET, NET), ValueError,
-                                                "reference"),
+    "divergence: reference without BatchNorm": (
+        lambda: batchnorm.running_stats_divergence(BN_NET, NET),
+        ValueError,
+        "reference",
+    ),
     "evaluate: y shorter than x": (lambda: batchnorm.evaluate(BN_NET, X, Y[:3]), ValueError, "y"),
-    "evaluate: loss class": (lambda: batchnorm.evaluate(BN_NET, X, Y, loss_fn=nn.CrossEntropyLoss), TypeError,
-                             "loss_fn"),
+    "evaluate: loss class": (
+        lambda: batchnorm.evaluate(BN_NET, X, Y, loss_fn=nn.CrossEntropyLoss),
+        TypeError,
+        "loss_fn",
+    ),
     "groupnorm: no BatchNorm": (lambda: batchnorm.to_groupnorm(NET), ValueError, "model"),
     "groupnorm: groups 0": (lambda: batchnorm.to_groupnorm(BN_NET, groups=0), ValueError, "groups"),
 }

@@ -21,6 +21,7 @@ Case 10, first part (a fit_batch plan at its exact boundary with Adam fits the s
 The model has BatchNorm (buffers the forward pass changes) and the .grad found is a non-zero tensor left by the
 caller, so "as found" is tested on something that can change.
 """
+
 import os
 import signal
 import warnings
@@ -50,23 +51,32 @@ def setup():
 
 def state(model, optimizer):
     """Everything the call may change: weights and buffers, the optimizer's state, each .grad (object and values)."""
-    return ({k: v.clone() for k, v in model.state_dict().items()},
-            {k: {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in s.items()}
-             for k, s in optimizer.state_dict()["state"].items()},
-            [(p.grad, None if p.grad is None else p.grad.clone()) for p in model.parameters()])
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        {
+            k: {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in s.items()}
+            for k, s in optimizer.state_dict()["state"].items()
+        },
+        [(p.grad, None if p.grad is None else p.grad.clone()) for p in model.parameters()],
+    )
 
 
 def unchanged(before, model, optimizer) -> bool:
     after = state(model, optimizer)
     same_model = before[0].keys() == after[0].keys() and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
-    same_state = all(torch.equal(before[1][k][n], after[1][k][n]) if isinstance(before[1][k][n], torch.Tensor)
-                     else before[1][k][n] == after[1][k][n] for k in before[1] for n in before[1][k])
+    same_state = all(
+        torch.equal(before[1][k][n], after[1][k][n])
+        if isinstance(before[1][k][n], torch.Tensor)
+        else before[1][k][n] == after[1][k][n]
+        for k in before[1]
+        for n in before[1][k]
+    )
     same_grads = all(a[0] is b[0] and torch.equal(a[1], b[1]) for a, b in zip(before[2], after[2], strict=True))
     return same_model and same_state and same_grads
 
 
 def cycle(n=4):
-    return list(zip(X[:8 * n].split(8), Y[:8 * n].split(8), strict=True))
+    return list(zip(X[: 8 * n].split(8), Y[: 8 * n].split(8), strict=True))
 
 
 def raising_at(i, raise_):
@@ -77,6 +87,7 @@ def raising_at(i, raise_):
         if len(calls) == i:
             raise_()
         return nn.functional.cross_entropy(output, target)
+
     return loss_fn
 
 
@@ -100,8 +111,9 @@ def test_an_error_mid_cycle_leaves_everything_as_found(how):
     if how == "wrong dtype":
         micro_batches[2] = (micro_batches[2][0].double(), micro_batches[2][1])
     else:
-        loss_fn = raising_at(3, {"loss_fn raises": _value_error, "KeyboardInterrupt": _keyboard_interrupt,
-                                 "SIGINT": _sigint}[how])
+        loss_fn = raising_at(
+            3, {"loss_fn raises": _value_error, "KeyboardInterrupt": _keyboard_interrupt, "SIGINT": _sigint}[how]
+        )
     with pytest.raises((ValueError, KeyboardInterrupt, RuntimeError)):
         accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.25] * 4, loss_fn=loss_fn)
     assert unchanged(before, model, optimizer)  # two micro-batches' gradients were built, none is left
@@ -116,10 +128,13 @@ def test_a_skipped_or_raised_non_finite_cycle_leaves_no_half_cycle_and_no_nan(on
     micro_batches = cycle()
     micro_batches[2] = (torch.full_like(micro_batches[2][0], float("nan")), micro_batches[2][1])
     if on_nonfinite == "raise":
-        with pytest.raises(accumlib.NonFiniteError, match="no step was taken; the weights, buffers, optimizer and "
-                                                          "the optimizer's .grad are as they were"):
-            accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.25] * 4, loss_fn=nan_at_3,
-                                         on_nonfinite="raise")
+        with pytest.raises(
+            accumlib.NonFiniteError,
+            match="no step was taken; the weights, buffers, optimizer and the optimizer's .grad are as they were",
+        ):
+            accumlib.accumulate_and_step(
+                model, optimizer, micro_batches, [0.25] * 4, loss_fn=nan_at_3, on_nonfinite="raise"
+            )
     else:
         assert accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.25] * 4, loss_fn=nan_at_3).skipped
     assert unchanged(before, model, optimizer)  # the message is true: no NaN, no half cycle in .grad
@@ -144,11 +159,27 @@ def test_an_optimizer_without_the_models_parameters_is_refused():
     assert unchanged(before, model, optimizer)
 
 
-@pytest.mark.parametrize("weight", [-0.25, float("nan"), float("inf"), np.float32(-1), np.float64("nan"),
-                                    torch.tensor(-0.25), torch.tensor(float("nan")), torch.tensor(float("inf")),
-                                    torch.tensor(-1, dtype=torch.int64), torch.tensor(True), torch.tensor(1j),
-                                    torch.tensor([0.25]), "0.25", None, True],
-                         ids=lambda w: repr(w))
+@pytest.mark.parametrize(
+    "weight",
+    [
+        -0.25,
+        float("nan"),
+        float("inf"),
+        np.float32(-1),
+        np.float64("nan"),
+        torch.tensor(-0.25),
+        torch.tensor(float("nan")),
+        torch.tensor(float("inf")),
+        torch.tensor(-1, dtype=torch.int64),
+        torch.tensor(True),
+        torch.tensor(1j),
+        torch.tensor([0.25]),
+        "0.25",
+        None,
+        True,
+    ],
+    ids=lambda w: repr(w),
+)
 def test_negative_or_non_finite_weights_are_refused_in_every_numeric_form(weight):
     model, optimizer = setup()
     before = state(model, optimizer)
@@ -159,11 +190,19 @@ def test_negative_or_non_finite_weights_are_refused_in_every_numeric_form(weight
 
 def test_valid_weights_in_every_numeric_form_give_the_same_step():
     results = []
-    for weights in ([0.25] * 4, [np.float32(0.25)] * 4, [torch.tensor(0.25)] * 4,
-                    [torch.tensor(0.25, dtype=torch.float64)] * 4):
+    for weights in (
+        [0.25] * 4,
+        [np.float32(0.25)] * 4,
+        [torch.tensor(0.25)] * 4,
+        [torch.tensor(0.25, dtype=torch.float64)] * 4,
+    ):
         model, optimizer = setup()
-        results.append((accumlib.accumulate_and_step(model, optimizer, cycle(), weights).loss,
-                        [p.detach().clone() for p in model.parameters()]))
+        results.append(
+            (
+                accumlib.accumulate_and_step(model, optimizer, cycle(), weights).loss,
+                [p.detach().clone() for p in model.parameters()],
+            )
+        )
     for loss, weights in results[1:]:
         # float32 model: a weight held as float32, float64 or a Python float is the same 0.25 (exact in binary), so
         # the gradients and the step are equal; a float64 0-d weight makes the loss's sum float64, which differs
@@ -187,8 +226,11 @@ def test_an_empty_micro_batch_is_refused_by_name():
     model, optimizer = setup()
     before = state(model, optimizer)
     micro_batches = cycle(3) + [(X[:0], Y[:0])]  # tensor_split of a short batch gives these
-    with pytest.raises(ValueError, match=r"micro_batches\[3\] holds a tensor of shape \(0, 1, 8, 8\), without "
-                                         "samples"):
+    with pytest.raises(
+        ValueError,
+        match=r"micro_batches\[3\] holds a tensor of shape \(0, 1, 8, 8\), without "
+        "samples",
+    ):
         accumlib.accumulate_and_step(model, optimizer, micro_batches, [1 / 3] * 3 + [0.0])
     assert unchanged(before, model, optimizer)
 
@@ -206,8 +248,10 @@ def test_a_micro_batch_on_another_device_is_refused_by_name():
 def test_closure_optimizers_are_refused_by_name():
     model, _ = setup()
     lbfgs = torch.optim.LBFGS(model.parameters())
-    for call in (lambda: accumlib.accumulate_and_step(model, lbfgs, cycle(), [0.25] * 4),
-                 lambda: accumlib.train(model, (X, Y), lbfgs, micro_batch_size=8, accum_steps=2)):
+    for call in (
+        lambda: accumlib.accumulate_and_step(model, lbfgs, cycle(), [0.25] * 4),
+        lambda: accumlib.train(model, (X, Y), lbfgs, micro_batch_size=8, accum_steps=2),
+    ):
         with pytest.raises(ValueError, match="optimizer is a LBFGS, whose step\\(\\) needs a closure"):
             call()
     assert all(p.grad is not None for p in model.parameters())  # nothing ran
@@ -216,8 +260,14 @@ def test_closure_optimizers_are_refused_by_name():
 def torch_optimizers():
     """Every optimizer class torch.optim exports (but LBFGS, refused above), built with its defaults."""
     found = [getattr(torch.optim, name) for name in dir(torch.optim)]
-    found = [c for c in found if isinstance(c, type) and issubclass(c, torch.optim.Optimizer)
-             and c is not torch.optim.Optimizer and c is not torch.optim.LBFGS]
+    found = [
+        c
+        for c in found
+        if isinstance(c, type)
+        and issubclass(c, torch.optim.Optimizer)
+        and c is not torch.optim.Optimizer
+        and c is not torch.optim.LBFGS
+    ]
     assert {torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Muon} <= set(found)
     return sorted(found, key=lambda c: c.__name__)
 
@@ -233,11 +283,14 @@ def small():
 @pytest.mark.parametrize("optimizer_class", torch_optimizers(), ids=lambda c: c.__name__)
 def test_every_optimizer_in_torch_optim_is_measured_as_it_trains(optimizer_class):
     if optimizer_class is torch.optim.Muon:  # Muon takes 2-D weights only: the biases go to another optimizer
+
         def build(model):
             return optimizer_class([p for p in model.parameters() if p.dim() == 2], lr=0.02)
     else:
+
         def build(model):
             return optimizer_class(model.parameters(), **({"lr": 0.01} if optimizer_class is torch.optim.SGD else {}))
+
     model = small()
     if optimizer_class is torch.optim.SparseAdam:  # it refuses dense gradients: in training and measuring alike
         with pytest.raises((RuntimeError, ValueError), match="dense"):
@@ -256,12 +309,29 @@ def test_every_optimizer_in_torch_optim_is_measured_as_it_trains(optimizer_class
     assert all("the optimizer's step (" in str(w.message) and "/optim/" in str(w.message) for w in caught)
     assert plan.micro_batch_size * plan.accum_steps == 8 and plan.peak_bytes <= real.peak
     optimizer = build(model)
-    history = accumlib.train(model, (XF, YF), optimizer, micro_batch_size=4, accum_steps=2, epochs=2,
-                             memory_budget=real.peak, measure_memory=True, device="cpu")
+    history = accumlib.train(
+        model,
+        (XF, YF),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=2,
+        epochs=2,
+        memory_budget=real.peak,
+        measure_memory=True,
+        device="cpu",
+    )
     assert max(r.peak_memory_bytes for r in history) <= real.peak
     # and a step once the optimizer has its state (the heavier of the two measure_step reports) is within it too
-    later = accumlib.train(model, (XF[:8], YF[:8]), optimizer, micro_batch_size=4, accum_steps=2,
-                           memory_budget=real.peak, measure_memory=True, device="cpu")
+    later = accumlib.train(
+        model,
+        (XF[:8], YF[:8]),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=2,
+        memory_budget=real.peak,
+        measure_memory=True,
+        device="cpu",
+    )
     assert later[0].peak_memory_bytes <= real.peak
     assert max(later[0].peak_memory_bytes, history[0].peak_memory_bytes) == real.peak  # exact, not a bound
 
@@ -281,25 +351,38 @@ class Branching(nn.Module):
 
 def test_an_untraceable_forward_is_measured_with_a_real_step_and_its_line_named():
     model = Branching()
-    with pytest.warns(RuntimeWarning, match=r"the model or loss_fn \(.*test_hostile_newer_cycle.py, line \d+: if "
-                                            r"x.sum\(\) > 0:\) reads a tensor's value.*measured with a real step "
-                                            "on the CPU"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"the model or loss_fn \(.*test_hostile_newer_cycle.py, line \d+: if "
+        r"x.sum\(\) > 0:\) reads a tensor's value.*measured with a real step "
+        "on the CPU",
+    ):
         fake = memory.measure_step(model, XF[:4], YF[:4], accum_steps=2, fake=True)
     assert fake.peak == memory.measure_step(model, XF[:4], YF[:4], accum_steps=2).peak  # exact on the CPU
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         plan = memory.fit_batch(model, (XF[:1], YF[:1]), 8, fake.peak)
-        history = accumlib.train(model, (XF, YF), torch.optim.SGD(model.parameters(), lr=0.1),
-                                 micro_batch_size=plan.micro_batch_size, accum_steps=plan.accum_steps,
-                                 memory_budget=plan.budget_bytes, measure_memory=True, device="cpu")
+        history = accumlib.train(
+            model,
+            (XF, YF),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=plan.micro_batch_size,
+            accum_steps=plan.accum_steps,
+            memory_budget=plan.budget_bytes,
+            measure_memory=True,
+            device="cpu",
+        )
     assert len(history) == 24 // 8 and max(r.peak_memory_bytes for r in history) <= plan.budget_bytes
 
 
 def test_an_untraceable_forward_on_the_meta_device_is_refused_naming_its_line():
     with torch.device("meta"):
         model = Branching()
-    with pytest.raises(ValueError, match=r"line \d+: if x.sum\(\) > 0:\) reads a tensor's value.*meta device has "
-                                         "none"):
+    with pytest.raises(
+        ValueError,
+        match=r"line \d+: if x.sum\(\) > 0:\) reads a tensor's value.*meta device has "
+        "none",
+    ):
         memory.measure_step(model, XF[:4], YF[:4], fake=True)
 
 
@@ -314,12 +397,28 @@ def test_a_plan_at_its_exact_boundary_with_adam_trains_within_it():
     plan = memory.fit_batch(model, (X[:1], Y[:1]), 16, wanted, optimizer=adam(model))  # the exact boundary
     assert loose.micro_batch_size == 16 and (plan.micro_batch_size, plan.peak_bytes) == (4, wanted)
     optimizer = adam(model)
-    history = accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=4, epochs=2,
-                             memory_budget=plan.budget_bytes, measure_memory=True, device="cpu")
-    later = accumlib.train(model, (X[:16], Y[:16]), optimizer, micro_batch_size=4, accum_steps=4,
-                           memory_budget=plan.budget_bytes, measure_memory=True, device="cpu")
+    history = accumlib.train(
+        model,
+        (X, Y),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=4,
+        epochs=2,
+        memory_budget=plan.budget_bytes,
+        measure_memory=True,
+        device="cpu",
+    )
+    later = accumlib.train(
+        model,
+        (X[:16], Y[:16]),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=4,
+        memory_budget=plan.budget_bytes,
+        measure_memory=True,
+        device="cpu",
+    )
     peaks = [r.peak_memory_bytes for r in history] + [later[0].peak_memory_bytes]
     assert max(peaks) == plan.budget_bytes  # the step it trains reaches its plan, and not a byte over
     with pytest.raises(memory.OutOfMemory):  # one byte less is refused before anything changes
-        accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=4,
-                       memory_budget=plan.budget_bytes - 1)
+        accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=4, memory_budget=plan.budget_bytes - 1)

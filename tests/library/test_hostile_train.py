@@ -3,6 +3,7 @@ an error that names the parameter (and the value), before any weight, buffer, gr
 
 The model has BatchNorm (buffers that a forward pass changes) and an Adam optimizer with state from a first run.
 """
+
 import copy
 import dataclasses
 import math
@@ -26,8 +27,11 @@ def trained():
 
 
 def snapshot(model, optimizer):
-    return (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()),
-            [None if p.grad is None else p.grad.clone() for p in model.parameters()])
+    return (
+        copy.deepcopy(model.state_dict()),
+        copy.deepcopy(optimizer.state_dict()),
+        [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+    )
 
 
 def same(a, b) -> bool:
@@ -58,11 +62,14 @@ CASES = [
     ("model-none", dict(model=None), TypeError, ["model", "None"]),
     ("model-string", dict(model="resnet"), TypeError, ["model", "'resnet'"]),
     ("model-without-parameters", dict(model=nn.ReLU()), ValueError, ["model", "no parameters"]),
-    ("model-frozen", dict(model=models.cnn().requires_grad_(False)), ValueError,
-     ["model", "frozen", "requires_grad"]),
+    ("model-frozen", dict(model=models.cnn().requires_grad_(False)), ValueError, ["model", "frozen", "requires_grad"]),
     # data
-    ("data-dict-batch", dict(data={"input_ids": X, "labels": Y}), TypeError,
-     ["data", "dict", "'input_ids'", "not supported"]),
+    (
+        "data-dict-batch",
+        dict(data={"input_ids": X, "labels": Y}),
+        TypeError,
+        ["data", "dict", "'input_ids'", "not supported"],
+    ),
     ("data-dict-inputs", dict(data=({"pixels": X}, Y)), TypeError, ["data[0] (X)", "dict", "'pixels'"]),
     # a Dataset of dict samples, or of ({"pixels": x}, y) pairs, trains (model(**inputs)):
     # tests/library/test_pipeline.py; a cycle without loss terms is refused when its counts are computed, before
@@ -77,8 +84,12 @@ CASES = [
     ("micro-batch-larger-than-data", dict(micro_batch_size=49), ValueError, ["micro_batch_size=49", "1 to 48"]),
     # optimizer
     ("optimizer-none", dict(optimizer=None), TypeError, ["optimizer", "None"]),
-    ("optimizer-of-another-model", dict(optimizer=Built(other_optimizer)), ValueError,
-     ["optimizer", "none of the model's trainable parameters"]),
+    (
+        "optimizer-of-another-model",
+        dict(optimizer=Built(other_optimizer)),
+        ValueError,
+        ["optimizer", "none of the model's trainable parameters"],
+    ),
     # loss_fn
     ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
     ("loss-string", dict(loss_fn="cross_entropy"), TypeError, ["loss_fn", "'cross_entropy'"]),
@@ -95,9 +106,17 @@ CASES = [
     ("count-returns-vector", dict(normalize="count", count=lambda y: y), TypeError, ["count", "0-d tensor"]),
     ("count-negative", dict(normalize="count", count=lambda y: -1), ValueError, ["count", "-1", "step 1"]),
     # clipping
-    *[(f"clip-{value!r}", dict(clip_grad_norm=value), error, ["clip_grad_norm", repr(value)])
-      for value, error in [(0, ValueError), (-1.0, ValueError), ("1", TypeError), (True, TypeError),
-                           (math.inf, ValueError), (math.nan, ValueError)]],
+    *[
+        (f"clip-{value!r}", dict(clip_grad_norm=value), error, ["clip_grad_norm", repr(value)])
+        for value, error in [
+            (0, ValueError),
+            (-1.0, ValueError),
+            ("1", TypeError),
+            (True, TypeError),
+            (math.inf, ValueError),
+            (math.nan, ValueError),
+        ]
+    ],
     # amp and scaler
     *[(f"amp-{value!r}", dict(amp=value), ValueError, ["amp", repr(value)]) for value in (0, 1, "yes", "FP16", None)],
     ("scaler-not-a-scaler", dict(amp="fp16", scaler="scaler"), TypeError, ["scaler", "'scaler'"]),
@@ -109,11 +128,21 @@ CASES = [
     ("device-float", dict(device=1.5), TypeError, ["device", "1.5"]),
     # seed and the switches
     *[(f"seed-{value!r}", dict(seed=value), TypeError, ["seed", repr(value)]) for value in ("a", 1.5, True)],
-    ("seed-too-large", dict(seed=2 ** 70), ValueError, ["seed", str(2 ** 70)]),
-    *[(f"{name}-{value!r}", {name: value}, TypeError, [name, repr(value), "True or False"])
-      for name, value in [("shuffle", "False"), ("shuffle", "no"), ("shuffle", 0), ("shuffle", None),
-                          ("measure_memory", "no"), ("measure_memory", 1), ("ddp_no_sync", 1),
-                          ("check_gradients", "no"), ("check_gradients", None)]],
+    ("seed-too-large", dict(seed=2**70), ValueError, ["seed", str(2**70)]),
+    *[
+        (f"{name}-{value!r}", {name: value}, TypeError, [name, repr(value), "True or False"])
+        for name, value in [
+            ("shuffle", "False"),
+            ("shuffle", "no"),
+            ("shuffle", 0),
+            ("shuffle", None),
+            ("measure_memory", "no"),
+            ("measure_memory", 1),
+            ("ddp_no_sync", 1),
+            ("check_gradients", "no"),
+            ("check_gradients", None),
+        ]
+    ],
     ("on-nonfinite-unknown", dict(on_nonfinite="ignore"), ValueError, ["on_nonfinite", "'ignore'"]),
     ("on-nonfinite-bool", dict(on_nonfinite=True), ValueError, ["on_nonfinite", "True"]),
     # callbacks and the scheduler
@@ -122,20 +151,27 @@ CASES = [
     ("on-step-class", dict(on_step=accumlib.StepRecord), TypeError, ["on_step", "StepRecord"]),
     ("scheduler-string", dict(scheduler="cosine"), TypeError, ["scheduler", "'cosine'"]),
     ("scheduler-is-the-optimizer", dict(scheduler=Built(lambda m, o: o)), TypeError, ["scheduler", "Adam"]),
-    ("scheduler-of-another-optimizer",
-     dict(scheduler=Built(lambda m, o: torch.optim.lr_scheduler.StepLR(other_optimizer(), step_size=1))), ValueError,
-     ["scheduler", "another optimizer"]),
-    ("one-cycle-too-short",
-     dict(scheduler=Built(lambda m, o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=5))), ValueError,
-     ["scheduler", "OneCycleLR", "total_steps=5", "6 optimizer steps"]),
+    (
+        "scheduler-of-another-optimizer",
+        dict(scheduler=Built(lambda m, o: torch.optim.lr_scheduler.StepLR(other_optimizer(), step_size=1))),
+        ValueError,
+        ["scheduler", "another optimizer"],
+    ),
+    (
+        "one-cycle-too-short",
+        dict(scheduler=Built(lambda m, o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=5))),
+        ValueError,
+        ["scheduler", "OneCycleLR", "total_steps=5", "6 optimizer steps"],
+    ),
     # memory budget
     ("memory-budget-zero", dict(memory_budget=0), ValueError, ["memory_budget", "0"]),
     ("memory-budget-string", dict(memory_budget="1MB"), TypeError, ["memory_budget", "'1MB'"]),
 ]
-COUNT_CASES = [(f"{name}-{value!r}", {name: value}, error, [name, repr(value), "positive integer"])
-               for name in ("micro_batch_size", "accum_steps", "epochs")
-               for value, error in [(True, TypeError), (2.0, TypeError), ("4", TypeError), (0, ValueError),
-                                    (-3, ValueError)]]
+COUNT_CASES = [
+    (f"{name}-{value!r}", {name: value}, error, [name, repr(value), "positive integer"])
+    for name in ("micro_batch_size", "accum_steps", "epochs")
+    for value, error in [(True, TypeError), (2.0, TypeError), ("4", TypeError), (0, ValueError), (-3, ValueError)]
+]
 
 
 @pytest.mark.parametrize("case,changes,error,names", CASES + COUNT_CASES, ids=[c[0] for c in CASES + COUNT_CASES])
@@ -168,6 +204,7 @@ def raises_on_second_call():
         if len(calls) == 2:
             raise RuntimeError("user code failed")
         return ce(output, target)
+
     return loss
 
 
@@ -215,8 +252,12 @@ def test_parameter_gap_refuses_what_it_cannot_compare():
 CYCLE_CASES = [
     ("model-none", dict(model=None), TypeError, ["model", "None"]),
     ("optimizer-string", dict(optimizer="adam"), TypeError, ["optimizer", "'adam'"]),
-    ("micro-batches-generator", dict(micro_batches=(b for b in [(X[:4], Y[:4])])), TypeError,
-     ["micro_batches", "generator"]),
+    (
+        "micro-batches-generator",
+        dict(micro_batches=(b for b in [(X[:4], Y[:4])])),
+        TypeError,
+        ["micro_batches", "generator"],
+    ),
     ("micro-batches-empty", dict(micro_batches=[], loss_weights=[]), ValueError, ["micro_batches", "empty"]),
     ("weights-one-number", dict(loss_weights=0.5), TypeError, ["loss_weights", "0.5"]),
     ("weights-too-few", dict(loss_weights=[1.0]), ValueError, ["loss_weights has 1", "micro_batches has 2"]),
@@ -238,8 +279,9 @@ CYCLE_CASES = [
 @pytest.mark.parametrize("case,changes,error,names", CYCLE_CASES, ids=[c[0] for c in CYCLE_CASES])
 def test_the_cycle_function_refuses_before_anything_changes(case, changes, error, names):
     model, optimizer = trained()
-    arguments = dict(model=model, optimizer=optimizer, micro_batches=[(X[:4], Y[:4]), (X[4:8], Y[4:8])],
-                     loss_weights=[0.5, 0.5])
+    arguments = dict(
+        model=model, optimizer=optimizer, micro_batches=[(X[:4], Y[:4]), (X[4:8], Y[4:8])], loss_weights=[0.5, 0.5]
+    )
     arguments |= {k: v.build(model, optimizer) if isinstance(v, Built) else v for k, v in changes.items()}
     before = snapshot(model, optimizer)
     with pytest.raises(error) as info:
@@ -257,21 +299,37 @@ class OwnLoss(nn.Module):
 
     def forward(self, x, labels):
         per_sample = nn.functional.cross_entropy(self.layer(x.flatten(1)), labels, reduction="none")
-        loss = {"a vector": per_sample, "a float": 0.5, "detached": per_sample.mean().detach(),
-                "an integer tensor": labels.sum(), "a tensor without grad": per_sample.mean()}[self.kind]
+        loss = {
+            "a vector": per_sample,
+            "a float": 0.5,
+            "detached": per_sample.mean().detach(),
+            "an integer tensor": labels.sum(),
+            "a tensor without grad": per_sample.mean(),
+        }[self.kind]
         if self.kind == "a tensor without grad":
             self.requires_grad_(False)  # frozen from here on, as an on_step that freezes the model leaves it
         return {"loss": loss} if self.key else type("Output", (), {"loss": loss})()
 
 
 @pytest.mark.parametrize("key", [True, False], ids=["output['loss']", "output.loss"])
-@pytest.mark.parametrize("kind, error, message", [
-    ("a vector", ValueError, "must be a scalar, got a tensor of shape (4,): reduce it in the model"),
-    ("a float", TypeError, "must be a scalar tensor, got 0.5 of type float: let the model return the tensor itself"),
-    ("detached", ValueError, "has no gradient (requires_grad=False): the model computed it outside its parameters'"),
-    ("an integer tensor", TypeError, "is a tensor of torch.int64, which has no gradient"),
-    ("a tensor without grad", ValueError, "has no gradient (requires_grad=False)"),
-])
+@pytest.mark.parametrize(
+    "kind, error, message",
+    [
+        ("a vector", ValueError, "must be a scalar, got a tensor of shape (4,): reduce it in the model"),
+        (
+            "a float",
+            TypeError,
+            "must be a scalar tensor, got 0.5 of type float: let the model return the tensor itself",
+        ),
+        (
+            "detached",
+            ValueError,
+            "has no gradient (requires_grad=False): the model computed it outside its parameters'",
+        ),
+        ("an integer tensor", TypeError, "is a tensor of torch.int64, which has no gradient"),
+        ("a tensor without grad", ValueError, "has no gradient (requires_grad=False)"),
+    ],
+)
 def test_a_models_own_broken_loss_is_named_as_the_models_not_as_loss_fn(kind, error, message, key):
     """Without loss_fn, the model's own loss is refused naming it (the user passed no loss_fn), before the step."""
     torch.manual_seed(0)
@@ -279,7 +337,7 @@ def test_a_models_own_broken_loss_is_named_as_the_models_not_as_loss_fn(kind, er
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = copy.deepcopy(model.state_dict())
     where = "output['loss']" if key else "output.loss"
-    batches = [{"x": X[i:i + 4], "labels": Y[i:i + 4]} for i in range(0, 8, 4)]
+    batches = [{"x": X[i : i + 4], "labels": Y[i : i + 4]} for i in range(0, 8, 4)]
     with pytest.raises(error) as refused:
         accumlib.train(model, batches, optimizer, accum_steps=2, device="cpu")
     assert str(refused.value).startswith(f"the model's own loss ({where}; no loss_fn was given) {message}")
@@ -300,6 +358,7 @@ class ReadOnlyHistory(Exception):
 def raising(error):
     def raise_it(*_):
         raise error
+
     return raise_it
 
 
@@ -311,11 +370,25 @@ def test_an_exception_that_takes_no_history_is_raised_as_it_is(error, where):
     model = nn.Linear(64, 10)
     callbacks = {where: raising(error)}
     with pytest.raises(type(error)) as raised:
-        accumlib.train(model, (X.flatten(1), Y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
-                       accum_steps=1, device="cpu", **callbacks)
+        accumlib.train(
+            model,
+            (X.flatten(1), Y),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=1,
+            device="cpu",
+            **callbacks,
+        )
     assert raised.value is error
     plain = ValueError("a plain one")  # one that takes attributes carries the records so far, as before
     with pytest.raises(ValueError) as raised:
-        accumlib.train(model, (X.flatten(1), Y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
-                       accum_steps=1, device="cpu", **{where: raising(plain)})
+        accumlib.train(
+            model,
+            (X.flatten(1), Y),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=1,
+            device="cpu",
+            **{where: raising(plain)},
+        )
     assert len(raised.value.history) == (1 if where == "on_step" else 0)

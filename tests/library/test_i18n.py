@@ -2,6 +2,7 @@
 translated and compiled, placeholders survive translation, the Hindi follows the glossary, and the language switch
 refuses what it does not know. Each failure names the string and the file.
 """
+
 from __future__ import annotations
 
 import ast
@@ -49,15 +50,21 @@ def translations():
         else:
             for index, form in enumerate(message.string):
                 if form:
-                    yield (f"{PO.relative_to(ROOT)}: {message.id[0]!r} msgstr[{index}]", form,
-                           message.id if index == 0 else message.id[1:])
+                    yield (
+                        f"{PO.relative_to(ROOT)}: {message.id[0]!r} msgstr[{index}]",
+                        form,
+                        message.id if index == 0 else message.id[1:],
+                    )
 
 
 def fields(text: str) -> set[tuple[str, str, str]] | None:
     """The str.format placeholders of a text, (name, conversion, format spec); None if it is no format string."""
     try:
-        return {(name, conversion or "", spec or "") for _, name, spec, conversion in string.Formatter().parse(text)
-                if name is not None}
+        return {
+            (name, conversion or "", spec or "")
+            for _, name, spec, conversion in string.Formatter().parse(text)
+            if name is not None
+        }
     except ValueError:
         return None
 
@@ -90,20 +97,29 @@ def test_placeholders_agree_between_english_and_hindi():
 
 def test_hindi_is_nfc_follows_the_glossary_and_leaves_no_english():
     found = [f"{where}: {problem}" for where, form, _ in translations() for problem in text_problems(form)]
-    found += [f"{where}: English words left: {sorted(set(words))}"
-              for where, form, _ in translations() if (words := untranslated(PLACEHOLDER.sub(" ", form)))]
+    found += [
+        f"{where}: English words left: {sorted(set(words))}"
+        for where, form, _ in translations()
+        if (words := untranslated(PLACEHOLDER.sub(" ", form)))
+    ]
     assert not found, report(found)
 
 
 def test_translations_are_what_the_hindi_edition_shows():
-    shown = [(message.context, message.id, message.string) for message in committed()
-             if message.id and isinstance(message.id, str) and message.string and not message.fuzzy]
+    shown = [
+        (message.context, message.id, message.string)
+        for message in committed()
+        if message.id and isinstance(message.id, str) and message.string and not message.fuzzy
+    ]
     if not shown:
         pytest.skip(f"no Hindi translation in {PO.relative_to(ROOT)} yet")
     try:
         accumlib.set_language(LANGUAGE)
-        wrong = [f"{PO.relative_to(ROOT)}: {message_id!r} shows {got!r}" for context, message_id, string in shown
-                 if (got := i18n.pgettext(context, message_id) if context else i18n._(message_id)) != string]
+        wrong = [
+            f"{PO.relative_to(ROOT)}: {message_id!r} shows {got!r}"
+            for context, message_id, string in shown
+            if (got := i18n.pgettext(context, message_id) if context else i18n._(message_id)) != string
+        ]
     finally:
         accumlib.set_language("en")
     assert not wrong, report(wrong)
@@ -136,12 +152,19 @@ ENGLISH_ON_PURPOSE: dict[tuple[str, str], str] = {}
 def _exception_classes(tree) -> set[str]:
     """Names that build exceptions or warnings here: Python's, torch's (*Error) and the module's own subclasses."""
     import builtins
+
     names = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
     grew = True
     while grew:  # a class of this module whose base is one of them
-        found = {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
-                 and any(ast.unparse(b).rsplit(".", 1)[-1] in names or ast.unparse(b).endswith(("Error", "Exception"))
-                         for b in c.bases)}
+        found = {
+            c.name
+            for c in ast.walk(tree)
+            if isinstance(c, ast.ClassDef)
+            and any(
+                ast.unparse(b).rsplit(".", 1)[-1] in names or ast.unparse(b).endswith(("Error", "Exception"))
+                for b in c.bases
+            )
+        }
         grew = not found <= names
         names |= found
     return names
@@ -183,14 +206,23 @@ class _Messages(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _in_exception_class(self, node) -> bool:
-        return any(isinstance(c, ast.ClassDef) and c.name in self.exceptions and node in ast.walk(c)
-                   for c in ast.walk(self.tree))
+        return any(
+            isinstance(c, ast.ClassDef) and c.name in self.exceptions and node in ast.walk(c)
+            for c in ast.walk(self.tree)
+        )
 
     def _assignments(self, name: str):
         for scope in reversed(self.scope):
-            values = [a.value for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AnnAssign)) and a.value
-                      and any(isinstance(t, ast.Name) and t.id == name
-                              for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))]
+            values = [
+                a.value
+                for a in ast.walk(scope)
+                if isinstance(a, (ast.Assign, ast.AnnAssign))
+                and a.value
+                and any(
+                    isinstance(t, ast.Name) and t.id == name
+                    for t in (a.targets if isinstance(a, ast.Assign) else [a.target])
+                )
+            ]
             if values:
                 return values
         return []
@@ -238,8 +270,19 @@ class _Messages(ast.NodeVisitor):
 def _bound_here(scope):
     """The nodes of `scope`'s own body (not of a function, lambda, class or comprehension inside it)."""
     for child in ast.iter_child_nodes(scope):
-        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
-                                  ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        if not isinstance(
+            child,
+            (
+                ast.FunctionDef,
+                ast.AsyncFunctionDef,
+                ast.Lambda,
+                ast.ClassDef,
+                ast.ListComp,
+                ast.SetComp,
+                ast.DictComp,
+                ast.GeneratorExp,
+            ),
+        ):
             yield child
             yield from _bound_here(child)
 
@@ -248,9 +291,12 @@ def shadowed_catalogue(path: Path, tree) -> list[str]:
     """Where a function (or the module) binds a catalogue name such as `_` ("for _ in ...", "a, _, b = ..."):
     its every `_()` would then raise UnboundLocalError instead of the message."""
     scopes = [tree, *(f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)))]
-    return [f"{path.relative_to(ROOT)}:{node.lineno}: binds {node.id!r}, the catalogue's function"
-            for scope in scopes for node in _bound_here(scope)
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in CATALOGUE_CALLS]
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno}: binds {node.id!r}, the catalogue's function"
+        for scope in scopes
+        for node in _bound_here(scope)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in CATALOGUE_CALLS
+    ]
 
 
 def untranslated_messages(path: Path) -> list[str]:
@@ -277,41 +323,55 @@ QUOTED = re.compile(r"'[^']*'")
 # A sample of the library's refusals, one or more per module, each with its arguments and its English words.
 REFUSALS = {
     "batchnorm: no BatchNorm to replace": (
-        lambda: batchnorm.to_groupnorm(torch.nn.Linear(3, 4)), "model has no BatchNorm layer to replace"),
+        lambda: batchnorm.to_groupnorm(torch.nn.Linear(3, 4)),
+        "model has no BatchNorm layer to replace",
+    ),
     "batchnorm: micro_batch_size past the batch": (
         lambda: batchnorm.micro_batch_deviation(_batchnorm_model(), torch.randn(8, 3), 9),
-        "micro_batch_size must be between 1 and 8 (the batch), got 9"),
+        "micro_batch_size must be between 1 and 8 (the batch), got 9",
+    ),
     "batchnorm: groups do not divide the channels": (
         lambda: batchnorm.to_groupnorm(_batchnorm_model(), groups=3),
-        "groups=3 must divide the 4 channels of layer 1"),
+        "groups=3 must divide the 4 channels of layer 1",
+    ),
     "timing: a step needs more samples than data has": (
         lambda: timing.time_config(torch.nn.Linear(3, 4), _data(), micro_batch_size=4, accum_steps=4),
-        "micro_batch_size * accum_steps = 16 exceeds the 8 samples of data"),
+        "micro_batch_size * accum_steps = 16 exceeds the 8 samples of data",
+    ),
     "timing: optimizer_fn is an optimizer": (
-        lambda: timing.time_config(torch.nn.Linear(3, 4), _data(), micro_batch_size=2, accum_steps=2,
-                                   optimizer_fn=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)),
+        lambda: timing.time_config(
+            torch.nn.Linear(3, 4),
+            _data(),
+            micro_batch_size=2,
+            accum_steps=2,
+            optimizer_fn=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
+        ),
         "optimizer_fn must be a function from parameters to an optimizer, e.g. lambda params: "
-        "torch.optim.SGD(params, lr=0.01), got SGD"),
+        "torch.optim.SGD(params, lr=0.01), got SGD",
+    ),
     "timing: one accum_steps value": (
         lambda: timing.decompose_time(torch.nn.Linear(3, 4), _data(), effective_batch=8, accum_steps=(2, 2)),
-        "accum_steps must hold two or more different values (one line needs two points), each once, got (2, 2)"),
+        "accum_steps must hold two or more different values (one line needs two points), each once, got (2, 2)",
+    ),
     "memory: a device accumlib does not measure on": (
         lambda: memory.measure_step(torch.nn.Linear(3, 4), *_data(), device="mps"),
-        "device must be 'cpu' or 'cuda' (the devices accumlib measures on), got 'mps'"),
+        "device must be 'cpu' or 'cuda' (the devices accumlib measures on), got 'mps'",
+    ),
     "memory: target_batch past the largest": (
-        lambda: memory.fit_batch(torch.nn.Linear(3, 4), _data(), target_batch=memory.MAX_TARGET_BATCH + 1,
-                                 budget_bytes=2**20),
-        f"target_batch must be between 1 and {memory.MAX_TARGET_BATCH:,} samples, got "
-        f"{memory.MAX_TARGET_BATCH + 1:,}"),
+        lambda: memory.fit_batch(
+            torch.nn.Linear(3, 4), _data(), target_batch=memory.MAX_TARGET_BATCH + 1, budget_bytes=2**20
+        ),
+        f"target_batch must be between 1 and {memory.MAX_TARGET_BATCH:,} samples, got {memory.MAX_TARGET_BATCH + 1:,}",
+    ),
     "_validate: the model's class": (
         lambda: timing.time_config(torch.nn.Linear, _data(), micro_batch_size=2, accum_steps=2),
-        "model must be a model instance, got the class Linear: call it, e.g. Linear(...)"),
+        "model must be a model instance, got the class Linear: call it, e.g. Linear(...)",
+    ),
     "_validate: a dict for (x, y)": (
         lambda: timing.time_config(torch.nn.Linear(3, 4), {"x": _data()[0]}, micro_batch_size=2, accum_steps=2),
-        "data must be a tuple (x, y) of two tensors, got a dict (keys 'x'): pass (batch['input_ids'], "
-        "batch['labels'])"),
-    "i18n: an unknown language": (
-        lambda: accumlib.set_language("xx"), "language must be one of 'en', 'hi'; got 'xx'"),
+        "data must be a tuple (x, y) of two tensors, got a dict (keys 'x'): pass (batch['input_ids'], batch['labels'])",
+    ),
+    "i18n: an unknown language": (lambda: accumlib.set_language("xx"), "language must be one of 'en', 'hi'; got 'xx'"),
 }
 
 
@@ -332,6 +392,6 @@ def test_library_refusals_speak_the_course_language(case):
         accumlib.set_language("en")
     hindi = str(in_hindi.value)
     words = QUOTED.sub(" ", hindi)  # the values a message quotes ('xx', 'layer.0') are code, not words
-    assert hindi != english and re.search("[\u0900-\u097F]", words) and not untranslated(words), hindi
+    assert hindi != english and re.search("[\u0900-\u097f]", words) and not untranslated(words), hindi
     numbers = re.findall(r"\d+(?:\.\d+)?", english)
     assert sorted(re.findall(r"\d+(?:\.\d+)?", hindi)) == sorted(numbers), hindi

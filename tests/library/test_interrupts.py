@@ -1,5 +1,6 @@
 """accumlib.interrupts: a SIGINT (Ctrl-C) that arrives while a step is made waits for the step's end; between the
 steps of a run it is delivered at once; the handler found is put back. (Whole runs: test_sigint.py.)"""
+
 import signal
 
 import pytest

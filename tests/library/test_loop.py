@@ -1,5 +1,6 @@
 """accumlib.loop (train) and the cycle it drives: exact equivalence, once-per-step work, NaN, interruption, and the
 valid set-ups that used to give silently wrong results. Bad input: test_hostile_train.py; the gaps: test_gaps.py."""
+
 import copy
 import math
 
@@ -15,8 +16,9 @@ X64, Y64 = data.digits(flat=True, dtype=torch.float64)
 def run(m, k, n, *, epochs=2, lr=0.5, normalize="samples", **kwargs):
     model = models.mlp(dtype=torch.float64)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    history = accumlib.train(model, (X64[:n], Y64[:n]), opt, micro_batch_size=m, accum_steps=k, epochs=epochs,
-                             normalize=normalize, **kwargs)
+    history = accumlib.train(
+        model, (X64[:n], Y64[:n]), opt, micro_batch_size=m, accum_steps=k, epochs=epochs, normalize=normalize, **kwargs
+    )
     return model, history
 
 
@@ -78,11 +80,19 @@ def test_scheduler_and_clipping_run_once_per_optimizer_step(monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = Counting(opt, step_size=1, gamma=0.9)
     Counting.calls = 0  # the constructor's own initial step() is not ours
-    history = accumlib.train(model, (X64[:100], Y64[:100]), opt, micro_batch_size=4, accum_steps=5, epochs=2,
-                             scheduler=scheduler, clip_grad_norm=0.1)
+    history = accumlib.train(
+        model,
+        (X64[:100], Y64[:100]),
+        opt,
+        micro_batch_size=4,
+        accum_steps=5,
+        epochs=2,
+        scheduler=scheduler,
+        clip_grad_norm=0.1,
+    )
     assert len(history) == 10  # 100 / 20 per epoch, 2 epochs
     assert Counting.calls == 10 and len(clip_calls) == 10
-    assert [r.lr for r in history] == pytest.approx([0.5 * 0.9 ** i for i in range(10)])
+    assert [r.lr for r in history] == pytest.approx([0.5 * 0.9**i for i in range(10)])
     assert all(r.grad_norm > 0.1 for r in history)  # the recorded norm is before clipping, so clipping did act
 
 
@@ -119,8 +129,16 @@ def test_amp_scaler_unscale_step_update_once_per_cycle():
     X, y = data.digits(96, flat=True)
     model = models.mlp()
     scaler = CountingScaler()
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8,
-                             accum_steps=4, amp="fp16", scaler=scaler, device="cpu")
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=8,
+        accum_steps=4,
+        amp="fp16",
+        scaler=scaler,
+        device="cpu",
+    )
     assert len(history) == 3
     assert scaler.calls == {"scale": 12, "unscale_": 3, "step": 3, "update": 3}
     assert all(math.isfinite(r.loss) for r in history)
@@ -129,8 +147,16 @@ def test_amp_scaler_unscale_step_update_once_per_cycle():
 def test_bf16_autocast_on_cpu_trains():
     X, y = data.digits(256, flat=True)
     model = models.mlp()
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=16,
-                             accum_steps=2, amp=True, epochs=3, device="cpu")
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batch_size=16,
+        accum_steps=2,
+        amp=True,
+        epochs=3,
+        device="cpu",
+    )
     assert history[-1].loss < history[0].loss
 
 
@@ -146,9 +172,16 @@ def test_nan_cycle_is_skipped_and_training_continues():
     model = models.mlp(dtype=torch.float64)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     weights_seen = []
-    history = accumlib.train(model, (X, y), opt, micro_batch_size=4, accum_steps=3, shuffle=False,
-                             loss_fn=nan_on_label_99,
-                             on_step=lambda r: weights_seen.append(model[0].weight.detach().clone()))
+    history = accumlib.train(
+        model,
+        (X, y),
+        opt,
+        micro_batch_size=4,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=nan_on_label_99,
+        on_step=lambda r: weights_seen.append(model[0].weight.detach().clone()),
+    )
     assert [r.skipped for r in history] == [True, False, False, False, False]
     assert math.isnan(history[0].loss)
     assert torch.equal(weights_seen[0], models.mlp(dtype=torch.float64)[0].weight)  # untouched by the bad cycle
@@ -161,8 +194,16 @@ def test_nan_can_raise_instead():
     y[30] = 99
     model = models.mlp(dtype=torch.float64)
     with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                       accum_steps=3, shuffle=False, loss_fn=nan_on_label_99, on_nonfinite="raise")
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            shuffle=False,
+            loss_fn=nan_on_label_99,
+            on_nonfinite="raise",
+        )
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -180,9 +221,17 @@ def nan_gradient_run(**options):
     y[13] = 99  # in the second cycle (micro-batch 4, accum_steps 3, in order)
     model = models.mlp(dtype=torch.float64)
     weights = []
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                             accum_steps=3, shuffle=False, loss_fn=nan_gradient_on_label_99,
-                             on_step=lambda r: weights.append(model[0].weight.detach().clone()), **options)
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=nan_gradient_on_label_99,
+        on_step=lambda r: weights.append(model[0].weight.detach().clone()),
+        **options,
+    )
     return history, weights
 
 
@@ -206,6 +255,7 @@ def test_stop_training_from_on_step_returns_history_so_far():
     def stop_at_three(record):
         if record.step == 3:
             raise accumlib.StopTraining
+
     model, history = run(4, 3, 120, epochs=1, on_step=stop_at_three)
     assert len(history) == 3 and history.stopped == "StopTraining"
     assert all(p.grad is None for p in model.parameters())
@@ -222,12 +272,19 @@ def test_keyboard_interrupt_mid_cycle_applies_no_half_accumulated_gradient():
 
     model = models.mlp(dtype=torch.float64)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    history = accumlib.train(model, (X64[:48], Y64[:48]), opt, micro_batch_size=4, accum_steps=4,
-                             loss_fn=interrupting_loss, shuffle=False)
+    history = accumlib.train(
+        model, (X64[:48], Y64[:48]), opt, micro_batch_size=4, accum_steps=4, loss_fn=interrupting_loss, shuffle=False
+    )
     assert len(history) == 1 and history.stopped == "KeyboardInterrupt"
     one_step = models.mlp(dtype=torch.float64)
-    accumlib.train(one_step, (X64[:16], Y64[:16]), torch.optim.SGD(one_step.parameters(), lr=0.5),
-                   micro_batch_size=16, accum_steps=1, shuffle=False)
+    accumlib.train(
+        one_step,
+        (X64[:16], Y64[:16]),
+        torch.optim.SGD(one_step.parameters(), lr=0.5),
+        micro_batch_size=16,
+        accum_steps=1,
+        shuffle=False,
+    )
     assert max_param_diff(model, one_step) <= 1e-12
     assert all(p.grad is None for p in model.parameters())
 
@@ -237,8 +294,9 @@ def test_same_seed_gives_bit_identical_history_and_other_seed_does_not():
     histories = []
     for seed in (3, 3, 4):
         model = models.cnn()
-        h = accumlib.train(model, (X, y), torch.optim.Adam(model.parameters()), micro_batch_size=8, accum_steps=4,
-                           seed=seed, epochs=2)
+        h = accumlib.train(
+            model, (X, y), torch.optim.Adam(model.parameters()), micro_batch_size=8, accum_steps=4, seed=seed, epochs=2
+        )
         histories.append(h.deterministic())
     assert histories[0] == histories[1]
     assert histories[0] != histories[2]
@@ -249,15 +307,31 @@ def test_token_count_normalisation_equals_the_full_batch():
 
     def fit(m, k):
         model = models.sequence_model(dtype=torch.float64)
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
-                       accum_steps=k, epochs=2, loss_fn=models.token_loss_sum, normalize="count",
-                       loss_reduction="sum", count=data.count_tokens)
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=m,
+            accum_steps=k,
+            epochs=2,
+            loss_fn=models.token_loss_sum,
+            normalize="count",
+            loss_reduction="sum",
+            count=data.count_tokens,
+        )
         return model
 
     def fit_mean_of_means(m, k):
         model = models.sequence_model(dtype=torch.float64)
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
-                       accum_steps=k, epochs=2, loss_fn=models.token_loss_mean)
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=m,
+            accum_steps=k,
+            epochs=2,
+            loss_fn=models.token_loss_mean,
+        )
         return model
 
     full = fit(20, 1)
@@ -279,14 +353,19 @@ def test_the_cycle_function_takes_exactly_one_full_batch_step():
     norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in full.parameters()])).item()
     optimizer.step()
     model = models.mlp(dtype=torch.float64)
-    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                                          list(zip(x.split(16), y.split(16), strict=True)), [0.25] * 4)
+    result = accumlib.accumulate_and_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), list(zip(x.split(16), y.split(16), strict=True)), [0.25] * 4
+    )
     assert max_param_diff(model, full) <= 1e-14
     assert result.loss == pytest.approx(loss.item(), abs=1e-14) and result.grad_norm == pytest.approx(norm, rel=1e-12)
     assert (result.lr, result.skipped) == (0.5, False)
     with pytest.raises(ValueError, match="loss_weights has 3 values but micro_batches has 4"):
-        accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                                     list(zip(x.split(16), y.split(16), strict=True)), [1 / 3] * 3)
+        accumlib.accumulate_and_step(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            list(zip(x.split(16), y.split(16), strict=True)),
+            [1 / 3] * 3,
+        )
 
 
 def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(monkeypatch):
@@ -306,8 +385,12 @@ def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(mon
         if split:
             monkeypatch.setattr(torch, "stack", stack_on_one_device_only)
         model = models.mlp(dtype=torch.float64)
-        result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5),
-                                              list(zip(x.split(8), y.split(8), strict=True)), [0.25] * 4)
+        result = accumlib.accumulate_and_step(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            list(zip(x.split(8), y.split(8), strict=True)),
+            [0.25] * 4,
+        )
         results[split] = (result, [p.detach().clone() for p in model.parameters()])
     assert len(stacks) == 2 and stacks[0] == stacks[1] > 1  # the loss and the norms, tried, then moved and stacked
     assert results[True][0] == results[False][0] and not results[True][0].skipped
@@ -333,8 +416,9 @@ def test_an_optimizer_over_the_head_trains_exactly_like_a_frozen_body():
     histories = {}
     for body_trainable in (True, False):
         model, optimizer = head_and_body(body_trainable)
-        histories[body_trainable] = accumlib.train(model, (X64[:120], Y64[:120]), optimizer, micro_batch_size=4,
-                                                   accum_steps=3, epochs=2, clip_grad_norm=0.05)
+        histories[body_trainable] = accumlib.train(
+            model, (X64[:120], Y64[:120]), optimizer, micro_batch_size=4, accum_steps=3, epochs=2, clip_grad_norm=0.05
+        )
         histories[body_trainable, "model"] = model
     assert max_param_diff(histories[True, "model"], histories[False, "model"]) == 0
     assert [r.grad_norm for r in histories[True]] == [r.grad_norm for r in histories[False]]
@@ -349,9 +433,15 @@ def test_a_skipped_step_leaves_batchnorm_statistics_exactly_as_they_were():
     X[13] = float("nan")  # in the second cycle (micro-batch 4, accum_steps 2, in order)
     model = models.cnn(norm="batch")
     states = []
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4,
-                             accum_steps=2, shuffle=False,
-                             on_step=lambda r: states.append({k: v.clone() for k, v in model.state_dict().items()}))
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=4,
+        accum_steps=2,
+        shuffle=False,
+        on_step=lambda r: states.append({k: v.clone() for k, v in model.state_dict().items()}),
+    )
     assert [r.skipped for r in history] == [False, True, False, False, False, False]
     assert accumlib.parameter_gap(states[1], states[0]) == 0  # weights and running statistics, all untouched
     assert torch.isfinite(model.eval()(data.digits(8)[0])).all()
@@ -362,9 +452,18 @@ def test_raise_with_a_grad_scaler_raises_on_a_nonfinite_loss():
     y[30] = 99
     model = models.mlp()
     with pytest.raises(accumlib.NonFiniteError, match="non-finite loss") as info:
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                       accum_steps=3, shuffle=False, loss_fn=nan_on_label_99, on_nonfinite="raise", amp="fp16",
-                       device="cpu")
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            shuffle=False,
+            loss_fn=nan_on_label_99,
+            on_nonfinite="raise",
+            amp="fp16",
+            device="cpu",
+        )
     assert [r.skipped for r in info.value.history] == [False, False]  # the records so far travel with the error
 
 
@@ -372,12 +471,21 @@ def test_a_grad_scaler_overflow_is_skipped_and_not_raised():
     """With a scaler, inf gradients are its routine: the step is skipped and the scale lowered, even with "raise"."""
     X, y = data.digits(192, flat=True)
     model = models.mlp()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 30)
-    history = accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=8,
-                             accum_steps=2, amp="fp16", scaler=scaler, on_nonfinite="raise", device="cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**30)
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=8,
+        accum_steps=2,
+        amp="fp16",
+        scaler=scaler,
+        on_nonfinite="raise",
+        device="cpu",
+    )
     skipped = [r.skipped for r in history]
     assert skipped[0] and not skipped[-1] and skipped == sorted(skipped, reverse=True)
-    assert scaler.get_scale() == 2.0 ** 30 * 0.5 ** sum(skipped)
+    assert scaler.get_scale() == 2.0**30 * 0.5 ** sum(skipped)
 
 
 class RecordingPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -390,18 +498,20 @@ def test_reduce_lr_on_plateau_gets_each_optimizer_steps_loss():
     model = models.mlp(dtype=torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = RecordingPlateau(optimizer, patience=0, factor=0.5, threshold=10.0)  # no step counts as better
-    history = accumlib.train(model, (X64[:96], Y64[:96]), optimizer, micro_batch_size=4, accum_steps=3,
-                             scheduler=scheduler)
+    history = accumlib.train(
+        model, (X64[:96], Y64[:96]), optimizer, micro_batch_size=4, accum_steps=3, scheduler=scheduler
+    )
     assert scheduler.metrics == [r.loss for r in history]
-    assert [r.lr for r in history] == [0.5 * 0.5 ** i for i in range(8)]
+    assert [r.lr for r in history] == [0.5 * 0.5**i for i in range(8)]
 
 
 def test_one_cycle_lr_with_exactly_the_runs_steps_runs_to_the_end():
     model = models.mlp(dtype=torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=10)
-    history = accumlib.train(model, (X64[:100], Y64[:100]), optimizer, micro_batch_size=4, accum_steps=5, epochs=2,
-                             scheduler=scheduler)
+    history = accumlib.train(
+        model, (X64[:100], Y64[:100]), optimizer, micro_batch_size=4, accum_steps=5, epochs=2, scheduler=scheduler
+    )
     lrs = [r.lr for r in history]
     assert len(lrs) == 10 and max(lrs) == 0.5 and lrs[-1] == min(lrs)  # warmed up to max_lr, annealed to the end
 
@@ -419,6 +529,7 @@ def failing_at_step(step, where):
     def on_step(record):
         if record.step == step:
             raise RuntimeError("user code failed")
+
     return {"loss_fn": loss_fn, "on_step": on_step}[where]
 
 
@@ -426,8 +537,14 @@ def failing_at_step(step, where):
 def test_an_exception_from_user_code_carries_the_records_so_far(where, recorded):
     model = models.mlp(dtype=torch.float64)
     with pytest.raises(RuntimeError, match="user code failed") as info:
-        accumlib.train(model, (X64[:96], Y64[:96]), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                       accum_steps=3, **{where: failing_at_step(3, where)})
+        accumlib.train(
+            model,
+            (X64[:96], Y64[:96]),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            **{where: failing_at_step(3, where)},
+        )
     assert [r.step for r in info.value.history] == list(range(1, recorded + 1))
     assert all(p.grad is None for p in model.parameters())
 
@@ -440,8 +557,9 @@ def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_noth
     unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     twin = copy.deepcopy(model)
     alone = accumlib.accumulate_and_step(twin, torch.optim.SGD(twin.parameters(), lr=0.5), [(X64[:8], Y64[:8])], [1.0])
-    result = accumlib.accumulate_and_step(model, torch.optim.SGD([unused, *model.parameters()], lr=0.5),
-                                          [(X64[:8], Y64[:8])], [1.0])
+    result = accumlib.accumulate_and_step(
+        model, torch.optim.SGD([unused, *model.parameters()], lr=0.5), [(X64[:8], Y64[:8])], [1.0]
+    )
     assert (result.grad_norm, result.skipped) == (alone.grad_norm, False)
     assert torch.equal(unused, torch.ones(3, dtype=torch.float64)) and unused.grad is None
 
@@ -501,9 +619,18 @@ def test_a_mean_loss_fn_with_counts_said_to_be_a_mean_equals_the_full_batch_and_
 
     def fit(m, k, **options):
         model = models.mlp(dtype=torch.float64)
-        accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=m,
-                       accum_steps=k, shuffle=False, loss_fn=torch.nn.functional.cross_entropy, normalize="count",
-                       count=counted, **options)
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=m,
+            accum_steps=k,
+            shuffle=False,
+            loss_fn=torch.nn.functional.cross_entropy,
+            normalize="count",
+            count=counted,
+            **options,
+        )
         return model
 
     full = fit(12, 1, loss_reduction="mean")
@@ -520,21 +647,38 @@ def test_a_loss_fn_with_counts_and_no_loss_reduction_is_refused_with_nothing_cha
         p.grad = torch.full_like(p, 0.5)  # a gradient of the learner's own, left as it is
     before = copy.deepcopy((model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict()))
     with pytest.raises(ValueError, match="loss_reduction is missing") as refused:
-        accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, normalize="count",
-                       loss_fn=torch.nn.functional.cross_entropy, count=counted)
+        accumlib.train(
+            model,
+            (X, y),
+            optimizer,
+            micro_batch_size=4,
+            accum_steps=3,
+            normalize="count",
+            loss_fn=torch.nn.functional.cross_entropy,
+            count=counted,
+        )
     assert "loss_reduction='mean'" in str(refused.value) and "loss_reduction='sum'" in str(refused.value)
     after = (model.state_dict(), [p.grad for p in model.parameters()], optimizer.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values(), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(before[1], after[1], strict=True))
     assert identical(before[2], after[2])  # the step counts and moments, bit for bit
     # the model's own loss needs none: it is a mean
-    accumlib.train(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=3,
-                   normalize="count", count=counted, max_steps=1)
+    accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=4,
+        accum_steps=3,
+        normalize="count",
+        count=counted,
+        max_steps=1,
+    )
 
 
 def test_a_disabled_grad_scaler_is_no_scaler_in_train():
     """GradScaler(enabled=use_amp) with use_amp False, PyTorch's own AMP recipe: train takes it for no scaler (the
     same run, bit for bit, and a NaN gradient raises with on_nonfinite="raise"); with fp16 it is refused."""
+
     def disabled():
         return torch.amp.GradScaler("cpu", enabled=False)
 
@@ -546,8 +690,16 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_train():
     model = models.mlp()
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match=r"scaler is disabled .* amp='fp16'"):
-        accumlib.train(model, (X64[:24].float(), Y64[:24]), torch.optim.SGD(model.parameters(), lr=0.5),
-                       micro_batch_size=4, accum_steps=3, amp="fp16", scaler=disabled(), device="cpu")
+        accumlib.train(
+            model,
+            (X64[:24].float(), Y64[:24]),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            amp="fp16",
+            scaler=disabled(),
+            device="cpu",
+        )
     assert identical(before, model.state_dict())
 
 
@@ -561,15 +713,31 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
-        accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.5, 0.5], loss_fn=nan_gradient_on_label_99,
-                                     scaler=torch.amp.GradScaler("cpu", enabled=False), on_nonfinite="raise")
+        accumlib.accumulate_and_step(
+            model,
+            optimizer,
+            micro_batches,
+            [0.5, 0.5],
+            loss_fn=nan_gradient_on_label_99,
+            scaler=torch.amp.GradScaler("cpu", enabled=False),
+            on_nonfinite="raise",
+        )
     assert identical(before, model.state_dict()) and all(p.grad is None for p in model.parameters())
     y[5] = 0
     reference = copy.deepcopy(model)
-    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
-                                 list(zip(x.split(8), y.split(8), strict=True)), [0.5, 0.5])
-    result = accumlib.accumulate_and_step(model, optimizer, list(zip(x.split(8), y.split(8), strict=True)), [0.5, 0.5],
-                                          scaler=torch.amp.GradScaler("cpu", enabled=False))
+    accumlib.accumulate_and_step(
+        reference,
+        torch.optim.SGD(reference.parameters(), lr=0.5),
+        list(zip(x.split(8), y.split(8), strict=True)),
+        [0.5, 0.5],
+    )
+    result = accumlib.accumulate_and_step(
+        model,
+        optimizer,
+        list(zip(x.split(8), y.split(8), strict=True)),
+        [0.5, 0.5],
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+    )
     assert not result.skipped and max_param_diff(model, reference) == 0
 
 
@@ -588,10 +756,18 @@ def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
     y[13] = 99  # the second cycle (micro-batches of 4, accum_steps 3)
     model, plain = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
     optimizer = CountingSGD(model.parameters(), lr=0.5)
-    history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, shuffle=False,
-                             loss_fn=nan_on_label_99)
-    accumlib.train(plain, (X, y), torch.optim.SGD(plain.parameters(), lr=0.5), micro_batch_size=4, accum_steps=3,
-                   shuffle=False, loss_fn=nan_on_label_99)
+    history = accumlib.train(
+        model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, shuffle=False, loss_fn=nan_on_label_99
+    )
+    accumlib.train(
+        plain,
+        (X, y),
+        torch.optim.SGD(plain.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=nan_on_label_99,
+    )
     assert [r.skipped for r in history] == [False, True, False, False, False]
     assert optimizer.calls == [True] * 4 and max_param_diff(model, plain) == 0
     optimizer.calls = []
@@ -618,8 +794,11 @@ def test_a_batch_of_0_rows_adds_nothing_mid_cycle_and_at_the_end():
     assert max_param_diff(model, others) == 0
     model, history = linear_run(batches + [none], 3)
     plain, _ = linear_run(batches, 3)
-    assert [(r.skipped, r.empty, r.samples) for r in history] == [(False, False, 9), (False, False, 9),
-                                                                    (False, True, 0)]
+    assert [(r.skipped, r.empty, r.samples) for r in history] == [
+        (False, False, 9),
+        (False, False, 9),
+        (False, True, 0),
+    ]
     assert max_param_diff(model, plain) == 0
     model, history = linear_run([none, none], 2)  # only 0-row batches: nothing to learn, nothing changed
     torch.manual_seed(0)
@@ -639,10 +818,12 @@ def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
         calls.append(len(target))
         return torch.nn.functional.cross_entropy(out, target) * (math.nan if target is micro_batches[1][1] else 1.0)
 
-    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches,
-                                          [0.5, 0, 0.5], loss_fn=loss_fn)
-    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5),
-                                 [micro_batches[0], micro_batches[2]], [0.5, 0.5])
+    result = accumlib.accumulate_and_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches, [0.5, 0, 0.5], loss_fn=loss_fn
+    )
+    accumlib.accumulate_and_step(
+        reference, torch.optim.SGD(reference.parameters(), lr=0.5), [micro_batches[0], micro_batches[2]], [0.5, 0.5]
+    )
     assert not result.skipped and not result.empty and max_param_diff(model, reference) == 0
     before, calls[:] = copy.deepcopy(model.state_dict()), []
     optimizer = torch.optim.Adam(model.parameters())

@@ -1,4 +1,5 @@
 """accumlib.loss_weights: each micro-batch's share of its cycle (the last-cycle rule) and count's calling rule."""
+
 import warnings
 
 import pytest

@@ -1,5 +1,6 @@
 """accumlib.losses: the loss a micro-batch backpropagates, loss_fn's or the model's own, refused by name unless it
 is a floating-point scalar with a gradient."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -12,18 +13,21 @@ TARGET = torch.tensor([0, 1, 2, 0])
 
 
 def test_without_loss_fn_the_loss_is_the_models_own_else_cross_entropy():
-    own = (OUTPUT ** 2).mean()
+    own = (OUTPUT**2).mean()
     assert losses._own_loss({"loss": own, "logits": OUTPUT}, None) is own  # a Hugging Face dict
     assert losses._own_loss(SimpleNamespace(loss=own), None) is own  # a ModelOutput's attribute
     assert torch.equal(losses._own_loss(OUTPUT, TARGET), torch.nn.functional.cross_entropy(OUTPUT, TARGET))
 
 
-@pytest.mark.parametrize("loss, error, words", [
-    (0.5, TypeError, "must be a scalar tensor, got 0.5 of type float"),
-    (torch.ones(2, requires_grad=True), ValueError, "must be a scalar, got a tensor of shape (2,)"),
-    (torch.tensor(1), TypeError, "is a tensor of torch.int64, which has no gradient"),
-    (torch.tensor(1.0), ValueError, "has no gradient (requires_grad=False)"),
-])
+@pytest.mark.parametrize(
+    "loss, error, words",
+    [
+        (0.5, TypeError, "must be a scalar tensor, got 0.5 of type float"),
+        (torch.ones(2, requires_grad=True), ValueError, "must be a scalar, got a tensor of shape (2,)"),
+        (torch.tensor(1), TypeError, "is a tensor of torch.int64, which has no gradient"),
+        (torch.tensor(1.0), ValueError, "has no gradient (requires_grad=False)"),
+    ],
+)
 def test_a_broken_own_loss_is_refused_naming_where_it_came_from(loss, error, words):
     with pytest.raises(error) as info:
         losses._own_loss({"loss": loss}, None)

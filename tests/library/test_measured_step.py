@@ -1,5 +1,6 @@
 """accumlib.measured_step: one step measured on the copies it is given; here the copies themselves (the optimizer's,
 the micro-batches') and the wording of a model's failure. What a step's peak is made of: test_memory.py."""
+
 import copy
 
 import pytest
@@ -32,8 +33,11 @@ def test_a_tensor_found_twice_in_a_micro_batch_is_copied_once():
 
 def test_a_failure_of_the_model_is_worded_naming_x_and_y_and_chained():
     x, y = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"x \(shape \(2, 3\), torch.float32\) and y \(shape \(2,\), torch.int64\) "
-                                         r"with loss_fn failed: mat1 and mat2") as refused:
+    with pytest.raises(
+        ValueError,
+        match=r"x \(shape \(2, 3\), torch.float32\) and y \(shape \(2,\), torch.int64\) "
+        r"with loss_fn failed: mat1 and mat2",
+    ) as refused:
         with measured_step.explained_failure(x, y):
             nn.Linear(5, 1)(x)
     assert isinstance(refused.value.__cause__, RuntimeError)

@@ -1,4 +1,5 @@
 """accumlib.memory: what a step's peak is made of, by category, and plans that train() accepts."""
+
 import pytest
 import torch
 
@@ -18,8 +19,9 @@ def test_activation_bytes_are_proportional_to_micro_batch_size():
 
 
 def test_at_a_fixed_effective_batch_only_what_the_micro_batch_brings_shrinks():
-    one, split = (memory.measure_step(models.cnn(), X[:m], Y[:m], accum_steps=k).categories()
-                  for m, k in [(64, 1), (16, 4)])
+    one, split = (
+        memory.measure_step(models.cnn(), X[:m], Y[:m], accum_steps=k).categories() for m, k in [(64, 1), (16, 4)]
+    )
     for category in BATCH_SIZED:  # a quarter of the samples per pass: a quarter of the bytes (a 4-byte scalar aside)
         assert split[category] == pytest.approx(one[category] / 4, abs=4)
     assert split["parameters"] == one["parameters"]
@@ -35,8 +37,10 @@ def test_at_a_fixed_effective_batch_only_what_the_micro_batch_brings_shrinks():
 def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps():
     net = models.cnn()
     adam = torch.optim.Adam(net.parameters())
-    reports = {(m, k): memory.measure_step(net, X[:m], Y[:m], optimizer=adam, accum_steps=k)
-               for m, k in [(8, 1), (64, 1), (8, 8)]}
+    reports = {
+        (m, k): memory.measure_step(net, X[:m], Y[:m], optimizer=adam, accum_steps=k)
+        for m, k in [(8, 1), (64, 1), (8, 8)]
+    }
     full_gradient = 4 * sum(p.numel() for p in net.parameters())
     for r in reports.values():
         assert r.parameters == full_gradient
@@ -49,8 +53,9 @@ def test_weights_gradients_and_state_do_not_depend_on_micro_batch_or_accum_steps
 
 def test_peak_of_accumulation_is_that_of_one_micro_batch_not_the_effective_batch():
     net = models.cnn()
-    small, accumulated, big = (memory.measure_step(net, X[:m], Y[:m], accum_steps=k)
-                               for m, k in [(16, 1), (16, 8), (128, 1)])
+    small, accumulated, big = (
+        memory.measure_step(net, X[:m], Y[:m], accum_steps=k) for m, k in [(16, 1), (16, 8), (128, 1)]
+    )
     assert accumulated.peak <= 1.1 * small.peak
     assert big.peak > 2.5 * accumulated.peak
 
@@ -93,14 +98,16 @@ def test_cpu_measurement_is_deterministic_and_fake_mode_agrees_without_computing
 def test_a_model_on_the_meta_device_is_measured_without_weights():
     with torch.device("meta"):
         ghost = models.cnn()
-    assert memory.measure_step(ghost, X[:8], Y[:8], fake=True) == memory.measure_step(models.cnn(), X[:8], Y[:8],
-                                                                                        fake=True)
+    assert memory.measure_step(ghost, X[:8], Y[:8], fake=True) == memory.measure_step(
+        models.cnn(), X[:8], Y[:8], fake=True
+    )
 
 
 @pytest.mark.parametrize("m,k", [(1, 1), (1, 4), (8, 1), (64, 4)])
 def test_categories_are_what_was_alive_at_the_peak_and_add_up_to_it(m, k):
-    r = memory.measure_step(models.cnn(norm="batch"), X[:m], Y[:m],
-                            optimizer=torch.optim.Adam(models.cnn().parameters()), accum_steps=k)
+    r = memory.measure_step(
+        models.cnn(norm="batch"), X[:m], Y[:m], optimizer=torch.optim.Adam(models.cnn().parameters()), accum_steps=k
+    )
     assert list(r.categories()) == list(memory.CATEGORIES)
     assert all(value >= 0 for value in r.categories().values())
     assert sum(r.categories().values()) == r.peak  # the tracker's own peak, not a sum by definition
@@ -121,14 +128,26 @@ def test_measuring_leaves_the_callers_random_state_alone():
 
 def test_history_records_carry_the_cpu_peak():
     net = models.cnn()
-    h = accumlib.train(net, (X[:100], Y[:100]), torch.optim.SGD(net.parameters(), lr=0.1), micro_batch_size=8,
-                       accum_steps=4, measure_memory=True)
+    h = accumlib.train(
+        net,
+        (X[:100], Y[:100]),
+        torch.optim.SGD(net.parameters(), lr=0.1),
+        micro_batch_size=8,
+        accum_steps=4,
+        measure_memory=True,
+    )
     peaks = [r.peak_memory_bytes for r in h]
     assert peaks[0] == peaks[1] == peaks[2] > peaks[3] > 0  # the last cycle (4 samples) is smaller
     assert peaks[0] == memory.measure_step(models.cnn(), X[:8], Y[:8], accum_steps=4).peak  # the same step, measured
     big = models.cnn()
-    h_big = accumlib.train(big, (X[:100], Y[:100]), torch.optim.SGD(big.parameters(), lr=0.1), micro_batch_size=32,
-                           accum_steps=1, measure_memory=True)
+    h_big = accumlib.train(
+        big,
+        (X[:100], Y[:100]),
+        torch.optim.SGD(big.parameters(), lr=0.1),
+        micro_batch_size=32,
+        accum_steps=1,
+        measure_memory=True,
+    )
     assert h_big[0].peak_memory_bytes > 1.5 * peaks[0]
 
 
@@ -136,8 +155,16 @@ def train_quickly(model, optimizer, plan, **kwargs):
     """One optimizer step of the plan on real images (builders.data) under its own budget."""
     n = plan.micro_batch_size * plan.accum_steps
     Xs, Ys = data.digits(n) if n <= data.DIGITS else (X.repeat(-(-n // 256), 1, 1, 1)[:n], Y.repeat(-(-n // 256))[:n])
-    return accumlib.train(model, (Xs, Ys), optimizer, micro_batch_size=plan.micro_batch_size,
-                          accum_steps=plan.accum_steps, memory_budget=plan.budget_bytes, measure_memory=True, **kwargs)
+    return accumlib.train(
+        model,
+        (Xs, Ys),
+        optimizer,
+        micro_batch_size=plan.micro_batch_size,
+        accum_steps=plan.accum_steps,
+        memory_budget=plan.budget_bytes,
+        measure_memory=True,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("budget,target", [(2**19, 256), (2**19, 96), (400_000, 64), (2**21, 64), (2**20, 120)])
@@ -154,8 +181,16 @@ def test_a_plan_trains_under_its_budget_and_the_next_larger_micro_batch_is_refus
     assert target % plan.next_micro_batch_size == 0 and plan.next_micro_batch_size > plan.micro_batch_size
     assert not any(target % d == 0 for d in range(plan.micro_batch_size + 1, plan.next_micro_batch_size))
     assert plan.next_peak_bytes > budget
-    bigger = memory.FitPlan(target, budget, plan.next_micro_batch_size, target // plan.next_micro_batch_size,
-                            plan.next_peak_bytes, 0, None, None)
+    bigger = memory.FitPlan(
+        target,
+        budget,
+        plan.next_micro_batch_size,
+        target // plan.next_micro_batch_size,
+        plan.next_peak_bytes,
+        0,
+        None,
+        None,
+    )
     fresh = models.cnn()
     with pytest.raises(accumlib.OutOfMemory):
         train_quickly(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), bigger)
@@ -207,27 +242,47 @@ def test_training_over_budget_raises_before_any_change_and_a_smaller_micro_batch
     assert info.value.available_bytes == budget and info.value.needed_bytes > budget
     assert f"{budget:,} bytes" in str(info.value)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
-    history = accumlib.train(net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget,
-                             measure_memory=True)
+    history = accumlib.train(
+        net, (X, Y), opt, micro_batch_size=16, accum_steps=4, memory_budget=budget, measure_memory=True
+    )
     assert len(history) == 4
     assert all(r.peak_memory_bytes == budget for r in history)  # the estimate is the step train runs
 
 
-@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1), lambda p: torch.optim.Adam(p, lr=0.01)],
-                         ids=["SGD", "Adam"])
+@pytest.mark.parametrize(
+    "make", [lambda p: torch.optim.SGD(p, lr=0.1), lambda p: torch.optim.Adam(p, lr=0.01)], ids=["SGD", "Adam"]
+)
 def test_an_amp_step_is_planned_and_recorded_with_its_autocast_byte_for_byte(make):
     """train(amp="bf16") on the CPU: the budget's trace and measure_step run the forward passes under autocast as
     the step does, so the plan is the trained peak; the bf16 activations are fewer bytes than float32's."""
     net = models.cnn()
-    amp = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4,
-                              amp="bf16", fake=True)
+    amp = memory.measure_step(
+        net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4, amp="bf16", fake=True
+    )
     full = memory.measure_step(net, X[:16], Y[:16], optimizer=make(net.parameters()), accum_steps=4, fake=True)
     assert amp.activations < full.activations and amp.peak < full.peak
     with pytest.raises(accumlib.OutOfMemory):
-        accumlib.train(net, (X[:128], Y[:128]), make(net.parameters()), micro_batch_size=16, accum_steps=4,
-                       amp="bf16", memory_budget=amp.peak - 1, device="cpu")
-    history = accumlib.train(net, (X[:128], Y[:128]), make(net.parameters()), micro_batch_size=16, accum_steps=4,
-                             amp="bf16", memory_budget=amp.peak, measure_memory=True, device="cpu")
+        accumlib.train(
+            net,
+            (X[:128], Y[:128]),
+            make(net.parameters()),
+            micro_batch_size=16,
+            accum_steps=4,
+            amp="bf16",
+            memory_budget=amp.peak - 1,
+            device="cpu",
+        )
+    history = accumlib.train(
+        net,
+        (X[:128], Y[:128]),
+        make(net.parameters()),
+        micro_batch_size=16,
+        accum_steps=4,
+        amp="bf16",
+        memory_budget=amp.peak,
+        measure_memory=True,
+        device="cpu",
+    )
     assert [r.peak_memory_bytes for r in history] == [amp.peak] * 2  # the trace is the step train runs
 
 
@@ -241,8 +296,9 @@ def test_an_optimizer_of_the_head_alone_keeps_state_for_the_head_alone():
     assert report.optimizer_state == 2 * head_bytes + 2 * 4  # two moments and a step count per head parameter
     assert report.gradients == head_bytes  # frozen parameters get no gradient
     body_trains_too = models.cnn()  # an optimizer of the head on an unfrozen model: backward still fills every .grad
-    both = memory.measure_step(body_trains_too, X[:8], Y[:8],
-                               optimizer=torch.optim.Adam(body_trains_too[-1].parameters()), accum_steps=2)
+    both = memory.measure_step(
+        body_trains_too, X[:8], Y[:8], optimizer=torch.optim.Adam(body_trains_too[-1].parameters()), accum_steps=2
+    )
     assert both.optimizer_state == report.optimizer_state and both.gradients == both.parameters
 
 
@@ -261,6 +317,7 @@ class Augmenting(torch.utils.data.Dataset):
         import random
 
         import numpy as np
+
         noise = 0.1 * torch.randn(6, dtype=torch.float64) + 0.01 * random.random() + 0.01 * np.random.rand()
         return AUG_X[i] + noise, AUG_Y[i]
 
@@ -294,11 +351,19 @@ def test_memory_budget_leaves_a_randomly_augmenting_dataset_as_it_trains_without
     def run(budget):
         torch.manual_seed(0), random.seed(0), np.random.seed(0)
         model = Classifier()
-        history = accumlib.train(model, dataset, torch.optim.Adam(model.parameters(), lr=0.1), micro_batch_size=4,
-                                 accum_steps=2, epochs=2, memory_budget=budget, device="cpu")
+        history = accumlib.train(
+            model,
+            dataset,
+            torch.optim.Adam(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=2,
+            epochs=2,
+            memory_budget=budget,
+            device="cpu",
+        )
         return model.state_dict(), history.deterministic(), torch.get_rng_state(), random.random(), np.random.rand()
 
-    without, within = run(None), run(2 ** 30)
+    without, within = run(None), run(2**30)
     assert accumlib.parameter_gap(within[0], without[0]) == 0 and within[1] == without[1]
     assert torch.equal(within[2], without[2]) and within[3:] == without[3:]
     # the augmentation is real: another seed trains other weights
@@ -306,7 +371,7 @@ def test_memory_budget_leaves_a_randomly_augmenting_dataset_as_it_trains_without
     assert accumlib.parameter_gap(Classifier().state_dict(), without[0]) > 0
 
 
-DDP_BUDGET_WORKER = '''
+DDP_BUDGET_WORKER = """
 import gc, json, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -372,7 +437,7 @@ with open(sys.argv[2] + f".{rank}", "w") as f:
     json.dump(out, f)
 gc.collect()
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -386,6 +451,7 @@ def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_pat
 
     run_on_two_processes(DDP_BUDGET_WORKER, tmp_path, str(tmp_path / "out"), timeout=180)
     import json
+
     for rank in range(2):
         out = json.loads((tmp_path / f"out.{rank}").read_text())
         assert out["X, y"] == [0.0, True] and out["list"] == [0.0, True]
@@ -396,8 +462,11 @@ def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_pat
         assert out["unchanged"] and out["uneven unchanged"]
     ours, theirs = (json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2))
     budget = ours["uneven budget"]
-    assert theirs["uneven"].startswith("OutOfMemory: out of memory: the cycle of step 1 (epoch 0, 3 batches, 600 "
-                                       "samples) needs ")
-    assert ours["uneven"] == (f"ValueError: the cycle of the process of rank 1 does not fit memory_budget={budget} "
-                              f"for step 1 (epoch 0): process 1: {theirs['uneven']}. This process (rank 0) stops "
-                              f"with it, before this step changes anything")
+    assert theirs["uneven"].startswith(
+        "OutOfMemory: out of memory: the cycle of step 1 (epoch 0, 3 batches, 600 samples) needs "
+    )
+    assert ours["uneven"] == (
+        f"ValueError: the cycle of the process of rank 1 does not fit memory_budget={budget} "
+        f"for step 1 (epoch 0): process 1: {theirs['uneven']}. This process (rank 0) stops "
+        f"with it, before this step changes anything"
+    )

@@ -1,5 +1,6 @@
 """accumlib as a user installs it: a real wheel (`pip wheel`, not editable) that holds every module and data file
 and imports on its own; and `import accumlib` without the lesson stack."""
+
 import json
 import os
 import shutil
@@ -27,10 +28,12 @@ def test_import_accumlib_imports_none_of_the_lesson_stack():
 def test_no_library_module_imports_lesson_code():
     """Every module of the library (accumlib/*.py) imported: no accumlib.lessons module comes with it (the lessons'
     experiments, BatchNorm's and DDP's, live there and the library never reaches up to them)."""
-    code = ("import importlib, pkgutil, sys, accumlib\n"
-            "for info in pkgutil.iter_modules(accumlib.__path__):\n"
-            "    if info.name != 'lessons': importlib.import_module('accumlib.' + info.name)\n"
-            "print(sorted(m for m in sys.modules if m.startswith('accumlib.lessons')))")
+    code = (
+        "import importlib, pkgutil, sys, accumlib\n"
+        "for info in pkgutil.iter_modules(accumlib.__path__):\n"
+        "    if info.name != 'lessons': importlib.import_module('accumlib.' + info.name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('accumlib.lessons')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
 
@@ -44,32 +47,61 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copy(ROOT / name, source / name)
     dist = tmp_path_factory.mktemp("dist")
     offline = int(metadata.version("setuptools").split(".")[0]) >= 77  # else pip fetches it (build isolation)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *["--no-build-isolation"] * offline,
-                    "-w", str(dist), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            *["--no-build-isolation"] * offline,
+            "-w",
+            str(dist),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return next(dist.glob("accumlib-*.whl"))
 
 
 def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     shipped = set(zipfile.ZipFile(wheel).namelist())
-    sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "accumlib").rglob("*")
-               if path.is_file() and "__pycache__" not in path.parts}
-    assert {"accumlib/lessons/quiz/__init__.py", "accumlib/lessons/quiz/questions.json",
-            "accumlib/lessons/digits.bin.gz", "accumlib/locale/hi/LC_MESSAGES/accumlib.mo",
-            "accumlib/lessons/fonts/Lohit-Devanagari.ttf", "accumlib/lessons/fonts/OFL.txt"} <= sources
+    sources = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "accumlib").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert {
+        "accumlib/lessons/quiz/__init__.py",
+        "accumlib/lessons/quiz/questions.json",
+        "accumlib/lessons/digits.bin.gz",
+        "accumlib/locale/hi/LC_MESSAGES/accumlib.mo",
+        "accumlib/lessons/fonts/Lohit-Devanagari.ttf",
+        "accumlib/lessons/fonts/OFL.txt",
+    } <= sources
     assert sources - shipped == set()
     info = zipfile.ZipFile(wheel).read(next(name for name in shipped if name.endswith(".dist-info/METADATA")))
-    requirements = [line.split(":", 1)[1].strip() for line in info.decode().splitlines()
-                    if line.startswith("Requires-Dist:")]
+    requirements = [
+        line.split(":", 1)[1].strip() for line in info.decode().splitlines() if line.startswith("Requires-Dist:")
+    ]
     # torch bounded to the minor release CI tests (requirements.txt's pin): pip never pulls an untested torch
-    pinned = next(line.split("==")[1].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
-                  if line.startswith("torch=="))
+    pinned = next(
+        line.split("==")[1].strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.startswith("torch==")
+    )
     major, minor = map(int, pinned.split(".")[:2])
     assert [r for r in requirements if "extra ==" not in r] == [f"torch<{major}.{minor + 1},>={major}.{minor}"]
     lessons = " ".join(r for r in requirements if 'extra == "lessons"' in r)
     assert all(name in lessons for name in ("matplotlib", "ipywidgets", "jsonschema"))
     # the project's URLs (the website's and the README's Binder, Colab and Kaggle buttons are built from Repository)
-    urls = dict(line.split(":", 1)[1].strip().split(", ", 1) for line in info.decode().splitlines()
-                if line.startswith("Project-URL:"))
+    urls = dict(
+        line.split(":", 1)[1].strip().split(", ", 1)
+        for line in info.decode().splitlines()
+        if line.startswith("Project-URL:")
+    )
     assert urls["Repository"].startswith("https://github.com/") and {"Homepage", "Issues"} <= set(urls)
 
 
@@ -78,8 +110,9 @@ def test_the_sdist_carries_every_file_its_tests_need(tmp_path):
     notebooks nbval checks, the tools, translations and site sources they build from (MANIFEST.in)."""
     if not (ROOT / ".git").exists() or shutil.which("git") is None:
         pytest.skip("needs a git checkout to list the tracked files")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.split("\0")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
     tracked = {name for name in tracked if name and (ROOT / name).is_file()}
     source = tmp_path / "source"
     for name in tracked:  # a copy: the build writes accumlib.egg-info beside the sources
@@ -89,38 +122,48 @@ def test_the_sdist_carries_every_file_its_tests_need(tmp_path):
     built = subprocess.run([sys.executable, "-c", code], cwd=source, capture_output=True, text=True, check=True)
     with tarfile.open(tmp_path / "dist" / built.stdout.strip().splitlines()[-1]) as sdist:
         shipped = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    left_out = {name for name in tracked - shipped
-                if not name.startswith(".github/") and name not in (".gitignore", ".gitattributes")}
+    left_out = {
+        name
+        for name in tracked - shipped
+        if not name.startswith(".github/") and name not in (".gitignore", ".gitattributes")
+    }
     assert left_out == set(), sorted(left_out)[:10]
     assert not any(name.startswith(".github/") for name in shipped)
 
 
 def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     dependencies = str(Path(torch.__file__).parents[1])  # torch and the lesson stack, never the source tree
-    code = "\n".join([
-        f"import sys; sys.path[:0] = [{str(target)!r}, {dependencies!r}]",
-        "import json, accumlib, accumlib.lessons.quiz, accumlib.lessons.ddp_lab",
-        "from importlib import resources",
-        "from accumlib import i18n; from accumlib.lessons import data",
-        f"assert accumlib.__file__.startswith({str(target)!r}), accumlib.__file__",
-        "assert len(data.digits()[0]) == 1797",
-        "assert i18n.catalogue('hi') is not None",
-        "from accumlib.lessons import plots; assert plots.SHIPPED_FONT.is_file(), plots.SHIPPED_FONT",
-        "assert plots.SHIPPED_FONT.with_name('OFL.txt').read_text().count('SIL Open Font License') >= 1",
-        "assert json.loads((resources.files('accumlib.lessons.quiz') / 'questions.json').read_text(encoding='utf-8'))",
-        "print('ok')"])
+    code = "\n".join(
+        [
+            f"import sys; sys.path[:0] = [{str(target)!r}, {dependencies!r}]",
+            "import json, accumlib, accumlib.lessons.quiz, accumlib.lessons.ddp_lab",
+            "from importlib import resources",
+            "from accumlib import i18n; from accumlib.lessons import data",
+            f"assert accumlib.__file__.startswith({str(target)!r}), accumlib.__file__",
+            "assert len(data.digits()[0]) == 1797",
+            "assert i18n.catalogue('hi') is not None",
+            "from accumlib.lessons import plots; assert plots.SHIPPED_FONT.is_file(), plots.SHIPPED_FONT",
+            "assert plots.SHIPPED_FONT.with_name('OFL.txt').read_text().count('SIL Open Font License') >= 1",
+            "assert json.loads((resources.files('accumlib.lessons.quiz') / "
+            "'questions.json').read_text(encoding='utf-8'))",
+            "print('ok')",
+        ]
+    )
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.strip() == "ok", done.stderr
 
 
-STAND_IN = '''# A stand-in for Colab: /content exists for this venv's processes (the machine's / is untouched)
+STAND_IN = """# A stand-in for Colab: /content exists for this venv's processes (the machine's / is untouched)
 import os.path
 _isdir = os.path.isdir
 os.path.isdir = lambda path: True if str(path) == "/content" else _isdir(path)
-'''
+"""
 
 
 @pytest.mark.parametrize("platform", [True, False])
@@ -138,21 +181,35 @@ def test_the_notebooks_first_cell_installs_accumlib_on_colab_and_nothing_elsewhe
     # no pip or setuptools of its own (an old setuptools would shadow the platform's): pip comes from the platform
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "platform-stack.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
     if platform:
         (site / "sitecustomize.py").write_text(STAND_IN)
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
     env |= {"PIP_NO_INDEX": "1", "ACCUMLIB_INSTALL": f"accumlib[lessons] @ {wheel.as_uri()}", "OMP_NUM_THREADS": "1"}
-    lesson = ("import accumlib, importlib.metadata as m\n"
-              "accumlib.set_language('hi')\n"
-              "from accumlib.lessons import plots\n"
-              "curve = {'samples_seen': [32, 64], 'loss': [2.3, 1.7]}\n"
-              "assert plots.loss_curves({'पूरा batch': curve}, 'संचित gradient', 'वैकल्पिक पाठ').png()\n"
-              "print('accumlib', m.version('accumlib'), 'from', accumlib.__file__)")
-    done = subprocess.run([str(python), "-c", platform_cell.SOURCE + "\n" + lesson], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300)
+    lesson = (
+        "import accumlib, importlib.metadata as m\n"
+        "accumlib.set_language('hi')\n"
+        "from accumlib.lessons import plots\n"
+        "curve = {'samples_seen': [32, 64], 'loss': [2.3, 1.7]}\n"
+        "assert plots.loss_curves({'पूरा batch': curve}, 'संचित gradient', 'वैकल्पिक पाठ').png()\n"
+        "print('accumlib', m.version('accumlib'), 'from', accumlib.__file__)"
+    )
+    done = subprocess.run(
+        [str(python), "-c", platform_cell.SOURCE + "\n" + lesson],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     installed = sorted(p.name for p in site.iterdir() if p.suffix == ".dist-info")
     if platform:
         assert done.returncode == 0, done.stderr
@@ -166,8 +223,13 @@ def test_the_notebooks_first_cell_installs_accumlib_on_colab_and_nothing_elsewhe
 
 # Colab's versions of the packages whose upgrade would need a runtime restart there (and ipywidgets 7.7's own
 # dependencies), as the issue measured them in a Colab runtime; everything else comes from this environment.
-COLAB = ("matplotlib==3.10.0", "ipywidgets==7.7.1", "widgetsnbextension==3.6.6", "jupyterlab_widgets==1.1.1",
-         "ipython_genutils==0.2.0")
+COLAB = (
+    "matplotlib==3.10.0",
+    "ipywidgets==7.7.1",
+    "widgetsnbextension==3.6.6",
+    "jupyterlab_widgets==1.1.1",
+    "ipython_genutils==0.2.0",
+)
 LESSON_0 = ROOT / "notebooks" / "en" / "00_in_ten_minutes.ipynb"
 DASHBOARD_AND_QUIZ = [
     "import accumlib, ipywidgets, matplotlib\nprint(ipywidgets.__version__, matplotlib.__version__)",
@@ -190,24 +252,54 @@ def colab(tmp_path_factory):
         pytest.skip("Colab's runtime is Linux (the stand-in's venv layout is too)")
     folder = tmp_path_factory.mktemp("colab")
     wheels = folder / "wheels"
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *COLAB],
-                             capture_output=True, text=True, timeout=300)
+    fetched = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *COLAB],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if fetched.returncode != 0:
         pytest.skip(f"the Colab stand-in needs {', '.join(COLAB)} from a package registry: {fetched.stderr[-300:]}")
     venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    *map(str, wheels.glob("*.whl"))], check=True, capture_output=True)
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            *map(str, wheels.glob("*.whl")),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (site / "platform-stack.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")  # after the venv's own
     (site / "sitecustomize.py").write_text(STAND_IN)
     kernel = folder / "jupyter" / "kernels" / "colab"
     kernel.mkdir(parents=True)
-    (kernel / "kernel.json").write_text(json.dumps({"argv": [str(python), "-m", "ipykernel_launcher", "-f",
-                                                             "{connection_file}"], "display_name": "Colab stand-in",
-                                                    "language": "python"}))
+    (kernel / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Colab stand-in",
+                "language": "python",
+            }
+        )
+    )
     return {"site": site, "jupyter": folder / "jupyter", "cwd": folder}
 
 
@@ -216,14 +308,19 @@ def run_in(colab, notebook, wheel) -> list[dict]:
     import nbclient
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"PIP_NO_INDEX": "1", "ACCUMLIB_INSTALL": f"accumlib[lessons] @ {wheel.as_uri()}",
-            "OMP_NUM_THREADS": "1", "JUPYTER_PATH": str(colab["jupyter"])}
+    env |= {
+        "PIP_NO_INDEX": "1",
+        "ACCUMLIB_INSTALL": f"accumlib[lessons] @ {wheel.as_uri()}",
+        "OMP_NUM_THREADS": "1",
+        "JUPYTER_PATH": str(colab["jupyter"]),
+    }
     previous = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)  # the kernel's environment (nbclient starts it from this process's)
     try:
-        nbclient.NotebookClient(notebook, kernel_name="colab", timeout=600,
-                                resources={"metadata": {"path": str(colab["cwd"])}}).execute()
+        nbclient.NotebookClient(
+            notebook, kernel_name="colab", timeout=600, resources={"metadata": {"path": str(colab["cwd"])}}
+        ).execute()
     finally:
         os.environ.clear()
         os.environ.update(previous)
@@ -231,13 +328,16 @@ def run_in(colab, notebook, wheel) -> list[dict]:
 
 
 def text_of(outputs) -> str:
-    return "".join(o.get("text", "") if o["output_type"] == "stream"
-                   else "".join(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    return "".join(
+        o.get("text", "") if o["output_type"] == "stream" else "".join(o.get("data", {}).get("text/plain", ""))
+        for o in outputs
+    )
 
 
 @pytest.mark.slow
 def test_on_a_colab_stand_in_the_install_cell_keeps_its_packages_and_lesson_0_a_dashboard_and_the_quiz_run(
-        colab, wheel):
+    colab, wheel
+):
     """With Colab's matplotlib 3.10 and ipywidgets 7.7, the notebooks' first cell installs accumlib alone (before:
     it upgraded both, which needs a runtime restart) and says no restart is needed; lesson 0 then runs top to bottom;
     a dashboard shows its widget (ipywidgets 7's display, accumlib.lessons._view) and redraws for a new accum_steps;
@@ -247,9 +347,13 @@ def test_on_a_colab_stand_in_the_install_cell_keeps_its_packages_and_lesson_0_a_
     lesson = nbformat.read(LESSON_0, as_version=4)
     outputs = run_in(colab, lesson, wheel)  # raises CellExecutionError on any cell's error
     installed = sorted(p.name for p in colab["site"].iterdir() if p.suffix == ".dist-info")
-    assert [name for name in installed if not name.startswith(("matplotlib-3.10.0", "ipywidgets-7.7.1",
-                                                               "widgetsnbextension", "jupyterlab_widgets",
-                                                               "ipython_genutils"))] == ["accumlib-0.2.0.dist-info"]
+    assert [
+        name
+        for name in installed
+        if not name.startswith(
+            ("matplotlib-3.10.0", "ipywidgets-7.7.1", "widgetsnbextension", "jupyterlab_widgets", "ipython_genutils")
+        )
+    ] == ["accumlib-0.2.0.dist-info"]
     said = text_of(outputs[0])
     assert said.startswith("installing accumlib[lessons] @ ") and "matplotlib" not in said, said
     assert "Restart" not in said

@@ -7,6 +7,7 @@ included. Tolerance: float64 rounds at 1.1e-16 relative; the sums and means here
 terms of size ~1 and the weights stay ~1, so 10 SGD steps stay far below 1e-13 (a lost or mis-weighted micro-batch
 moves a weight by ~1e-3).
 """
+
 import copy
 import dataclasses
 import functools
@@ -50,8 +51,9 @@ class TinyCausalLM(nn.Module):
         logits = self.head(torch.tanh(self.mix(h.cumsum(1) / positions)))
         loss = None
         if labels is not None:
-            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
-                                               ignore_index=IGNORE)
+            loss = nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+            )
         return CausalLMOutput(loss, logits)
 
 
@@ -68,7 +70,7 @@ def pad(batch: list[torch.Tensor]) -> dict:
     ids = torch.full((len(batch), width), PAD)
     mask = torch.zeros(len(batch), width, dtype=torch.float64)
     for row, s in enumerate(batch):
-        ids[row, :len(s)], mask[row, :len(s)] = s, 1
+        ids[row, : len(s)], mask[row, : len(s)] = s, 1
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, IGNORE)}
 
 
@@ -100,7 +102,7 @@ def full_batch_reference(model, cycles, lr=0.5):
 def cycles_of(items, batch_size, accum_steps, epochs):
     """The sequences of each optimizer step: accum_steps batches of batch_size (the loader's order, unshuffled)."""
     per_step = batch_size * accum_steps
-    return [items[i:i + per_step] for _ in range(epochs) for i in range(0, len(items), per_step)]
+    return [items[i : i + per_step] for _ in range(epochs) for i in range(0, len(items), per_step)]
 
 
 ITEMS = sequences()  # 29 sequences, batches of 3: 10 batches, the last of 2; accum_steps 4: cycles of 4, 4 and 2
@@ -109,11 +111,14 @@ ITEMS = sequences()  # 29 sequences, batches of 3: 10 batches, the last of 2; ac
 @pytest.mark.parametrize("loader", ["DataLoader", "IterableDataset without len()", "list of batches", "generator"])
 def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
     epochs = 1 if loader == "generator" else 2
-    make = {"DataLoader": lambda: torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad),
-            "IterableDataset without len()": lambda: torch.utils.data.DataLoader(Stream(ITEMS), batch_size=3,
-                                                                                collate_fn=pad),
-            "list of batches": lambda: [pad(ITEMS[i:i + 3]) for i in range(0, len(ITEMS), 3)],
-            "generator": lambda: (pad(ITEMS[i:i + 3]) for i in range(0, len(ITEMS), 3))}[loader]
+    make = {
+        "DataLoader": lambda: torch.utils.data.DataLoader(ITEMS, batch_size=3, collate_fn=pad),
+        "IterableDataset without len()": lambda: torch.utils.data.DataLoader(
+            Stream(ITEMS), batch_size=3, collate_fn=pad
+        ),
+        "list of batches": lambda: [pad(ITEMS[i : i + 3]) for i in range(0, len(ITEMS), 3)],
+        "generator": lambda: (pad(ITEMS[i : i + 3]) for i in range(0, len(ITEMS), 3)),
+    }[loader]
     data = make()
     if loader == "IterableDataset without len()":
         with pytest.raises(TypeError):
@@ -121,8 +126,15 @@ def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
     model = TinyCausalLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     # the call of issue 19, as written there (epochs aside)
-    history = accumlib.train(model, data, optimizer, accum_steps=4, normalize="count",
-                             count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), epochs=epochs)
+    history = accumlib.train(
+        model,
+        data,
+        optimizer,
+        accum_steps=4,
+        normalize="count",
+        count=lambda batch: (batch["labels"][:, 1:] != -100).sum(),
+        epochs=epochs,
+    )
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, epochs))
     assert [r.micro_batches for r in history] == [4, 4, 2] * epochs  # the last cycle is short
     assert [r.samples for r in history] == [12, 12, 5] * epochs
@@ -137,6 +149,7 @@ def test_hugging_face_style_call_equals_one_step_on_the_whole_cycle(loader):
 def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
     """The same model's loss, reduced by sum (loss_reduction="sum") or by mean (loss_reduction="mean"): the same
     steps, both equal to the full batch."""
+
     def token_sum(output, batch):
         logits, labels = output.logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1)
         return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
@@ -148,13 +161,28 @@ def test_a_sum_reduced_loss_and_a_mean_reduced_one_give_the_same_weights():
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 1))
     for options in (dict(loss_fn=token_sum, loss_reduction="sum"), dict(loss_fn=token_mean, loss_reduction="mean")):
         model = TinyCausalLM()
-        accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
-                       normalize="count", count=tokens, **options)
+        accumlib.train(
+            model,
+            loader,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            accum_steps=4,
+            normalize="count",
+            count=tokens,
+            **options,
+        )
         assert accumlib.parameter_gap(model, reference) < TOLERANCE, options
     # the sum-reduced loss said to be a mean is weighted by its tokens twice: far from the full batch
     model = TinyCausalLM()
-    accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, normalize="count",
-                   count=tokens, loss_fn=token_sum, loss_reduction="mean")
+    accumlib.train(
+        model,
+        loader,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        accum_steps=4,
+        normalize="count",
+        count=tokens,
+        loss_fn=token_sum,
+        loss_reduction="mean",
+    )
     assert accumlib.parameter_gap(model, reference) > 1e-3
 
 
@@ -166,8 +194,9 @@ class TupleInputLM(TinyCausalLM):
 
 
 def token_sum_of_logits(logits, labels):
-    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
-                                       ignore_index=IGNORE, reduction="sum")
+    return nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
 
 
 def as_tuple(batch: dict) -> tuple:
@@ -179,9 +208,17 @@ def test_a_tuple_input_model_equals_one_step_on_the_whole_cycle(with_len):
     source = ITEMS if with_len else Stream(ITEMS)
     loader = torch.utils.data.DataLoader(source, batch_size=3, collate_fn=lambda b: as_tuple(pad(b)))
     model = TupleInputLM()
-    history = accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, epochs=2,
-                             loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
-                             count=lambda labels: (labels[:, 1:] != IGNORE).sum())
+    history = accumlib.train(
+        model,
+        loader,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        accum_steps=4,
+        epochs=2,
+        loss_fn=token_sum_of_logits,
+        normalize="count",
+        loss_reduction="sum",
+        count=lambda labels: (labels[:, 1:] != IGNORE).sum(),
+    )
     reference = full_batch_reference(TinyCausalLM(), cycles_of(ITEMS, 3, 4, 2))
     assert len(history) == 6
     assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
@@ -208,17 +245,34 @@ def test_a_dataset_of_tuple_inputs_and_one_of_dict_samples_train_exactly():
     dataset = PairDataset()
     n = len(dataset)
     tuple_model = TupleInputLM()
-    accumlib.train(tuple_model, dataset, torch.optim.SGD(tuple_model.parameters(), lr=0.5), micro_batch_size=2,
-                   accum_steps=3, shuffle=False, loss_fn=token_sum_of_logits, normalize="count", loss_reduction="sum",
-                   count=lambda labels: (labels[:, 1:] != IGNORE).sum())
+    accumlib.train(
+        tuple_model,
+        dataset,
+        torch.optim.SGD(tuple_model.parameters(), lr=0.5),
+        micro_batch_size=2,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=token_sum_of_logits,
+        normalize="count",
+        loss_reduction="sum",
+        count=lambda labels: (labels[:, 1:] != IGNORE).sum(),
+    )
     dict_model = TinyCausalLM()
-    accumlib.train(dict_model, PairDataset(dict_samples=True), torch.optim.SGD(dict_model.parameters(), lr=0.5),
-                   micro_batch_size=2, accum_steps=3, shuffle=False, normalize="count", count=tokens)
+    accumlib.train(
+        dict_model,
+        PairDataset(dict_samples=True),
+        torch.optim.SGD(dict_model.parameters(), lr=0.5),
+        micro_batch_size=2,
+        accum_steps=3,
+        shuffle=False,
+        normalize="count",
+        count=tokens,
+    )
     reference = TinyCausalLM()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
     for start in range(0, n, 6):
         optimizer.zero_grad()
-        reference(**{k: v[start:start + 6] for k, v in dataset.batch.items()}).loss.backward()
+        reference(**{k: v[start : start + 6] for k, v in dataset.batch.items()}).loss.backward()
         optimizer.step()
     assert n % 6  # a short last cycle
     assert accumlib.parameter_gap(dict_model, reference) < TOLERANCE
@@ -235,8 +289,9 @@ def test_a_loader_of_tensor_pairs_is_exactly_x_y_with_micro_batch_size():
         return nn.Sequential(nn.Linear(6, 5, dtype=torch.float64), nn.Tanh(), nn.Linear(5, 3, dtype=torch.float64))
 
     a, b = model(), model()
-    by_tensors = accumlib.train(a, (X, y), torch.optim.SGD(a.parameters(), lr=0.5), micro_batch_size=4,
-                                accum_steps=3, shuffle=False, epochs=2)
+    by_tensors = accumlib.train(
+        a, (X, y), torch.optim.SGD(a.parameters(), lr=0.5), micro_batch_size=4, accum_steps=3, shuffle=False, epochs=2
+    )
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=4)
     by_loader = accumlib.train(b, loader, torch.optim.SGD(b.parameters(), lr=0.5), accum_steps=3, epochs=2)
     assert accumlib.parameter_gap(a, b) == 0.0
@@ -248,8 +303,10 @@ def test_batches_of_any_sizes_are_weighted_by_their_samples():
     """normalize="samples" with batches of 5, 2, 4, 1, 3 and 6 samples: each cycle's gradient is that of its mean."""
     generator = torch.Generator().manual_seed(4)
     sizes = [5, 2, 4, 1, 3, 6]
-    X, y = torch.randn(sum(sizes), 6, generator=generator, dtype=torch.float64), torch.randint(0, 3, (21,),
-                                                                                               generator=generator)
+    X, y = (
+        torch.randn(sum(sizes), 6, generator=generator, dtype=torch.float64),
+        torch.randint(0, 3, (21,), generator=generator),
+    )
     batches = list(zip(torch.split(X, sizes), torch.split(y, sizes), strict=True))
 
     def model():
@@ -260,15 +317,21 @@ def test_batches_of_any_sizes_are_weighted_by_their_samples():
     history = accumlib.train(trained, batches, torch.optim.SGD(trained.parameters(), lr=0.5), accum_steps=4)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
     for first in (0, 4):
-        xs, ys = zip(*batches[first:first + 4], strict=True)
+        xs, ys = zip(*batches[first : first + 4], strict=True)
         optimizer.zero_grad()
         nn.functional.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
         optimizer.step()
     assert [r.samples for r in history] == [12, 9]
     assert accumlib.parameter_gap(trained, reference) < TOLERANCE
     summed = model()  # a sum-reduced loss, said so: weighted 1 over the cycle's samples, the same steps
-    accumlib.train(summed, batches, torch.optim.SGD(summed.parameters(), lr=0.5), accum_steps=4,
-                   loss_fn=functools.partial(nn.functional.cross_entropy, reduction="sum"), loss_reduction="sum")
+    accumlib.train(
+        summed,
+        batches,
+        torch.optim.SGD(summed.parameters(), lr=0.5),
+        accum_steps=4,
+        loss_fn=functools.partial(nn.functional.cross_entropy, reduction="sum"),
+        loss_reduction="sum",
+    )
     assert accumlib.parameter_gap(summed, reference) < TOLERANCE
 
 
@@ -280,28 +343,51 @@ def test_the_model_s_own_loss_with_normalize_samples_weights_each_batch_by_its_s
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
     for cycle in cycles_of(ITEMS, 3, 4, 1):  # the mean over sequences of each batch's mean over its tokens
         optimizer.zero_grad()
-        batches = [pad(cycle[i:i + 3]) for i in range(0, len(cycle), 3)]
+        batches = [pad(cycle[i : i + 3]) for i in range(0, len(cycle), 3)]
         sum(reference(**b).loss * len(b["input_ids"]) / len(cycle) for b in batches).backward()
         optimizer.step()
     assert accumlib.parameter_gap(model, reference) < TOLERANCE
 
 
-@pytest.mark.parametrize("case,call,error,names", [
-    ("micro-batch-size-with-a-loader", dict(data=[({"a": 1}, 2)], micro_batch_size=4), ValueError,
-     ["micro_batch_size=4", "list", "omit micro_batch_size"]),
-    ("micro-batch-size-missing", dict(data=(torch.zeros(4, 2), torch.zeros(4))), TypeError,
-     ["micro_batch_size is missing", "(X, y)"]),
-    ("batch-of-one-tensor", dict(data=[[torch.zeros(2, 6)], [torch.zeros(2, 6)]]), TypeError,
-     ["data[0] (batch 0 of the list)", "(x, y)"]),
-    ("batch-without-tensors", dict(data=[{"input_ids": [1, 2]}]), TypeError,
-     ["data[0] (batch 0 of the list)", "no tensor"]),
-    ("empty-loader", dict(data=[]), ValueError, ["data gave no batch", "empty"]),
-    ("a-string", dict(data="tokens.txt"), TypeError, ["data", "str"]),
-    ("a-generator-twice", dict(data=(b for b in []), epochs=2), ValueError, ["epochs=2", "generator", "once"]),
-    ("loss-reduction-unknown", dict(loss_reduction="avg"), ValueError, ["loss_reduction", "'avg'"]),
-    ("loss-reduction-with-steps", dict(loss_reduction="sum", normalize="steps"), ValueError,
-     ["loss_reduction='sum'", "normalize='steps'"]),
-])
+@pytest.mark.parametrize(
+    "case,call,error,names",
+    [
+        (
+            "micro-batch-size-with-a-loader",
+            dict(data=[({"a": 1}, 2)], micro_batch_size=4),
+            ValueError,
+            ["micro_batch_size=4", "list", "omit micro_batch_size"],
+        ),
+        (
+            "micro-batch-size-missing",
+            dict(data=(torch.zeros(4, 2), torch.zeros(4))),
+            TypeError,
+            ["micro_batch_size is missing", "(X, y)"],
+        ),
+        (
+            "batch-of-one-tensor",
+            dict(data=[[torch.zeros(2, 6)], [torch.zeros(2, 6)]]),
+            TypeError,
+            ["data[0] (batch 0 of the list)", "(x, y)"],
+        ),
+        (
+            "batch-without-tensors",
+            dict(data=[{"input_ids": [1, 2]}]),
+            TypeError,
+            ["data[0] (batch 0 of the list)", "no tensor"],
+        ),
+        ("empty-loader", dict(data=[]), ValueError, ["data gave no batch", "empty"]),
+        ("a-string", dict(data="tokens.txt"), TypeError, ["data", "str"]),
+        ("a-generator-twice", dict(data=(b for b in []), epochs=2), ValueError, ["epochs=2", "generator", "once"]),
+        ("loss-reduction-unknown", dict(loss_reduction="avg"), ValueError, ["loss_reduction", "'avg'"]),
+        (
+            "loss-reduction-with-steps",
+            dict(loss_reduction="sum", normalize="steps"),
+            ValueError,
+            ["loss_reduction='sum'", "normalize='steps'"],
+        ),
+    ],
+)
 def test_bad_pipelines_are_refused_before_anything_changes(case, call, error, names):
     model = nn.Linear(6, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -347,8 +433,7 @@ def test_a_distributed_sampler_gets_its_epoch():
     assert epochs == [0, 1, 2]
 
 
-
-WORKER = '''
+WORKER = """
 import gc, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -405,7 +490,7 @@ try:
 finally:
     gc.collect()  # DDP's reducer sits in reference cycles: freed before the process group (no abort at exit)
     dist.destroy_process_group()
-'''
+"""
 
 
 def run_on_two_processes(script: str, folder, *arguments: str, timeout: float) -> None:
@@ -422,11 +507,23 @@ def run_on_two_processes(script: str, folder, *arguments: str, timeout: float) -
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = str(pathlib.Path(__file__).resolve().parents[2])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    processes = [subprocess.Popen([sys.executable, str(folder / "worker.py"), str(pathlib.Path(__file__).parent),
-                                   *arguments], env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE, text=True)
-                 for rank in range(2)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(folder / "worker.py"), str(pathlib.Path(__file__).parent), *arguments],
+            env={**env, "RANK": str(rank)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     try:
         errors = [p.communicate(timeout=timeout)[1] for p in processes]
     finally:
@@ -476,8 +573,10 @@ def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
 
     Pair = collections.namedtuple("Pair", "a b")
     with FakeTensorMode():
+
         def cuda(*shape):
             return torch.ones(*shape, device="cuda")
+
         batch = {"input_ids": cuda(2, 3), "nested": [cuda(2), (cuda(2, 1), "text")], "pair": Pair(cuda(2), 3)}
         moved = source._to(batch, torch.device("cpu"))
     assert moved.keys() == batch.keys() and isinstance(moved["nested"], list) and isinstance(moved["pair"], Pair)
@@ -493,18 +592,27 @@ def test_memory_is_measured_once_per_layout_of_a_loader_s_batches():
     batches = [pad(ITEMS[:3]), pad(ITEMS[3:6])] * 3  # 3 cycles of 2 batches, all of one layout
     assert batches[0]["input_ids"].shape == batches[2]["input_ids"].shape
     model = TinyCausalLM()
-    history = accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=2,
-                             measure_memory=True, device="cpu")
+    history = accumlib.train(
+        model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=2, measure_memory=True, device="cpu"
+    )
     peaks = [r.peak_memory_bytes for r in history]
     assert len(peaks) == 3 and peaks[0] > 0 and peaks == [peaks[0]] * 3
 
 
 def test_an_iterable_dataset_of_samples_with_micro_batch_size_is_told_to_use_a_dataloader():
     model = nn.Linear(6, 3)
-    with pytest.raises(ValueError, match=r"micro_batch_size=4 was given with data of type Stream.*"
-                                         r"DataLoader\(data, batch_size=4\)"):
-        accumlib.train(model, Stream([(torch.zeros(6), 0)]), torch.optim.SGD(model.parameters(), lr=0.1),
-                       micro_batch_size=4, accum_steps=2)
+    with pytest.raises(
+        ValueError,
+        match=r"micro_batch_size=4 was given with data of type Stream.*"
+        r"DataLoader\(data, batch_size=4\)",
+    ):
+        accumlib.train(
+            model,
+            Stream([(torch.zeros(6), 0)]),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=2,
+        )
 
 
 class Named(nn.Module):
@@ -532,10 +640,22 @@ def test_a_dataset_of_dict_inputs_trains_as_x_y_does():
             return {"pixels": X[i]}, y[i]
 
     by_dict, by_tensors = Named(), Named()
-    accumlib.train(by_dict, DictInputs(), torch.optim.SGD(by_dict.parameters(), lr=0.5), micro_batch_size=4,
-                   accum_steps=2, epochs=2)
-    accumlib.train(by_tensors, (X, y), torch.optim.SGD(by_tensors.parameters(), lr=0.5), micro_batch_size=4,
-                   accum_steps=2, epochs=2)
+    accumlib.train(
+        by_dict,
+        DictInputs(),
+        torch.optim.SGD(by_dict.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=2,
+        epochs=2,
+    )
+    accumlib.train(
+        by_tensors,
+        (X, y),
+        torch.optim.SGD(by_tensors.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=2,
+        epochs=2,
+    )
     assert accumlib.parameter_gap(by_dict, by_tensors) == 0.0
 
 
@@ -549,7 +669,7 @@ def test_two_processes_resumed_equal_the_uninterrupted_run(two_processes):
 
 
 # the start of a 2-process gloo worker given (accumlib's folder, its output, the case): both workers below
-WORKER_START = '''
+WORKER_START = """
 import gc, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -560,8 +680,10 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, case = dist.get_rank(), sys.argv[3]
 torch.manual_seed(0)
-'''
-REFUSING_WORKER = WORKER_START + '''\
+"""
+REFUSING_WORKER = (
+    WORKER_START
+    + """\
 good = [(torch.randn(2, 6), torch.zeros(2, dtype=torch.long)) for _ in range(4)]
 if rank == 1:  # the other process's data is as rank 0's but for what the case breaks
     scalar = (torch.zeros(()), torch.zeros(()))  # a batch without a batch dimension: refused as its cycle comes
@@ -590,12 +712,14 @@ with open(sys.argv[2] + f".{rank}", "w") as out:
     out.write(outcome)
 gc.collect()
 dist.destroy_process_group()
-'''
+"""
+)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item",
-                                  "list: shorter, resumed"])
+@pytest.mark.parametrize(
+    "case", ["bad batch", "no batch", "loader error", "list: empty", "list: a bad item", "list: shorter, resumed"]
+)
 def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     """Under DDP a process whose batch is refused (or whose loader fails, or that has no batch; a list that is
     empty or holds a bad item) stops, and the others stop at the same cycle with a message that says which process
@@ -603,22 +727,31 @@ def test_a_process_that_refuses_its_batches_stops_every_process(tmp_path, case):
     # both exit: none waits
     run_on_two_processes(REFUSING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
-    bad_item = ("TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
-                "inputs, or a dict of model inputs, got None of type NoneType")
-    failed = ("ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
-              "process 1: ")
+    bad_item = (
+        "TypeError: data[1] (batch 1 of the list) must be (x, y), (inputs, y) with a tuple or dict of "
+        "inputs, or a dict of model inputs, got None of type NoneType"
+    )
+    failed = (
+        "ValueError: the process of rank 1 failed fetching or checking its batches for step {step} (epoch 0): "
+        "process 1: "
+    )
     stops = ". This process (rank 0) stops with it, before this step changes anything"
-    no_batch = ("ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
-                "ValueError: data gave this process (rank 1) no batch while another process has some")
-    scalar = ("TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be "
-              "counted")
-    expected = {"bad batch": (failed.format(step=2) + scalar + stops, scalar),
-                "no batch": no_batch, "list: empty": no_batch,
-                "loader error": (failed.format(step=2) + "OSError: the disk went away" + stops,
-                                 "OSError: the disk went away"),
-                "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item),
-                # the run's steps are the longer list's on both: neither refuses resume_from_step=1 alone
-                "list: shorter, resumed": ("trained", "trained")}[case]
+    no_batch = (
+        "ValueError: data gave the process of rank 1 no batch while this one (rank 0) has some",
+        "ValueError: data gave this process (rank 1) no batch while another process has some",
+    )
+    scalar = (
+        "TypeError: data's batch 3 of epoch 0 holds no tensor with a batch dimension: its samples cannot be counted"
+    )
+    expected = {
+        "bad batch": (failed.format(step=2) + scalar + stops, scalar),
+        "no batch": no_batch,
+        "list: empty": no_batch,
+        "loader error": (failed.format(step=2) + "OSError: the disk went away" + stops, "OSError: the disk went away"),
+        "list: a bad item": (failed.format(step=1) + bad_item + stops, bad_item),
+        # the run's steps are the longer list's on both: neither refuses resume_from_step=1 alone
+        "list: shorter, resumed": ("trained", "trained"),
+    }[case]
     assert ours.startswith(expected[0]) and theirs.startswith(expected[1]), (ours, theirs)
 
 
@@ -627,15 +760,22 @@ def unlabelled(batch: dict) -> dict:
     return {**batch, "labels": torch.full_like(batch["labels"], IGNORE)}
 
 
-BATCHES = [pad(ITEMS[i:i + 3]) for i in range(0, 18, 3)]  # 6 batches of 3 sequences
+BATCHES = [pad(ITEMS[i : i + 3]) for i in range(0, 18, 3)]  # 6 batches of 3 sequences
 
 
 def hf_run(batches, optimizer=torch.optim.SGD, accum_steps=3, **options):
     """The README's Hugging Face recipe (the model's own mean loss, count = its shifted labels that are not -100)."""
     model = TinyCausalLM()
     opt = optimizer(model.parameters(), lr=0.5 if optimizer is torch.optim.SGD else 0.01)
-    history = accumlib.train(model, batches, opt, accum_steps=accum_steps, normalize="count",
-                             count=lambda batch: (batch["labels"][:, 1:] != -100).sum(), **options)
+    history = accumlib.train(
+        model,
+        batches,
+        opt,
+        accum_steps=accum_steps,
+        normalize="count",
+        count=lambda batch: (batch["labels"][:, 1:] != -100).sum(),
+        **options,
+    )
     return model, opt, history
 
 
@@ -656,8 +796,12 @@ def test_a_cycle_without_labelled_tokens_is_not_stepped_and_the_run_goes_on(opti
     """Step 2's micro-batches have no labelled token: no step (Adam's step count and moments untouched), recorded
     as empty (not as skipped, loss NaN, no norm), then step 3 trains: the run of steps 1 and 3 alone, bit for bit."""
     seen = []
-    model, opt, history = hf_run([BATCHES[0], BATCHES[1], unlabelled(BATCHES[2]), unlabelled(BATCHES[3]),
-                                  BATCHES[4], BATCHES[5]], optimizer, accum_steps=2, on_step=seen.append)
+    model, opt, history = hf_run(
+        [BATCHES[0], BATCHES[1], unlabelled(BATCHES[2]), unlabelled(BATCHES[3]), BATCHES[4], BATCHES[5]],
+        optimizer,
+        accum_steps=2,
+        on_step=seen.append,
+    )
     alone, alone_opt, _ = hf_run([BATCHES[0], BATCHES[1], BATCHES[4], BATCHES[5]], optimizer, accum_steps=2)
     assert [(r.step, r.skipped, r.empty) for r in history] == [(1, False, False), (2, False, True), (3, False, False)]
     assert math.isnan(history[1].loss) and history[1].grad_norm is None and seen == list(history)
@@ -668,7 +812,7 @@ def test_a_cycle_without_labelled_tokens_is_not_stepped_and_the_run_goes_on(opti
         assert {float(s["step"]) for s in state.values()} == {2.0}
 
 
-ZERO_WORKER = '''
+ZERO_WORKER = """
 import gc, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -698,7 +842,7 @@ try:
 finally:
     gc.collect()
     dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -710,8 +854,7 @@ def two_processes_without_tokens(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["SGD", "Adam", "SGD without no_sync"])
-def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_rest(two_processes_without_tokens,
-                                                                                     name):
+def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_rest(two_processes_without_tokens, name):
     """On 2 gloo processes: a micro-batch without labelled tokens adds nothing (step 1, on process 1: its last, so
     it all-reduces in its first); a cycle without any on either process is not stepped (step 2: no collective, Adam's
     step count untouched); a process without any in a cycle still takes part in the step of the other (step 3): one
@@ -719,8 +862,9 @@ def test_two_processes_with_micro_batches_without_tokens_equal_one_step_on_the_r
     result = two_processes_without_tokens[name]
     assert result["records"] == [(False, False), (False, True), (False, False)]
     model = TinyCausalLM()
-    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01) if name == "Adam" else
-                 torch.optim.SGD(model.parameters(), lr=0.5))
+    optimizer = (
+        torch.optim.Adam(model.parameters(), lr=0.01) if name == "Adam" else torch.optim.SGD(model.parameters(), lr=0.5)
+    )
     for cycle in (ITEMS[0:6] + ITEMS[18:21], ITEMS[12:18]):
         optimizer.zero_grad()
         model(**pad(cycle)).loss.backward()
@@ -740,8 +884,10 @@ SHAPES = {  # one batch of ITEMS[:3] in each shape train takes, and the model it
     "(x, y)": (LogitsLM, lambda b: (b["input_ids"], b["labels"])),
     "((inputs), y)": (TupleInputLM, as_tuple),
     "(((inputs)), y) nested": (TupleInputLM, lambda b: ([b["input_ids"], b["attention_mask"]], b["labels"])),
-    "({inputs}, y)": (LogitsLM, lambda b: ({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
-                                           b["labels"])),
+    "({inputs}, y)": (
+        LogitsLM,
+        lambda b: ({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}, b["labels"]),
+    ),
     "dict": (TinyCausalLM, lambda b: b),
 }
 
@@ -751,7 +897,7 @@ def test_count_and_loss_fn_get_the_micro_batch_s_target_for_every_batch_shape(sh
     """One rule: count(target) and loss_fn(output, target), the target being y of a pair (however its inputs nest)
     and the batch itself for a dict; the weights are then those of the full batch (to float64's rounding)."""
     make, shaped = SHAPES[shape]
-    batches = [shaped(pad(ITEMS[i:i + 3])) for i in range(0, 12, 3)]
+    batches = [shaped(pad(ITEMS[i : i + 3])) for i in range(0, 12, 3)]
     counted, losses = [], []
 
     def count(target):
@@ -766,26 +912,44 @@ def test_count_and_loss_fn_get_the_micro_batch_s_target_for_every_batch_shape(sh
         return token_sum_of_logits(logits, labels)
 
     model = make()
-    accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4, normalize="count",
-                   count=count, loss_fn=loss_fn, loss_reduction="sum")
+    accumlib.train(
+        model,
+        batches,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        accum_steps=4,
+        normalize="count",
+        count=count,
+        loss_fn=loss_fn,
+        loss_reduction="sum",
+    )
     targets = [b if isinstance(b, dict) else b[1] for b in batches]
     for seen in (counted, losses):
         assert len(seen) == 4
         for got, target in zip(seen, targets, strict=True):
             assert type(got) is type(target)
-            assert all(torch.equal(a, b) for a, b in zip(*(t.values() if isinstance(t, dict) else [t]
-                                                           for t in (got, target)), strict=True))
+            assert all(
+                torch.equal(a, b)
+                for a, b in zip(*(t.values() if isinstance(t, dict) else [t] for t in (got, target)), strict=True)
+            )
     reference = full_batch_reference(TinyCausalLM(), [ITEMS[:12]])
     assert accumlib.parameter_gap(model.state_dict(), reference.state_dict()) < TOLERANCE
 
 
 def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
-    batches = [as_tuple(pad(ITEMS[i:i + 3])) for i in range(0, 12, 3)]
+    batches = [as_tuple(pad(ITEMS[i : i + 3])) for i in range(0, 12, 3)]
 
     def run(count):
         model = TupleInputLM()
-        accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.5), accum_steps=4,
-                       normalize="count", count=count, loss_fn=token_sum_of_logits, loss_reduction="sum")
+        accumlib.train(
+            model,
+            batches,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            accum_steps=4,
+            normalize="count",
+            count=count,
+            loss_fn=token_sum_of_logits,
+            loss_reduction="sum",
+        )
         return model
 
     with pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated.*count\(y\)"):
@@ -793,7 +957,9 @@ def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
     assert accumlib.parameter_gap(old, run(lambda labels: (labels[:, 1:] != IGNORE).sum())) == 0
 
 
-FAILING_WORKER = WORKER_START + '''\
+FAILING_WORKER = (
+    WORKER_START
+    + """\
 batches = [(torch.randn(2, 6, dtype=torch.float64), torch.zeros(2, dtype=torch.long)) for _ in range(6)]
 calls = {}
 
@@ -836,7 +1002,8 @@ with open(sys.argv[2] + f".{rank}", "w") as out:
     out.write(outcome)
 gc.collect()
 dist.destroy_process_group()
-'''
+"""
+)
 
 
 @pytest.mark.slow
@@ -857,14 +1024,20 @@ def test_a_callback_or_forward_that_raises_on_one_process_stops_every_process(tm
 
 LIST_X = torch.randn(12, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
 LIST_Y = torch.randint(0, 3, (12,), generator=torch.Generator().manual_seed(4))
-LIST_BATCHES = [(LIST_X[i:i + 4], LIST_Y[i:i + 4]) for i in range(0, 12, 4)]
+LIST_BATCHES = [(LIST_X[i : i + 4], LIST_Y[i : i + 4]) for i in range(0, 12, 4)]
 
 
-@pytest.mark.parametrize("item, shown", [
-    (None, "None of type NoneType"), (3, "3 of type int"), ("batch", "'batch' of type str"),
-    ((LIST_X[:4], LIST_Y[:4], LIST_Y[:4]), r"\(tensor\(\[\[.*\.\.\..*\]\)\) \(\d+ characters\) of type tuple"),
-    (LIST_X[:4], r"tensor\(\[\[.*\.\.\..*\]\], dtype=torch.float64\) \(\d+ characters\) of type Tensor"),
-], ids=["None", "int", "str", "a triple", "a tensor"])
+@pytest.mark.parametrize(
+    "item, shown",
+    [
+        (None, "None of type NoneType"),
+        (3, "3 of type int"),
+        ("batch", "'batch' of type str"),
+        ((LIST_X[:4], LIST_Y[:4], LIST_Y[:4]), r"\(tensor\(\[\[.*\.\.\..*\]\)\) \(\d+ characters\) of type tuple"),
+        (LIST_X[:4], r"tensor\(\[\[.*\.\.\..*\]\], dtype=torch.float64\) \(\d+ characters\) of type Tensor"),
+    ],
+    ids=["None", "int", "str", "a triple", "a tensor"],
+)
 @pytest.mark.parametrize("resume_from_step", [0, 2])
 def test_a_bad_item_in_a_list_of_batches_is_named_by_position_and_value(item, shown, resume_from_step):
     """[B0, bad, B2]: refused before the run naming data[1], its value (a long one shortened) and what a batch may
@@ -873,10 +1046,19 @@ def test_a_bad_item_in_a_list_of_batches_is_named_by_position_and_value(item, sh
     model = nn.Linear(6, 3, dtype=torch.float64)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
-    with pytest.raises(TypeError, match=r"^data\[1\] \(batch 1 of the list\) must be \(x, y\), \(inputs, y\) with a "
-                                        r"tuple or dict of inputs, or a dict of model inputs, got " + shown + "$"):
-        accumlib.train(model, [LIST_BATCHES[0], item, LIST_BATCHES[2]], optimizer, accum_steps=1,
-                       resume_from_step=resume_from_step, device="cpu")
+    with pytest.raises(
+        TypeError,
+        match=r"^data\[1\] \(batch 1 of the list\) must be \(x, y\), \(inputs, y\) with a "
+        r"tuple or dict of inputs, or a dict of model inputs, got " + shown + "$",
+    ):
+        accumlib.train(
+            model,
+            [LIST_BATCHES[0], item, LIST_BATCHES[2]],
+            optimizer,
+            accum_steps=1,
+            resume_from_step=resume_from_step,
+            device="cpu",
+        )
     assert accumlib.parameter_gap(model, before[0]) == 0 and optimizer.state_dict() == before[1]
 
 
@@ -884,8 +1066,9 @@ def test_a_list_of_two_tensors_is_still_x_y_data():
     def fit(data):
         torch.manual_seed(0)
         model = nn.Linear(6, 3, dtype=torch.float64)
-        accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=1,
-                       device="cpu")
+        accumlib.train(
+            model, data, torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=1, device="cpu"
+        )
         return model
 
     assert accumlib.parameter_gap(fit([LIST_X, LIST_Y]), fit((LIST_X, LIST_Y))) == 0

@@ -1,5 +1,6 @@
 """accumlib.random_states: every random state a run draws from (torch's, NumPy's, Python's) taken as tensors and
 numbers, which torch.load(weights_only=True) reads back, and put back exactly."""
+
 import io
 import random
 

@@ -4,6 +4,7 @@ buffer and for one with BatchNorm; the buffer snapshot holds only what a skipped
 
 Bytes are exact integers on the CPU (live tensor storages), so every comparison is ==.
 """
+
 import gc
 
 import pytest
@@ -36,8 +37,16 @@ def batchnorm():
 
 
 def trained_peaks(model, optimizer, m, k, epochs=1):
-    history = accumlib.train(model, (X[:m * k * 2], Y[:m * k * 2]), optimizer, micro_batch_size=m, accum_steps=k,
-                             epochs=epochs, measure_memory=True, device="cpu")
+    history = accumlib.train(
+        model,
+        (X[: m * k * 2], Y[: m * k * 2]),
+        optimizer,
+        micro_batch_size=m,
+        accum_steps=k,
+        epochs=epochs,
+        measure_memory=True,
+        device="cpu",
+    )
     return [r.peak_memory_bytes for r in history]
 
 
@@ -45,12 +54,21 @@ def trained_peaks(model, optimizer, m, k, epochs=1):
 @pytest.mark.parametrize("m, k", [(8, 1), (8, 4), (5, 3)])
 def test_trains_peak_is_measure_steps_byte_for_byte(build, m, k):
     model = build()
-    planned = memory.measure_step(model, X[:m], Y[:m], optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                  accum_steps=k)
-    fake = memory.measure_step(model, X[:m], Y[:m], optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                               accum_steps=k, fake=True)
-    checked = memory.check_fits(model, torch.optim.SGD(model.parameters(), lr=0.1), X[:m], Y[:m], loss_fn=None,
-                                accum_steps=k, budget_bytes=10**9)
+    planned = memory.measure_step(
+        model, X[:m], Y[:m], optimizer=torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=k
+    )
+    fake = memory.measure_step(
+        model, X[:m], Y[:m], optimizer=torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=k, fake=True
+    )
+    checked = memory.check_fits(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        X[:m],
+        Y[:m],
+        loss_fn=None,
+        accum_steps=k,
+        budget_bytes=10**9,
+    )
     peaks = trained_peaks(model, torch.optim.SGD(model.parameters(), lr=0.1), m, k)
     assert peaks == [planned.peak] * 2 and fake.peak == planned.peak and checked.peak == planned.peak
 
@@ -76,11 +94,11 @@ def test_the_snapshot_copies_batchnorms_statistics_and_not_a_large_buffer():
     def sgd(model):
         return torch.optim.SGD(model.parameters(), lr=0.1)
 
-    grown = (trained_peaks(large, sgd(large), 8, 4)[0] - trained_peaks(small, sgd(small), 8, 4)[0])
+    grown = trained_peaks(large, sgd(large), 8, 4)[0] - trained_peaks(small, sgd(small), 8, 4)[0]
     assert grown == (512 * 512 - 16 * 16) * 4  # the buffer once, as it is held
     plain = batchnorm()
     frozen = batchnorm().eval()  # eval mode: the statistics are read, not changed: nothing to copy
-    statistics = (2 * 32 * 4 + 8)
+    statistics = 2 * 32 * 4 + 8
     report = memory.measure_step(plain, X[:8], Y[:8], accum_steps=2)
     report_frozen = memory.measure_step(frozen, X[:8], Y[:8], accum_steps=2)
     assert report.parameters == report_frozen.parameters  # weights and buffers alike
@@ -104,13 +122,26 @@ def test_fit_batchs_plan_is_accepted_and_fits():
         whole = memory.measure_step(model, X[:target], Y[:target], optimizer=optimizer).peak
         plan = memory.fit_batch(model, (X[:1], Y[:1]), target, whole - 1, optimizer=optimizer)
         assert plan.accum_steps > 1 and plan.peak_bytes <= plan.budget_bytes < whole
-        history = accumlib.train(model, (X, Y), optimizer, micro_batch_size=plan.micro_batch_size,
-                                 accum_steps=plan.accum_steps, memory_budget=plan.budget_bytes, measure_memory=True,
-                                 device="cpu")
+        history = accumlib.train(
+            model,
+            (X, Y),
+            optimizer,
+            micro_batch_size=plan.micro_batch_size,
+            accum_steps=plan.accum_steps,
+            memory_budget=plan.budget_bytes,
+            measure_memory=True,
+            device="cpu",
+        )
         assert max(r.peak_memory_bytes for r in history) == plan.peak_bytes
         with pytest.raises(memory.OutOfMemory):
-            accumlib.train(model, (X, Y), optimizer, micro_batch_size=plan.next_micro_batch_size,
-                           accum_steps=target // plan.next_micro_batch_size, memory_budget=plan.budget_bytes)
+            accumlib.train(
+                model,
+                (X, Y),
+                optimizer,
+                micro_batch_size=plan.next_micro_batch_size,
+                accum_steps=target // plan.next_micro_batch_size,
+                memory_budget=plan.budget_bytes,
+            )
 
 
 def test_a_batchnorm_model_too_large_for_two_samples_per_pass_is_refused_naming_them():
@@ -132,8 +163,9 @@ def test_decompose_time_times_trains_cycle():
         calls.append(len(target))
         return nn.functional.cross_entropy(output, target)
 
-    result = timing.decompose_time(batchnorm(), (X, Y), effective_batch=16, accum_steps=(1, 4), loss_fn=counting,
-                                   repeats=2, warmup=0)
+    result = timing.decompose_time(
+        batchnorm(), (X, Y), effective_batch=16, accum_steps=(1, 4), loss_fn=counting, repeats=2, warmup=0
+    )
     assert calls == [16, 4, 4, 4, 4, 4, 4, 4, 4, 16]  # two rounds, ABBA: 1, 4 then 4, 1
     assert [len(p.all_seconds) for p in result.passes] == [8, 2]  # micro-batch 4: 2 rounds x 4; 16: 2 x 1
 
@@ -158,8 +190,10 @@ def test_the_measurements_move_the_data_to_the_models_device():
 
     expected = memory.measure_step(on_cpu, X[:8], Y[:8], optimizer=sgd(on_cpu), accum_steps=4, fake=True).peak
     assert memory.measure_step(on_meta, X[:8], Y[:8], optimizer=sgd(on_meta), accum_steps=4, fake=True).peak == expected
-    assert memory.check_fits(on_meta, sgd(on_meta), X[:8], Y[:8], loss_fn=None, accum_steps=4,
-                             budget_bytes=expected).peak == expected
+    assert (
+        memory.check_fits(on_meta, sgd(on_meta), X[:8], Y[:8], loss_fn=None, accum_steps=4, budget_bytes=expected).peak
+        == expected
+    )
     assert memory.fit_batch(on_meta, (X[:1], Y[:1]), 32, expected).peak_bytes <= expected
 
 
@@ -180,10 +214,12 @@ def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
         real = ddp.no_sync
         ddp.no_sync = lambda: calls.append(None) or real()
         micro_batches = list(zip(X[:12].split(4), Y[:12].split(4), strict=True))
-        result = accumlib.accumulate_and_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.1),
-                                              micro_batches, [1 / 3] * 3)
-        reference = accumlib.accumulate_and_step(plain, torch.optim.SGD(plain.parameters(), lr=0.1), micro_batches,
-                                                 [1 / 3] * 3)
+        result = accumlib.accumulate_and_step(
+            compiled, torch.optim.SGD(compiled.parameters(), lr=0.1), micro_batches, [1 / 3] * 3
+        )
+        reference = accumlib.accumulate_and_step(
+            plain, torch.optim.SGD(plain.parameters(), lr=0.1), micro_batches, [1 / 3] * 3
+        )
         assert len(calls) == 2  # micro-batches 1 and 2 under no_sync, the last one all-reduces
         assert result.loss == reference.loss and torch.equal(ddp.module.weight, plain.weight)
     finally:
@@ -200,8 +236,9 @@ def test_a_measurement_watches_its_own_threads_cycles_only():
     model = batchnorm()
 
     def run():
-        accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                     [(X[:8], Y[:8]), (X[8:16], Y[8:16])], [0.5, 0.5])
+        accumlib.accumulate_and_step(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), [(X[:8], Y[:8]), (X[8:16], Y[8:16])], [0.5, 0.5]
+        )
 
     with cycle.watched(lambda phase, model=None: phases.append(phase)):
         thread = threading.Thread(target=run)
@@ -239,6 +276,7 @@ def test_a_buffer_first_changed_in_a_skipped_cycle_is_named_and_kept_from_then_o
 
 def test_a_buffer_remembered_as_changing_is_forgotten_with_its_model():
     from accumlib import restore
+
     model = Counting()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     bad = [(torch.full_like(X[:8], float("nan")), Y[:8])]

@@ -1,5 +1,6 @@
 """accumlib.records: StepRecord (one optimizer step) and History (the run's records, why it stopped, its notes);
 StopTraining's run: test_loop.py."""
+
 import dataclasses
 
 import pytest
@@ -15,8 +16,15 @@ Y = torch.randint(0, 3, (50,), generator=torch.Generator().manual_seed(1))
 def run(**kwargs):
     torch.manual_seed(0)
     model = nn.Linear(6, 3).double()
-    return accumlib.train(model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4,
-                          accum_steps=3, device="cpu", **kwargs)
+    return accumlib.train(
+        model,
+        (X, Y),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=3,
+        device="cpu",
+        **kwargs,
+    )
 
 
 def test_history_columns_for_plotting_and_memory_only_when_asked():

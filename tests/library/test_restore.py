@@ -1,5 +1,6 @@
 """accumlib.restore: what a cycle changes before its step is put back as found when it does not step; the modules'
 modes after a run."""
+
 import pytest
 import torch
 from torch import nn
@@ -55,6 +56,12 @@ def test_modes_kept_puts_every_modules_mode_back_even_on_an_error():
 def test_train_leaves_the_modes_found():
     model = model_with_batchnorm()
     model[1].eval()  # frozen BatchNorm: train leaves a model in training mode as it is
-    accumlib.train(model, (torch.randn(16, 4), torch.zeros(16, dtype=torch.long)),
-                   torch.optim.SGD(model.parameters(), lr=0.1), micro_batch_size=4, accum_steps=2, device="cpu")
+    accumlib.train(
+        model,
+        (torch.randn(16, 4), torch.zeros(16, dtype=torch.long)),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=4,
+        accum_steps=2,
+        device="cpu",
+    )
     assert [m.training for m in model.modules()] == [True, True, False, True]

@@ -2,6 +2,7 @@
 and the sample order of the uninterrupted run, bit for bit (the same micro-batches in the same order through the
 same operations: nothing may differ, so the comparisons are exact). What the caller keeps: the model, optimizer,
 scheduler and scaler state_dict()s, and the number of steps taken (history[-1].step)."""
+
 import copy
 
 import pytest
@@ -20,7 +21,7 @@ def build(amp=False):
     model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3) if amp else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3) if amp else None
     return model, optimizer, scheduler, scaler
 
 
@@ -32,8 +33,9 @@ def seen_by(model):
 
 
 def state(model, optimizer, scheduler, scaler):
-    return copy.deepcopy([model.state_dict(), optimizer.state_dict(), scheduler.state_dict(),
-                          scaler.state_dict() if scaler else None])
+    return copy.deepcopy(
+        [model.state_dict(), optimizer.state_dict(), scheduler.state_dict(), scaler.state_dict() if scaler else None]
+    )
 
 
 def restored(saved, amp):
@@ -50,6 +52,7 @@ def stop_at(step):
     def on_step(record):
         if record.step == step:
             raise accumlib.StopTraining
+
     return on_step
 
 
@@ -63,14 +66,22 @@ def test_a_resumed_shuffled_run_equals_the_uninterrupted_one(amp, stop):
 
     first = build(amp)
     first_inputs = seen_by(first[0])
-    stopped = accumlib.train(first[0], (X, Y), first[1], scheduler=first[2], scaler=first[3], on_step=stop_at(stop),
-                             **options)
+    stopped = accumlib.train(
+        first[0], (X, Y), first[1], scheduler=first[2], scaler=first[3], on_step=stop_at(stop), **options
+    )
     assert stopped.stopped == "StopTraining" and stopped[-1].step == stop
     saved = state(*first)  # what a checkpoint holds
     second = restored(saved, amp)
     second_inputs = seen_by(second[0])
-    resumed = accumlib.train(second[0], (X, Y), second[1], scheduler=second[2], scaler=second[3],
-                             resume_from_step=stopped[-1].step, **options)
+    resumed = accumlib.train(
+        second[0],
+        (X, Y),
+        second[1],
+        scheduler=second[2],
+        scaler=second[3],
+        resume_from_step=stopped[-1].step,
+        **options,
+    )
 
     assert accumlib.parameter_gap(second[0], model) == 0.0
     assert [r["step"] for r in resumed.deterministic()] == list(range(stop + 1, 3 * STEPS_PER_EPOCH + 1))
@@ -93,19 +104,22 @@ def test_without_resume_the_second_run_replays_epoch_0():
 
 def loader(seed):
     """The caller's DataLoader, shuffled by a seeded generator: built again the same way when resuming."""
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=4, shuffle=True,
-                                       generator=torch.Generator().manual_seed(seed))
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(X, Y), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_a_resumed_run_over_the_caller_s_dataloader_equals_the_uninterrupted_one():
     model, optimizer, scheduler, _ = build()
     whole = accumlib.train(model, loader(7), optimizer, scheduler=scheduler, accum_steps=3, epochs=3)
     first = build()
-    stopped = accumlib.train(first[0], loader(7), first[1], scheduler=first[2], accum_steps=3, epochs=3,
-                             on_step=stop_at(8))
+    stopped = accumlib.train(
+        first[0], loader(7), first[1], scheduler=first[2], accum_steps=3, epochs=3, on_step=stop_at(8)
+    )
     second = restored(state(*first), False)
-    resumed = accumlib.train(second[0], loader(7), second[1], scheduler=second[2], accum_steps=3, epochs=3,
-                             resume_from_step=8)
+    resumed = accumlib.train(
+        second[0], loader(7), second[1], scheduler=second[2], accum_steps=3, epochs=3, resume_from_step=8
+    )
     assert accumlib.parameter_gap(second[0], model) == 0.0
     assert stopped.deterministic() + resumed.deterministic() == whole.deterministic()
 
@@ -132,14 +146,17 @@ def test_max_steps_and_a_one_cycle_lr_sized_to_it_resume_too():
     assert accumlib.parameter_gap(second[0], model) == 0.0
 
 
-@pytest.mark.parametrize("options,error,names", [
-    (dict(resume_from_step=10), ValueError, ["resume_from_step=10", "10 optimizer steps", "0 to 9"]),
-    (dict(resume_from_step=-1), ValueError, ["resume_from_step", "-1"]),
-    (dict(resume_from_step=2.0), TypeError, ["resume_from_step", "2.0"]),
-    (dict(max_steps=0), ValueError, ["max_steps", "0"]),
-    (dict(max_steps=True), TypeError, ["max_steps", "True"]),
-    (dict(max_steps=4, resume_from_step=4), ValueError, ["resume_from_step=4", "4 optimizer steps"]),
-])
+@pytest.mark.parametrize(
+    "options,error,names",
+    [
+        (dict(resume_from_step=10), ValueError, ["resume_from_step=10", "10 optimizer steps", "0 to 9"]),
+        (dict(resume_from_step=-1), ValueError, ["resume_from_step", "-1"]),
+        (dict(resume_from_step=2.0), TypeError, ["resume_from_step", "2.0"]),
+        (dict(max_steps=0), ValueError, ["max_steps", "0"]),
+        (dict(max_steps=True), TypeError, ["max_steps", "True"]),
+        (dict(max_steps=4, resume_from_step=4), ValueError, ["resume_from_step=4", "4 optimizer steps"]),
+    ],
+)
 def test_bad_resumes_are_refused_before_anything_changes(options, error, names):
     model, optimizer, _, _ = build()
     before = copy.deepcopy(model.state_dict())
@@ -152,7 +169,7 @@ def test_bad_resumes_are_refused_before_anything_changes(options, error, names):
 def test_a_resume_past_the_end_of_a_loader_without_len_is_refused_before_anything_changes():
     model, optimizer, _, _ = build()
     before = copy.deepcopy(model.state_dict())
-    stream = [(X[i:i + 4], Y[i:i + 4]) for i in range(0, 50, 4)]  # 13 batches: 5 steps of 3
+    stream = [(X[i : i + 4], Y[i : i + 4]) for i in range(0, 50, 4)]  # 13 batches: 5 steps of 3
     with pytest.raises(ValueError, match="resume_from_step=9 is past the end of the run: data gives 5 optimizer"):
         accumlib.train(model, iter(stream), optimizer, accum_steps=3, resume_from_step=9)
     assert accumlib.parameter_gap(model, before) == 0.0

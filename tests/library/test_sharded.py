@@ -4,6 +4,7 @@ What the cycle sets on FSDP's parameter groups is put back after every cycle, a 
 cycle leaves no half-accumulated gradient inside FSDP. (Two and more processes: tests/test_torchrun.py.)
 Tolerance: one SGD step on 12 samples of a 5-7-3 network in float64, ~1e-16 relative per operation: far below 1e-12.
 """
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,9 +37,8 @@ def sharded_network():
 
 def micro_batches():
     generator = torch.Generator().manual_seed(1)
-    x, y = torch.randn(12, 5, dtype=torch.float64, generator=generator), torch.randint(0, 3, (12,),
-                                                                                        generator=generator)
-    return [(x[i:i + 4], y[i:i + 4]) for i in range(0, 12, 4)]
+    x, y = torch.randn(12, 5, dtype=torch.float64, generator=generator), torch.randint(0, 3, (12,), generator=generator)
+    return [(x[i : i + 4], y[i : i + 4]) for i in range(0, 12, 4)]
 
 
 def full(model):
@@ -78,8 +78,9 @@ def test_a_cycle_that_fails_midway_leaves_nothing_behind_in_fsdp(group, keep_uns
     assert settings(model) == before
     assert all(p.grad is None for p in model.parameters())
     accumlib.accumulate_and_step(model, optimizer, micro_batches(), [1 / 3] * 3)
-    accumlib.accumulate_and_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5), micro_batches(),
-                                 [1 / 3] * 3)
+    accumlib.accumulate_and_step(
+        reference, torch.optim.SGD(reference.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3
+    )
     assert accumlib.parameter_gap(full(model), reference) <= 1e-12
     assert settings(model) == before  # put back after a cycle that stepped too
 
@@ -95,11 +96,18 @@ def test_gradient_sync_is_off_before_the_last_micro_batch_only(group):
         seen.append([(g.reduce_grads, g.reshard_after_backward) for g in groups])
         return nn.functional.cross_entropy(output, target)
 
-    accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3,
-                                 loss_fn=loss_fn)
+    accumlib.accumulate_and_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3, loss_fn=loss_fn
+    )
     assert seen == [[(False, False)] * len(groups)] * 2 + [[(True, True)] * len(groups)]
-    accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3,
-                                 loss_fn=loss_fn, ddp_no_sync=False)
+    accumlib.accumulate_and_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batches(),
+        [1 / 3] * 3,
+        loss_fn=loss_fn,
+        ddp_no_sync=False,
+    )
     assert seen[3:] == [[(True, False)] * len(groups)] * 2 + [[(True, True)] * len(groups)]
 
 

@@ -9,6 +9,7 @@ steps as there are records, and Adam's step count of every parameter must equal 
 one without the other). The float64 CPU runs are deterministic, so "equal" is torch.equal. The tests print how many
 interrupts were delivered and how many records were checked (pytest -s shows it).
 """
+
 import os
 import signal
 import threading
@@ -27,7 +28,7 @@ STEPS = 6
 def build(scheduler_class=torch.optim.lr_scheduler.LambdaLR):
     model = models.mlp().double()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    scheduler = scheduler_class(optimizer, lambda step: 0.9 ** step)
+    scheduler = scheduler_class(optimizer, lambda step: 0.9**step)
     return model, optimizer, scheduler
 
 
@@ -35,8 +36,16 @@ def reference() -> list[list[torch.Tensor]]:
     """The weights of an uninterrupted run after 0, 1, ..., STEPS steps."""
     model, optimizer, scheduler = build()
     weights = [[p.detach().clone() for p in model.parameters()]]
-    accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=2, scheduler=scheduler, shuffle=False,
-                   on_step=lambda record: weights.append([p.detach().clone() for p in model.parameters()]))
+    accumlib.train(
+        model,
+        (X, Y),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=2,
+        scheduler=scheduler,
+        shuffle=False,
+        on_step=lambda record: weights.append([p.detach().clone() for p in model.parameters()]),
+    )
     assert len(weights) == STEPS + 1
     return weights
 
@@ -69,8 +78,9 @@ def run(**hooks):
         optimizer.register_step_post_hook(hooks.pop("post"))
     data_ = hooks.pop("data", (X, Y))
     try:
-        history = accumlib.train(model, data_, optimizer, micro_batch_size=4, accum_steps=2, scheduler=scheduler,
-                                 shuffle=False, **hooks)
+        history = accumlib.train(
+            model, data_, optimizer, micro_batch_size=4, accum_steps=2, scheduler=scheduler, shuffle=False, **hooks
+        )
     except Exception as error:  # train attaches the records so far
         return model, optimizer, error.history, error
     return model, optimizer, history, None
@@ -84,6 +94,7 @@ def at_step(step: int, action):
         calls.append(None)
         if len(calls) == step:
             action()
+
     return hook
 
 
@@ -103,7 +114,9 @@ def test_a_sigint_at_every_chosen_point_leaves_every_applied_step_recorded_and_n
                 if len(calls) == first_micro_batch_of_step:
                     interrupt()
                 return torch.nn.functional.cross_entropy(output, target)
+
             return loss_fn
+
         points["a micro-batch's loss_fn (first)"] = dict(loss_fn=loss_at(2 * step - 1))
         points["a micro-batch's loss_fn (last)"] = dict(loss_fn=loss_at(2 * step, calls=[]))
 
@@ -114,6 +127,7 @@ def test_a_sigint_at_every_chosen_point_leaves_every_applied_step_recorded_and_n
                 super().step(*args, **kwargs)
                 if self.last_epoch == s:  # inside scheduler.step, after it changed the learning rate
                     interrupt()
+
         points["inside scheduler.step"] = dict(scheduler_class=Interrupting)
         for where, hooks in points.items():
             model, optimizer, history, error = run(**hooks)
@@ -159,8 +173,18 @@ def test_sigints_from_a_thread_at_times_spread_over_a_run(capsys):
         thread = threading.Thread(target=send)
         try:
             thread.start()
-            holder.append(accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=2,
-                                         scheduler=scheduler, shuffle=False, on_step=on_step))
+            holder.append(
+                accumlib.train(
+                    model,
+                    (X, Y),
+                    optimizer,
+                    micro_batch_size=4,
+                    accum_steps=2,
+                    scheduler=scheduler,
+                    shuffle=False,
+                    on_step=on_step,
+                )
+            )
             thread.join()
             time.sleep(0.01)  # a signal sent just now is handled here, not in the next run
         except KeyboardInterrupt:
@@ -169,13 +193,15 @@ def test_sigints_from_a_thread_at_times_spread_over_a_run(capsys):
         records = [r for r in holder if isinstance(r, accumlib.StepRecord)]  # what on_step saw
         if holder and isinstance(holder[-1], accumlib.History):  # train returned: its records (on_step may miss one)
             history = holder[-1]
-            assert history.records[:len(records)] == records and len(history.records) - len(records) <= 1
+            assert history.records[: len(records)] == records and len(history.records) - len(records) <= 1
             records = history.records
             delivered += history.stopped == "KeyboardInterrupt"
         checked += check(model, optimizer, records)
     with capsys.disabled():
-        print(f"\nSIGINT from a thread: {delivered} interrupts delivered during training, {late} outside it, "
-              f"{checked} records checked")
+        print(
+            f"\nSIGINT from a thread: {delivered} interrupts delivered during training, {late} outside it, "
+            f"{checked} records checked"
+        )
     assert delivered >= 20  # every moment after a step but the last falls inside the run: 32 of the 40
 
 
@@ -194,11 +220,13 @@ def keyboard_interrupt():
 @pytest.mark.parametrize("raise_", [fail, keyboard_interrupt], ids=["an exception", "KeyboardInterrupt"])
 def test_an_error_inside_scheduler_step_keeps_the_record_of_the_step_just_applied(raise_):
     for at in (1, 3):
+
         class Raising(torch.optim.lr_scheduler.LambdaLR):
             def step(self, *args, s=at, **kwargs):
                 super().step(*args, **kwargs)
                 if self.last_epoch == s:
                     raise_()
+
         model, optimizer, history, error = run(scheduler_class=Raising)
         assert check(model, optimizer, history.records) == at
         if raise_ is fail:
@@ -219,6 +247,7 @@ def test_errors_in_on_step_a_dataset_and_loss_fn_leave_records_equal_to_steps_ap
             if i == 21:  # in step 3's second micro-batch (samples 20-23)
                 fail()
             return X[i], Y[i]
+
     model, optimizer, history, error = run(data=Broken())
     assert isinstance(error, Failing) and check(model, optimizer, history.records) == 2
 
@@ -229,6 +258,7 @@ def test_errors_in_on_step_a_dataset_and_loss_fn_leave_records_equal_to_steps_ap
         if len(calls) == 8:  # step 4's second micro-batch
             fail()
         return torch.nn.functional.cross_entropy(output, target)
+
     model, optimizer, history, error = run(loss_fn=loss_fn)
     assert isinstance(error, Failing) and check(model, optimizer, history.records) == 3
 
@@ -239,8 +269,9 @@ def test_a_sigint_inside_a_direct_accumulate_and_step_arrives_after_the_whole_st
     model, optimizer, scheduler = build()
     optimizer.register_step_pre_hook(lambda *args: interrupt())
     with pytest.raises(KeyboardInterrupt):
-        accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y[:8].split(4), strict=True)),
-                                     [0.5, 0.5], scheduler=scheduler)
+        accumlib.accumulate_and_step(
+            model, optimizer, list(zip(X[:8].split(4), Y[:8].split(4), strict=True)), [0.5, 0.5], scheduler=scheduler
+        )
     assert check(model, optimizer, [accumlib.StepRecord(1, 0, 8, 2, 8, 0.0, 0.0, None, 1.0, None)]) == 1
     assert scheduler.last_epoch == 1  # the scheduler stepped too: the unit was not cut
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler given back

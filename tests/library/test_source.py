@@ -1,5 +1,6 @@
 """accumlib.source: where a cycle comes from. (X, y) tensors and a Dataset give the same cycles; each epoch's
 order covers every sample once, shared out over processes with padding of weight 0; a batch's form is checked."""
+
 import pytest
 import torch
 from torch import nn
@@ -14,8 +15,15 @@ Y = torch.randint(0, 3, (50,), generator=torch.Generator().manual_seed(1))
 def trained(data):
     torch.manual_seed(0)
     model = nn.Linear(6, 3).double()
-    accumlib.train(model, data, torch.optim.SGD(model.parameters(), lr=0.5), micro_batch_size=4, accum_steps=3,
-                   epochs=2, device="cpu")
+    accumlib.train(
+        model,
+        data,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=3,
+        epochs=2,
+        device="cpu",
+    )
     return model
 
 
@@ -35,8 +43,9 @@ def test_every_sample_is_in_exactly_one_micro_batch_of_one_process_per_epoch(wor
             for cycle_epoch, _samples, indices, sizes in plan:
                 if cycle_epoch == epoch:
                     seen += [int(i) for idx, size in zip(indices, sizes, strict=True) if size for i in idx]
-                    assert [len(idx) for idx, size in zip(indices, sizes, strict=True) if size] == [s for s in sizes
-                                                                                                 if s]
+                    assert [len(idx) for idx, size in zip(indices, sizes, strict=True) if size] == [
+                        s for s in sizes if s
+                    ]
         assert sorted(seen) == list(range(50))
     assert len({len(plan) for plan in plans}) == 1  # every process takes the same number of cycles
     for cycles in zip(*plans, strict=True):  # and of micro-batches in each, padding included

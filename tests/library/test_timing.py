@@ -1,4 +1,5 @@
 """accumlib.timing: whole steps of train, and a pass's time taken apart into fixed overhead and per-sample compute."""
+
 import statistics
 
 import pytest
@@ -62,8 +63,9 @@ def test_the_fit_predicts_the_time_of_each_effective_batch(small):
 
 
 def test_more_arithmetic_per_sample_makes_the_fixed_cost_a_smaller_share(small):
-    larger = timing.decompose_time(models.cnn(channels=(64, 128)), (X, Y), effective_batch=16, accum_steps=(1, 4, 16),
-                                   repeats=3)
+    larger = timing.decompose_time(
+        models.cnn(channels=(64, 128)), (X, Y), effective_batch=16, accum_steps=(1, 4, 16), repeats=3
+    )
     assert larger.seconds_per_sample > 3 * small.seconds_per_sample
     assert larger.overhead_share(4) < small.overhead_share(4)
 
@@ -72,8 +74,15 @@ def test_timing_leaves_model_random_state_and_threads_as_they_were():
     net = models.cnn(norm="batch")
     before = {k: v.clone() for k, v in net.state_dict().items()}
     rng, threads = torch.random.get_rng_state(), torch.get_num_threads()
-    timing.decompose_time(net, (X, Y), effective_batch=8, accum_steps=(1, 2), repeats=1, warmup=0,
-                          optimizer_fn=lambda p: torch.optim.Adam(p))
+    timing.decompose_time(
+        net,
+        (X, Y),
+        effective_batch=8,
+        accum_steps=(1, 2),
+        repeats=1,
+        warmup=0,
+        optimizer_fn=lambda p: torch.optim.Adam(p),
+    )
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert torch.equal(rng, torch.random.get_rng_state()) and torch.get_num_threads() == threads
     assert next(net.parameters()).grad is None

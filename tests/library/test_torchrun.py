@@ -8,6 +8,7 @@ Tolerance: float64 rounds at 1.1e-16 relative; the losses and gradients here are
 of size ~1 and the weights stay ~1, so 6 to 10 steps stay far below 1e-12, while a lost or mis-weighted micro-batch,
 a gradient synchronised twice or a stale parameter moves a weight by 1e-3 or more.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,12 @@ def free_port() -> int:
 
 
 def _environment() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def torchrun(*launches: list[str], timeout: float = 60) -> list[str]:
@@ -49,9 +54,19 @@ def torchrun(*launches: list[str], timeout: float = 60) -> list[str]:
     session of its own; wait for all, at most `timeout` seconds together. Every launch and its processes are killed
     on the way out, whatever happened (a failure, the time-out, an interrupt): none is left behind. Returns their
     output; a launch that fails raises with it."""
-    processes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *arguments], env=_environment(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  text=True, start_new_session=True, cwd=ROOT) for arguments in launches]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *arguments],
+            env=_environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+        for arguments in launches
+    ]
     try:
         outputs = [process.communicate(timeout=timeout)[0] for process in processes]
     finally:
@@ -77,8 +92,17 @@ def one_process(name: str):
     each step takes the same samples of the same order as the two processes together."""
     model = job.mlp()
     optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=job.LR)
-    history = accumlib.train(model, job.tensors(), optimizer, micro_batch_size=4, accum_steps=3, epochs=job.EPOCHS,
-                             seed=job.SEED, device="cpu", clip_grad_norm=job.CLIP if name == "clipped" else None)
+    history = accumlib.train(
+        model,
+        job.tensors(),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=3,
+        epochs=job.EPOCHS,
+        seed=job.SEED,
+        device="cpu",
+        clip_grad_norm=job.CLIP if name == "clipped" else None,
+    )
     return model.state_dict(), history.deterministic()
 
 
@@ -92,7 +116,7 @@ def one_step_per_cycle(uneven: bool):
     for epoch in range(job.EPOCHS):
         shards = [job.token_shards(rank, 2, epoch, uneven) for rank in (0, 1)]
         for start in range(0, max(map(len, shards)), 2):  # accum_steps=2 batches per process and step
-            batches = [batch for shard in shards for batch in shard[start:start + 2]]
+            batches = [batch for shard in shards for batch in shard[start : start + 2]]
             total = sum(job.tokens(batch) for batch in batches)
             optimizer.zero_grad()
             loss = sum(model(**batch).loss * job.tokens(batch) / total for batch in batches)
@@ -143,9 +167,14 @@ def assert_fsdp2_collectives(results: dict) -> None:
     """FSDP2's collectives per full step, counted on rank 0 (2 FSDP units with parameters, 3 micro-batches): one
     reduce-scatter per unit and step with gradient sync on the last micro-batch only, one per micro-batch with
     ddp_no_sync=False; with set_reshard_after_backward(False) the next micro-batch's forward gathers nothing."""
-    full, every, unsharded = ([step for step, record in zip(results[name]["collectives"], results[name]["records"],
-                                                            strict=True) if record["samples"] == 12]
-                              for name in ("tensors", "every", "unsharded"))
+    full, every, unsharded = (
+        [
+            step
+            for step, record in zip(results[name]["collectives"], results[name]["records"], strict=True)
+            if record["samples"] == 12
+        ]
+        for name in ("tensors", "every", "unsharded")
+    )
     units, micro_batches = 2, 3
     assert {step["reduce-scatters"] for step in full} == {units}
     assert {step["reduce-scatters"] for step in every} == {units * micro_batches}
@@ -203,8 +232,22 @@ def test_two_nodes_through_a_c10d_rendezvous(tmp_path):
     """Two torchrun launches, one process each, meet at a c10d rendezvous on localhost as two nodes would: FSDP2
     trains as one process."""
     out, endpoint = tmp_path / "nodes.pt", f"127.0.0.1:{free_port()}"
-    torchrun(*(["--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={endpoint}", str(WORKER), str(out), "fsdp2", "tensors"] for node in (0, 1)))
+    torchrun(
+        *(
+            [
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                str(WORKER),
+                str(out),
+                "fsdp2",
+                "tensors",
+            ]
+            for node in (0, 1)
+        )
+    )
     assert_like_one_process(torch.load(out, weights_only=False)["tensors"], "tensors")
 
 
@@ -212,10 +255,12 @@ def test_a_failing_launch_stops_with_its_processes(tmp_path):
     """The harness itself: a script that fails on one process while the other sleeps raises with the failing
     process's error, and no process of the launch is left running."""
     script = tmp_path / "fail.py"
-    script.write_text("import os, sys, time\n"
-                      "open(sys.argv[1] + os.environ['RANK'], 'w').write(str(os.getpid()))\n"
-                      "if os.environ['RANK'] == '0':\n    raise SystemExit('rank 0 fails here')\n"
-                      "time.sleep(600)\n")
+    script.write_text(
+        "import os, sys, time\n"
+        "open(sys.argv[1] + os.environ['RANK'], 'w').write(str(os.getpid()))\n"
+        "if os.environ['RANK'] == '0':\n    raise SystemExit('rank 0 fails here')\n"
+        "time.sleep(600)\n"
+    )
     with pytest.raises(AssertionError, match="rank 0 fails here"):
         torchrun(["--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "pid")])
     for rank in (0, 1):
@@ -223,10 +268,13 @@ def test_a_failing_launch_stops_with_its_processes(tmp_path):
         assert not status.exists() or "\nState:\tZ" in status.read_text()  # gone, or dead and not yet reaped
 
 
-@pytest.mark.parametrize("script, arguments", [
-    ("causal_lm.py", ["--fsdp2", "--dim", "32", "--layers", "1", "--context", "32", "--epochs", "1"]),
-    ("image_batchnorm.py", ["--width", "8", "--epochs", "1"]),
-])
+@pytest.mark.parametrize(
+    "script, arguments",
+    [
+        ("causal_lm.py", ["--fsdp2", "--dim", "32", "--layers", "1", "--context", "32", "--epochs", "1"]),
+        ("image_batchnorm.py", ["--width", "8", "--epochs", "1"]),
+    ],
+)
 def test_the_examples_run_with_one_torchrun_command(script, arguments):
     """Each example, small, as its docstring's command starts it (gloo on the CPU): its loss falls, and the causal
     LM's processes end with the same weights, the classifier beats chance (10%) on the held-out digits."""

@@ -1,5 +1,6 @@
 """accumlib.tracing: where a step is measured (a fake copy, a real one, an FSDP2 model itself); here the fake copy's
 placement and the naming of a line that cannot be traced. The measurements through it: test_memory.py."""
+
 import copy
 
 import torch

@@ -1,7 +1,6 @@
 """accumlib.tracker: the CPU's count of live tensor storages, collectives included."""
 
-
-COLLECTIVE_WORKER = '''
+COLLECTIVE_WORKER = """
 import json, sys
 import torch, torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,7 +37,7 @@ with Spy(), tracker:
 with open(sys.argv[2] + f".{rank}", "w") as f:
     json.dump({"handed counted": len(counted & set(seen)), "handed": len(seen), "values": values, "freed": freed}, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_collectives_under_the_tracker_hand_the_backend_copies_only(tmp_path):
@@ -57,5 +56,5 @@ def test_collectives_under_the_tracker_hand_the_backend_copies_only(tmp_path):
         summed, gathered, shard = out["values"]
         assert summed == [10.0, 12.0, 14.0, 16.0]
         assert gathered == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
-        assert shard == [2 * v for v in gathered[4 * rank:4 * rank + 4]]  # the sum of both processes' chunks
+        assert shard == [2 * v for v in gathered[4 * rank : 4 * rank + 4]]  # the sum of both processes' chunks
         assert out["freed"] == 8 * (4 + 4 + 8 + 4)  # x, summed, gathered, shard: 20 float64, freed on the spot

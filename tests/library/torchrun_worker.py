@@ -7,6 +7,7 @@ WRAP is "ddp" or "fsdp2". Each scenario trains a fresh model; rank 0 saves {scen
 "records": history.deterministic()}} to OUT. The test imports this module for the same models and data, and builds
 its one-process reference from them.
 """
+
 from __future__ import annotations
 
 import gc
@@ -37,8 +38,10 @@ def tensors() -> tuple[torch.Tensor, torch.Tensor]:
     """29 samples: with micro-batches of 2, 3 per step and 2 processes, steps of 12, 12 and 5 samples; the last
     shared 3 and 2: micro-batches of 2 and 1 on rank 0, of 2 and a padding one (weight 0) on rank 1."""
     generator = torch.Generator().manual_seed(1)
-    return (torch.randn(29, 5, dtype=torch.float64, generator=generator),
-            torch.randint(0, 3, (29,), generator=generator))
+    return (
+        torch.randn(29, 5, dtype=torch.float64, generator=generator),
+        torch.randint(0, 3, (29,), generator=generator),
+    )
 
 
 def token_shards(rank: int, world: int, epoch: int, uneven: bool) -> list[dict]:
@@ -47,7 +50,7 @@ def token_shards(rank: int, world: int, epoch: int, uneven: bool) -> list[dict]:
     items = lm.sequences(17)
     if uneven:
         share = items[:10] if rank == 0 else items[10:15]
-        return [lm.pad(share[i:i + TOKEN_BATCH]) for i in range(0, len(share), TOKEN_BATCH)]
+        return [lm.pad(share[i : i + TOKEN_BATCH]) for i in range(0, len(share), TOKEN_BATCH)]
     sampler = torch.utils.data.DistributedSampler(items, num_replicas=world, rank=rank, shuffle=True, seed=SEED)
     sampler.set_epoch(epoch)
     loader = torch.utils.data.DataLoader(items, batch_size=TOKEN_BATCH, sampler=sampler, collate_fn=lm.pad)
@@ -73,8 +76,9 @@ def wrap(model: nn.Module, how: str) -> nn.Module:
 def full_state(model: nn.Module) -> dict:
     """The whole weights on every process (FSDP2: each shard gathered, a collective every process calls)."""
     state = model.module.state_dict() if isinstance(model, nn.parallel.DistributedDataParallel) else model.state_dict()
-    return {k: (v.full_tensor() if isinstance(v, dist.tensor.DTensor) else v).detach().clone()
-            for k, v in state.items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, dist.tensor.DTensor) else v).detach().clone() for k, v in state.items()
+    }
 
 
 class EpochLoader:
@@ -100,6 +104,7 @@ def _counting(name: str):
     def counted(*args, **kwargs):
         calls[COUNTED[name]] += 1
         return collective(*args, **kwargs)
+
     return counted
 
 
@@ -119,13 +124,31 @@ def scenario(name: str, how: str) -> dict:
         if name == "unsharded":
             model.set_reshard_after_backward(False)  # parameters kept whole between a step's micro-batches
         optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=LR)
-        history = accumlib.train(model, tensors(), optimizer, micro_batch_size=2, accum_steps=3, epochs=EPOCHS,
-                                 seed=SEED, device="cpu", clip_grad_norm=CLIP if name == "clipped" else None,
-                                 ddp_no_sync=name != "every", on_step=count)
+        history = accumlib.train(
+            model,
+            tensors(),
+            optimizer,
+            micro_batch_size=2,
+            accum_steps=3,
+            epochs=EPOCHS,
+            seed=SEED,
+            device="cpu",
+            clip_grad_norm=CLIP if name == "clipped" else None,
+            ddp_no_sync=name != "every",
+            on_step=count,
+        )
     else:  # "tokens", "uneven": each process's loader its own, the model's own mean loss weighted by its tokens
         model = wrap(lm.TinyCausalLM(), how)
-        history = accumlib.train(model, EpochLoader(name == "uneven"), torch.optim.SGD(model.parameters(), lr=LR),
-                                 accum_steps=2, epochs=EPOCHS, normalize="count", count=tokens, device="cpu")
+        history = accumlib.train(
+            model,
+            EpochLoader(name == "uneven"),
+            torch.optim.SGD(model.parameters(), lr=LR),
+            accum_steps=2,
+            epochs=EPOCHS,
+            normalize="count",
+            count=tokens,
+            device="cpu",
+        )
     return {"state": full_state(model), "records": history.deterministic(), "collectives": steps}
 
 
@@ -151,30 +174,54 @@ def memory() -> dict:
     for name, how, no_sync in (("ddp", "ddp", True), ("fsdp2", "fsdp2", True), ("fsdp2 every", "fsdp2", False)):
         model = wrap(wide(), how)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        history = accumlib.train(model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, max_steps=2,
-                                 device="cpu", measure_memory=True, ddp_no_sync=no_sync)
+        history = accumlib.train(
+            model,
+            (X, y),
+            optimizer,
+            micro_batch_size=4,
+            accum_steps=3,
+            max_steps=2,
+            device="cpu",
+            measure_memory=True,
+            ddp_no_sync=no_sync,
+        )
         found[name] = {"train": [r.peak_memory_bytes for r in history]}
         if how == "fsdp2":
-            report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3,
-                                           ddp_no_sync=no_sync)
-            found[name].update(report=report, shards=sum(p.to_local().nbytes for p in model.parameters()),
-                               state=sum(sharded_bytes(v) for state in optimizer.state.values()
-                                         for v in state.values()))
+            report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3, ddp_no_sync=no_sync)
+            found[name].update(
+                report=report,
+                shards=sum(p.to_local().nbytes for p in model.parameters()),
+                state=sum(sharded_bytes(v) for state in optimizer.state.values() for v in state.values()),
+            )
     model = wrap(wide(), "fsdp2")
     before = [p.to_local().clone() for p in model.parameters()]
     peak, collective = found["fsdp2"]["report"].peak, UNIT_BYTES  # the peak moves by up to a collective's buffer
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            accumlib.train(model, (X, y), torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=4,
-                           accum_steps=3, device="cpu", memory_budget=peak - collective - 1)
+            accumlib.train(
+                model,
+                (X, y),
+                torch.optim.Adam(model.parameters(), lr=1e-3),
+                micro_batch_size=4,
+                accum_steps=3,
+                device="cpu",
+                memory_budget=peak - collective - 1,
+            )
             found["refused"] = None
         except accumlib.OutOfMemory as error:
             found["refused"] = str(error)
-        found["unchanged"] = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before,
-                                                                             strict=True))
-        history = accumlib.train(model, (X, y), torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=4,
-                                 accum_steps=3, device="cpu", memory_budget=peak + collective, max_steps=1)
+        found["unchanged"] = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before, strict=True))
+        history = accumlib.train(
+            model,
+            (X, y),
+            torch.optim.Adam(model.parameters(), lr=1e-3),
+            micro_batch_size=4,
+            accum_steps=3,
+            device="cpu",
+            memory_budget=peak + collective,
+            max_steps=1,
+        )
     found["within budget"] = len(history)
     found["warnings"] = sorted({str(w.message) for w in caught})
     return found
@@ -195,8 +242,17 @@ def checkpointed() -> dict:
     def run(seed: int, **options):
         torch.manual_seed(seed)
         model = wrap(nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double(), "fsdp2")
-        history = accumlib.train(model, tensors(), torch.optim.Adam(model.parameters(), lr=0.05), micro_batch_size=2,
-                                 accum_steps=3, epochs=EPOCHS, seed=SEED, device="cpu", **options)
+        history = accumlib.train(
+            model,
+            tensors(),
+            torch.optim.Adam(model.parameters(), lr=0.05),
+            micro_batch_size=2,
+            accum_steps=3,
+            epochs=EPOCHS,
+            seed=SEED,
+            device="cpu",
+            **options,
+        )
         return {"state": full_state(model), "records": history.deterministic()}
 
     if dist.get_world_size() != 2:
@@ -223,8 +279,14 @@ def sub_mesh() -> dict:
 
     model = fully_shard(mlp(), mesh=DeviceMesh("cpu", [dist.get_rank()]))
     try:
-        accumlib.train(model, tensors(), torch.optim.SGD(model.parameters(), lr=LR), micro_batch_size=2,
-                       accum_steps=3, device="cpu")
+        accumlib.train(
+            model,
+            tensors(),
+            torch.optim.SGD(model.parameters(), lr=LR),
+            micro_batch_size=2,
+            accum_steps=3,
+            device="cpu",
+        )
     except ValueError as error:
         return {"refused": str(error)}
     return {"refused": None}

@@ -34,6 +34,7 @@ and by how much (`fingerprint.py`); a right loop is then trained for real and co
               clip_after_unscale   def optimizer_step(model, optimizer, scaler, max_norm)
     lesson 9  no_sync              def accumulate(model, optimizer, loader, loss_fn, accum_steps), model under DDP
 """
+
 from .core import Exercise, Finding, Prediction, Verdict
 from .ddp import no_sync
 from .in_ten_minutes import first_loop
@@ -44,10 +45,33 @@ from .precision import amp_loop, clip_after_unscale
 from .predictions import time_cost
 
 BY_LESSON: dict[int, tuple[Exercise, ...]] = {
-    1: (largest_batch,), 2: (scale_loss,), 3: (the_loop,), 4: (last_cycle,), 5: (memory_plan,),
-    6: (time_cost,), 7: (batchnorm_split,), 8: (amp_loop, clip_after_unscale), 9: (no_sync,)}
+    1: (largest_batch,),
+    2: (scale_loss,),
+    3: (the_loop,),
+    4: (last_cycle,),
+    5: (memory_plan,),
+    6: (time_cost,),
+    7: (batchnorm_split,),
+    8: (amp_loop, clip_after_unscale),
+    9: (no_sync,),
+}
 BY_LESSON = {0: (first_loop,), **BY_LESSON}  # lesson 0, the seed's lesson in ten minutes: the loop's step condition
 
-__all__ = ["BY_LESSON", "Exercise", "Finding", "Prediction", "Verdict", "largest_batch", "scale_loss",
-           "the_loop", "last_cycle", "memory_plan", "time_cost", "batchnorm_split", "amp_loop", "clip_after_unscale",
-           "no_sync", "first_loop"]
+__all__ = [
+    "BY_LESSON",
+    "Exercise",
+    "Finding",
+    "Prediction",
+    "Verdict",
+    "largest_batch",
+    "scale_loss",
+    "the_loop",
+    "last_cycle",
+    "memory_plan",
+    "time_cost",
+    "batchnorm_split",
+    "amp_loop",
+    "clip_after_unscale",
+    "no_sync",
+    "first_loop",
+]

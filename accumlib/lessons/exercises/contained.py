@@ -33,6 +33,7 @@ catch it), which stops ordinary endless loops and `sys.exit()`, but not a bare `
 time-out, an ignored SIGALRM (there is none on Windows: the time-out is then an asynchronous exception, which a C
 call that never returns does not see) or `os._exit()`, and global state the answer changes stays changed.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -84,7 +85,7 @@ def _write(fd: int, message: dict) -> None:
     data = json.dumps(message).encode()
     data = struct.pack("<Q", len(data)) + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _read(fd: int, size: int) -> bytes:
@@ -108,8 +109,7 @@ class _Link:
         _write(self.to_kernel, message)
 
     def call(self, function: Callable, args: tuple, kwargs: dict):
-        self.send(kind="call", module=function.__module__, name=function.__qualname__, args=list(args),
-                  kwargs=kwargs)
+        self.send(kind="call", module=function.__module__, name=function.__qualname__, args=list(args), kwargs=kwargs)
         size = struct.unpack("<Q", _read(self.from_kernel, 8))[0]
         reply = json.loads(_read(self.from_kernel, size))
         if reply["ok"]:
@@ -154,8 +154,11 @@ def kernel_side(function: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         if _link is None:
             return function(*args, **kwargs)
-        return _link.call(function, tuple(str(a) if isinstance(a, torch.device) else a for a in args),
-                          {k: str(v) if isinstance(v, torch.device) else v for k, v in kwargs.items()})
+        return _link.call(
+            function,
+            tuple(str(a) if isinstance(a, torch.device) else a for a in args),
+            {k: str(v) if isinstance(v, torch.device) else v for k, v in kwargs.items()},
+        )
 
     return wrapper
 
@@ -274,12 +277,15 @@ def _wait(pid, messages, replies, clock: _Clock, check_limit, on_progress) -> di
             if not ready:
                 return None
             _pid, status = os.waitpid(pid, 0)
-            return {"kind": "ended", "code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
-                    "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+            return {
+                "kind": "ended",
+                "code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
+                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            }
         buffer += chunk
         while len(buffer) >= 8 and len(buffer) >= 8 + struct.unpack("<Q", buffer[:8])[0]:
             size = struct.unpack("<Q", buffer[:8])[0]
-            message, buffer = buffer[8:8 + size], buffer[8 + size:]
+            message, buffer = buffer[8 : 8 + size], buffer[8 + size :]
             try:
                 message = json.loads(message)
                 kind = message["kind"]
@@ -294,8 +300,11 @@ def _wait(pid, messages, replies, clock: _Clock, check_limit, on_progress) -> di
                 elif kind == "done":
                     return dict(message["result"])
             except (ValueError, KeyError, TypeError):  # not what the child's _write wrote: the learner's code wrote
-                return {"kind": "crashed", "error": "RuntimeError",  # into the pipe
-                        "message": "the check's process sent a message that the check did not write"}
+                return {
+                    "kind": "crashed",
+                    "error": "RuntimeError",  # into the pipe
+                    "message": "the check's process sent a message that the check did not write",
+                }
 
 
 def _serve(call: dict) -> dict:

@@ -5,6 +5,7 @@ verdict), the learner edits it and runs it again; `check(answer)` prints the ver
 `solution()` one solution's code. Everything printed is in the course language (`accumlib.set_language`); code
 stays English.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,12 @@ class Verdict:
 
 def _as_data(verdict: Verdict) -> dict:
     """A verdict as JSON-able data: what a check's child process sends back (contained.py)."""
-    return {"kind": "verdict", "correct": verdict.correct, "text": verdict.text,
-            "findings": [[f.name, f.message] for f in verdict.findings]}
+    return {
+        "kind": "verdict",
+        "correct": verdict.correct,
+        "text": verdict.text,
+        "findings": [[f.name, f.message] for f in verdict.findings],
+    }
 
 
 def right(message: str) -> Verdict:
@@ -66,7 +71,8 @@ def right(message: str) -> Verdict:
 def wrong(findings: list[Finding]) -> Verdict:
     """A verdict listing what is wrong, each finding on its own line."""
     header = ngettext("Not yet: {count} problem.", "Not yet: {count} problems.", len(findings)).format(
-        count=len(findings))
+        count=len(findings)
+    )
     return Verdict(False, "\n".join([header, *(f"- {f.message}" for f in findings)]), tuple(findings))
 
 
@@ -150,8 +156,9 @@ class Watchdog:
                 if self.by_signal:
                     signal.pthread_kill(self.target, signal.SIGALRM)
                 else:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.target),
-                                                               ctypes.py_object(TimeLimitExceeded))
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(self.target), ctypes.py_object(TimeLimitExceeded)
+                    )
                 return
 
     def __enter__(self) -> Watchdog:
@@ -202,27 +209,56 @@ class Budget:
 
 # Raw PyTorch errors a learner meets in these exercises, said in the learner's words: (pattern, finding name, text)
 TORCH_ERRORS = [
-    (r"num_channels \((?P<channels>\d+)\) must be divisible by num_groups \((?P<groups>\d+)\)", "groupnorm-groups",
-     N_("nn.GroupNorm(num_groups, num_channels) takes the number of groups first and the channels second: here "
-        "{channels} channels cannot be split into {groups} groups. If you swapped the two, write "
-        "nn.GroupNorm(groups, channels), for example nn.GroupNorm(4, 16): the groups must divide the channels.")),
-    (r"mat1 and mat2 shapes cannot be multiplied \((?P<rows>\d+)x(?P<got>\d+) and (?P<expected>\d+)x(?P<out>\d+)\)",
-     "shape-mismatch",
-     N_("A linear layer gets {got} features per sample but expects {expected}: the in_features of each nn.Linear "
-        "must equal what the layer before it gives (after nn.Flatten, channels x height x width).")),
-    (r"expected input\[.*\] to have (?P<expected>\d+) channels, but got (?P<got>\d+) channels", "channels-mismatch",
-     N_("A layer expects {expected} channels but gets {got}: each layer's input channels must equal the output "
-        "channels of the layer before it.")),
-    (r"running_mean should contain (?P<expected>\d+) elements not (?P<got>\d+)", "channels-mismatch",
-     N_("A normalisation layer is built for {got} channels but gets {expected}: give it the output channels of the "
-        "layer before it.")),
-    (r"Trying to backward through the graph a second time", "backward-twice",
-     N_("backward() ran twice through the same loss: the first backward() frees what the second needs. Call "
-        "backward() once per micro-batch, on that micro-batch's scaled loss.")),
-    (r"element 0 of tensors does not require grad", "no-graph",
-     N_("backward() was called on a tensor that is not connected to the model's weights: it was detached "
-        "(.detach(), .item(), torch.no_grad()), or every weight is frozen (requires_grad=False). Compute the loss "
-        "from the model's output and keep it as a tensor.")),
+    (
+        r"num_channels \((?P<channels>\d+)\) must be divisible by num_groups \((?P<groups>\d+)\)",
+        "groupnorm-groups",
+        N_(
+            "nn.GroupNorm(num_groups, num_channels) takes the number of groups first and the channels second: here "
+            "{channels} channels cannot be split into {groups} groups. If you swapped the two, write "
+            "nn.GroupNorm(groups, channels), for example nn.GroupNorm(4, 16): the groups must divide the channels."
+        ),
+    ),
+    (
+        r"mat1 and mat2 shapes cannot be multiplied \((?P<rows>\d+)x(?P<got>\d+) and (?P<expected>\d+)x(?P<out>\d+)\)",
+        "shape-mismatch",
+        N_(
+            "A linear layer gets {got} features per sample but expects {expected}: the in_features of each nn.Linear "
+            "must equal what the layer before it gives (after nn.Flatten, channels x height x width)."
+        ),
+    ),
+    (
+        r"expected input\[.*\] to have (?P<expected>\d+) channels, but got (?P<got>\d+) channels",
+        "channels-mismatch",
+        N_(
+            "A layer expects {expected} channels but gets {got}: each layer's input channels must equal the output "
+            "channels of the layer before it."
+        ),
+    ),
+    (
+        r"running_mean should contain (?P<expected>\d+) elements not (?P<got>\d+)",
+        "channels-mismatch",
+        N_(
+            "A normalisation layer is built for {got} channels but gets {expected}: give it the output channels of the "
+            "layer before it."
+        ),
+    ),
+    (
+        r"Trying to backward through the graph a second time",
+        "backward-twice",
+        N_(
+            "backward() ran twice through the same loss: the first backward() frees what the second needs. Call "
+            "backward() once per micro-batch, on that micro-batch's scaled loss."
+        ),
+    ),
+    (
+        r"element 0 of tensors does not require grad",
+        "no-graph",
+        N_(
+            "backward() was called on a tensor that is not connected to the model's weights: it was detached "
+            "(.detach(), .item(), torch.no_grad()), or every weight is frozen (requires_grad=False). Compute the loss "
+            "from the model's output and keep it as a tensor."
+        ),
+    ),
 ]
 # (An input in another dtype than the check's model is told from the dtypes themselves, not from PyTorch's message,
 # which changes between versions: fingerprint.DtypeMismatch.)
@@ -300,8 +336,9 @@ class Exercise:
     check_limit: float = 60.0  # seconds of wall time a whole check may take, its measurements included (every
     # right answer's check takes under 1.5 s on one CPU thread)
     # what to look for when the learner's code runs past the time limit (English, marked with N_())
-    hang_text: str = N_("Look for a loop that never ends: a while loop whose condition stays true, or a loop over "
-                        "something endless.")
+    hang_text: str = N_(
+        "Look for a loop that never ends: a while loop whose condition stays true, or a loop over something endless."
+    )
 
     def judge(self, *answer) -> Verdict:
         raise NotImplementedError
@@ -313,42 +350,87 @@ class Exercise:
         back as data, and nothing the answer does (a swallowed time-out, an ignored alarm, os._exit(), changes to
         torch's global state) reaches the kernel. progress(report) is called, at most every few seconds, while a
         long check runs (reports come from contained.progress() in the check)."""
-        outcome = contained.run(lambda: _as_data(self.judged(*answer)), check_limit=self.check_limit,
-                                on_progress=progress)
+        outcome = contained.run(
+            lambda: _as_data(self.judged(*answer)), check_limit=self.check_limit, on_progress=progress
+        )
         kind = outcome["kind"]
         if kind == "verdict":
-            return Verdict(outcome["correct"], outcome["text"],
-                           tuple(Finding(name, message) for name, message in outcome["findings"]))
+            return Verdict(
+                outcome["correct"],
+                outcome["text"],
+                tuple(Finding(name, message) for name, message in outcome["findings"]),
+            )
         if kind == "ignored":
-            return wrong([Finding("time-limit-ignored", _(
-                "Your code was still running {grace:g} second after the {seconds:g} seconds it may run, because it "
-                "did not stop when the check asked it to, so the check ended it. A bare except: (or except "
-                "BaseException:) catches that request too, a change to the alarm signal (signal.SIGALRM) blocks it, "
-                "and a long call into C code (sum() over an endless iterator) never sees it: catch only the errors "
-                "you expect, as in except ValueError:. {look}").format(
-                    grace=contained.GRACE, seconds=self.time_limit, look=_(self.hang_text)))])
+            return wrong(
+                [
+                    Finding(
+                        "time-limit-ignored",
+                        _(
+                            "Your code was still running {grace:g} second after the {seconds:g} seconds it may run, "
+                            "because it "
+                            "did not stop when the check asked it to, so the check ended it. A bare except: (or except "
+                            "BaseException:) catches that request too, a change to the alarm signal (signal.SIGALRM) "
+                            "blocks it, "
+                            "and a long call into C code (sum() over an endless iterator) never sees it: catch only "
+                            "the errors "
+                            "you expect, as in except ValueError:. {look}"
+                        ).format(grace=contained.GRACE, seconds=self.time_limit, look=_(self.hang_text)),
+                    )
+                ]
+            )
         if kind == "overtime":
             return wrong([self.overtime(outcome["progress"])])
         if kind == "ended":
             if outcome["signal"] is not None:
-                return wrong([Finding("process-ended", _(
-                    "The process the check ran your code in was ended by signal {number} ({name}) before the check "
-                    "finished: your code crashed it or sent it that signal. The kernel is still running; the check "
-                    "has no verdict on your answer.").format(number=outcome["signal"],
-                                                            name=signal.Signals(outcome["signal"]).name))])
-            return wrong([Finding("process-ended", _(
-                "Your code ended the process the check ran it in (exit status {code}, as os._exit() does) before "
-                "the check finished. The kernel is still running; the check has no verdict on your answer. Return "
-                "from your function with return.").format(code=outcome["code"]))])
-        return wrong([Finding("check-failed", _("The check could not run your answer: {error}: {message}").format(
-            error=outcome["error"], message=outcome["message"].strip().split("\n")[0]))])
+                return wrong(
+                    [
+                        Finding(
+                            "process-ended",
+                            _(
+                                "The process the check ran your code in was ended by signal {number} ({name}) before "
+                                "the check "
+                                "finished: your code crashed it or sent it that signal. The kernel is still running; "
+                                "the check "
+                                "has no verdict on your answer."
+                            ).format(number=outcome["signal"], name=signal.Signals(outcome["signal"]).name),
+                        )
+                    ]
+                )
+            return wrong(
+                [
+                    Finding(
+                        "process-ended",
+                        _(
+                            "Your code ended the process the check ran it in (exit status {code}, as os._exit() does) "
+                            "before "
+                            "the check finished. The kernel is still running; the check has no verdict on your answer. "
+                            "Return "
+                            "from your function with return."
+                        ).format(code=outcome["code"]),
+                    )
+                ]
+            )
+        return wrong(
+            [
+                Finding(
+                    "check-failed",
+                    _("The check could not run your answer: {error}: {message}").format(
+                        error=outcome["error"], message=outcome["message"].strip().split("\n")[0]
+                    ),
+                )
+            ]
+        )
 
     def overtime(self, report: dict | None) -> Finding:
         """The finding for a check stopped after check_limit seconds of wall time; report: the check's last
         contained.progress() report, or None."""
-        return Finding("check-too-long", _(
-            "The check of your answer ran for {seconds:g} seconds in all (your code and the measurements it asked "
-            "for), so it stopped it. {look}").format(seconds=self.check_limit, look=_(self.hang_text)))
+        return Finding(
+            "check-too-long",
+            _(
+                "The check of your answer ran for {seconds:g} seconds in all (your code and the measurements it asked "
+                "for), so it stopped it. {look}"
+            ).format(seconds=self.check_limit, look=_(self.hang_text)),
+        )
 
     def progress_text(self, report: dict) -> str | None:
         """What check() prints while a long check runs, from its last progress report (None: nothing)."""
@@ -363,19 +445,43 @@ class Exercise:
             with watchdog:
                 return self.judge(*answer)
         except TimeLimitExceeded:
-            return wrong([Finding("time-limit", _(
-                "Your code was still running after {seconds:g} seconds, so the check stopped it. {look}").format(
-                    seconds=self.time_limit, look=_(self.hang_text)))])
+            return wrong(
+                [
+                    Finding(
+                        "time-limit",
+                        _(
+                            "Your code was still running after {seconds:g} seconds, so the check stopped it. {look}"
+                        ).format(seconds=self.time_limit, look=_(self.hang_text)),
+                    )
+                ]
+            )
         except CallBudgetExceeded as budget:
             return wrong([budget.finding])
         except SystemExit:  # exit() or sys.exit() in the learner's code: it would end the kernel's cell, or Python
-            return wrong([Finding("exit", _(
-                "Your code called exit() (or sys.exit()), which stops Python itself; the check stopped it instead. "
-                "Return from your function with return."))])
+            return wrong(
+                [
+                    Finding(
+                        "exit",
+                        _(
+                            "Your code called exit() (or sys.exit()), which stops Python itself; the check stopped it "
+                            "instead. "
+                            "Return from your function with return."
+                        ),
+                    )
+                ]
+            )
         except Exception as error:  # whatever the learner's code made the check meet: said in words, not raised
-            return wrong([explained(error) or Finding("check-failed", _(
-                "The check could not run your answer: {error}: {message}").format(
-                    error=type(error).__name__, message=first_line(error)))])
+            return wrong(
+                [
+                    explained(error)
+                    or Finding(
+                        "check-failed",
+                        _("The check could not run your answer: {error}: {message}").format(
+                            error=type(error).__name__, message=first_line(error)
+                        ),
+                    )
+                ]
+            )
         finally:
             _active.remove(watchdog)
             torch.set_grad_enabled(grad_mode)
@@ -384,6 +490,7 @@ class Exercise:
     def check(self, *answer) -> None:
         """Print the verdict on the answer (the values of the names in `answer`); while a long check runs, how far
         it is."""
+
         def shown(report: dict) -> None:
             text = self.progress_text(report)
             if text:
@@ -404,8 +511,11 @@ def commented(code: str, context: str) -> str:
     """`code` with the text of each comment in the course language (pgettext(context, text); tools/catalogs.py
     extracts them), everything else, the comments' places included, unchanged."""
     lines = code.splitlines(keepends=True)
-    comments = [t for t in tokenize.generate_tokens(io.StringIO(code).readline)
-                if t.type == tokenize.COMMENT and t.string[1:].strip()]
+    comments = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(code).readline)
+        if t.type == tokenize.COMMENT and t.string[1:].strip()
+    ]
     for token in reversed(comments):  # from the end, so that earlier columns stay where they are
         (row, start), (_row, end) = token.start, token.end
         line = lines[row - 1]
@@ -440,7 +550,7 @@ class Shown:
                 text = _plain(repr(value))
             except Exception:  # noqa: BLE001 - the learner's __repr__
                 text = f"<{type(value).__name__}>"
-        self.text = text if len(text) <= self.LONGEST else text[:self.LONGEST - 3] + "..."
+        self.text = text if len(text) <= self.LONGEST else text[: self.LONGEST - 3] + "..."
 
     def __repr__(self) -> str:
         return self.text
@@ -464,21 +574,43 @@ class Prediction(Exercise):
 
     def judge(self, answer) -> Verdict:
         if answer is None:
-            return _alone(Finding("no-prediction", _(
-                "Write your prediction into {variable} first (a number), then run this cell again: the measurement "
-                "comes after the guess.").format(variable=self.answer[0])))
+            return _alone(
+                Finding(
+                    "no-prediction",
+                    _(
+                        "Write your prediction into {variable} first (a number), then run this cell again: the "
+                        "measurement "
+                        "comes after the guess."
+                    ).format(variable=self.answer[0]),
+                )
+            )
         with learner_code():  # the answer's own methods (float(), __index__) are the learner's code
             number = real_number(answer)
         if number is None:
-            return _alone(Finding("not-a-number", _("{variable} must be a number; it is {value!r}.").format(
-                variable=self.answer[0], value=Shown(answer))))
+            return _alone(
+                Finding(
+                    "not-a-number",
+                    _("{variable} must be a number; it is {value!r}.").format(
+                        variable=self.answer[0], value=Shown(answer)
+                    ),
+                )
+            )
         answer = float(number)
         measured, shows = self.measure()
         if abs(answer - measured) <= self.tolerance * abs(measured):
-            return right(_("You predicted {prediction:g}; measured: {measured:.2f}. {shows}").format(
-                prediction=answer, measured=measured, shows=shows))
-        return _alone(Finding("prediction-off", _("Surprise: you predicted {prediction:g}; measured: {measured:.2f}. "
-                                                  "{shows}").format(prediction=answer, measured=measured, shows=shows)))
+            return right(
+                _("You predicted {prediction:g}; measured: {measured:.2f}. {shows}").format(
+                    prediction=answer, measured=measured, shows=shows
+                )
+            )
+        return _alone(
+            Finding(
+                "prediction-off",
+                _("Surprise: you predicted {prediction:g}; measured: {measured:.2f}. {shows}").format(
+                    prediction=answer, measured=measured, shows=shows
+                ),
+            )
+        )
 
 
 def _alone(finding: Finding) -> Verdict:

@@ -7,6 +7,7 @@ loop, and destroys the group again. With one process an all-reduce averages a gr
 gradients show the loop's other bugs as usual, and the all-reduces show where synchronisation happens: DDP
 all-reduces in the backward() of every micro-batch whose forward pass ran outside `no_sync()`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,10 @@ def single_process_group():
     """
     if dist.is_initialized():
         if dist.get_world_size() != 1:
-            raise RuntimeError(f"a process group of world size {dist.get_world_size()} is already running; the no_sync "
-                               f"check needs world size 1 (run it outside distributed training)")
+            raise RuntimeError(
+                f"a process group of world size {dist.get_world_size()} is already running; the no_sync "
+                f"check needs world size 1 (run it outside distributed training)"
+            )
         yield
         return
     excepthook = sys.excepthook  # init_process_group installs a hook that prefixes every traceback with [rank0]
@@ -53,33 +56,61 @@ def ddp_findings(fp: Fingerprint) -> list[Finding]:
     micro_batches = len(fp.reference.sizes)
     if len(synced) >= micro_batches and len(fp.readings) < micro_batches:
         if rec.no_sync_entries:
-            return [Finding("no-sync-forward-outside", _(
-                "model.no_sync() is used, yet DDP still all-reduces after every micro-batch ({allreduces} all-reduces "
-                "for {steps} steps): the forward passes run outside no_sync(). DDP decides during the forward pass "
-                "whether the next backward() all-reduces, so put the forward pass inside no_sync() too.").format(
-                    allreduces=len(synced), steps=len(fp.readings)))]
-        return [Finding("no-sync-missing", _(
-            "DDP all-reduces the gradients after every micro-batch: {allreduces} all-reduces for {steps} steps, where "
-            "one per step is enough. The sum comes out the same (all-reducing is linear), but each extra all-reduce "
-            "is time spent sending gradients between processes. Run every micro-batch but the last of each cycle "
-            "inside with model.no_sync():, its forward pass included.").format(allreduces=len(synced),
-                                                                         steps=len(fp.readings)))]
+            return [
+                Finding(
+                    "no-sync-forward-outside",
+                    _(
+                        "model.no_sync() is used, yet DDP still all-reduces after every micro-batch ({allreduces} "
+                        "all-reduces "
+                        "for {steps} steps): the forward passes run outside no_sync(). DDP decides during the forward "
+                        "pass "
+                        "whether the next backward() all-reduces, so put the forward pass inside no_sync() too."
+                    ).format(allreduces=len(synced), steps=len(fp.readings)),
+                )
+            ]
+        return [
+            Finding(
+                "no-sync-missing",
+                _(
+                    "DDP all-reduces the gradients after every micro-batch: {allreduces} all-reduces for {steps} "
+                    "steps, where "
+                    "one per step is enough. The sum comes out the same (all-reducing is linear), but each extra "
+                    "all-reduce "
+                    "is time spent sending gradients between processes. Run every micro-batch but the last of each "
+                    "cycle "
+                    "inside with model.no_sync():, its forward pass included."
+                ).format(allreduces=len(synced), steps=len(fp.readings)),
+            )
+        ]
     for reading in fp.readings:
         window = [j for j in synced if j in reading.fresh]
         findings = []
         if reading.last not in window:
-            findings.append(Finding("no-allreduce-before-step", _(
-                "No all-reduce comes right before step {step}: the last micro-batch of its cycle also runs inside "
-                "no_sync(). With several processes, each would step with its own gradient and the copies of the model "
-                "would drift apart. Leave the last micro-batch of each cycle outside no_sync().").format(
-                    step=reading.number)))
+            findings.append(
+                Finding(
+                    "no-allreduce-before-step",
+                    _(
+                        "No all-reduce comes right before step {step}: the last micro-batch of its cycle also runs "
+                        "inside "
+                        "no_sync(). With several processes, each would step with its own gradient and the copies of "
+                        "the model "
+                        "would drift apart. Leave the last micro-batch of each cycle outside no_sync()."
+                    ).format(step=reading.number),
+                )
+            )
         early = [j for j in window if j != reading.last]
         if early:
-            findings.append(Finding("allreduce-too-early", _(
-                "Before step {step}, DDP all-reduces after micro-batch {position} of the cycle's {count}: the "
-                "gradients of the micro-batches after it are summed on each process alone, never shared. Synchronise "
-                "only in the cycle's last backward().").format(
-                    step=reading.number, position=reading.fresh.index(early[0]) + 1, count=len(reading.fresh))))
+            findings.append(
+                Finding(
+                    "allreduce-too-early",
+                    _(
+                        "Before step {step}, DDP all-reduces after micro-batch {position} of the cycle's {count}: the "
+                        "gradients of the micro-batches after it are summed on each process alone, never shared. "
+                        "Synchronise "
+                        "only in the cycle's last backward()."
+                    ).format(step=reading.number, position=reading.fresh.index(early[0]) + 1, count=len(reading.fresh)),
+                )
+            )
         if findings:
             return findings  # the first step where it shows
     return []
@@ -89,7 +120,7 @@ class NoSync(LoopExercise):
     lesson, name = 9, "no_sync"
     problem = Problem(samples=36, micro_batch_size=4, accum_steps=3)
     ddp = True
-    stub = '''\
+    stub = """\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps):
     # The loop of lesson 3; `model` is wrapped in DistributedDataParallel. Where does model.no_sync() go?
     for step, (x, y) in enumerate(loader):
@@ -101,8 +132,8 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 
 
 exercises.no_sync.check(accumulate)
-'''
-    solution_code = '''\
+"""
+    solution_code = """\
 import contextlib
 
 
@@ -118,10 +149,12 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 
 
 exercises.no_sync.check(accumulate)
-'''
-    hint_text = N_("DDP all-reduces in the backward() of every micro-batch whose forward pass ran outside "
-                   "model.no_sync(). Put the forward and backward of every micro-batch but the last of each cycle "
-                   "inside `with model.no_sync():`; contextlib.nullcontext() is a context that does nothing.")
+"""
+    hint_text = N_(
+        "DDP all-reduces in the backward() of every micro-batch whose forward pass ran outside "
+        "model.no_sync(). Put the forward and backward of every micro-batch but the last of each cycle "
+        "inside `with model.no_sync():`; contextlib.nullcontext() is a context that does nothing."
+    )
 
     def judge(self, function) -> Verdict:
         with single_process_group():
@@ -131,12 +164,18 @@ exercises.no_sync.check(accumulate)
         return error_or(fp, lambda: ddp_findings(fp) + loop_findings(fp))
 
     def confirmation(self, fp: Fingerprint, weight_gap: float) -> str:
-        return _("One all-reduce per optimizer step ({allreduces} for {steps} steps), in the backward() of each "
-                 "cycle's last micro-batch, and each step's gradient equals the full-batch gradient of its cycle "
-                 "(largest difference {gradient_gap:.1e}). Trained for real at learning rate {lr:g} under DDP, your "
-                 "weights match accumlib.train's (largest difference {weight_gap:.1e}).").format(
-                     allreduces=len(fp.recording.allreduces), steps=len(fp.readings),
-                     gradient_gap=fp.gradient_gap(), lr=self.problem.lr, weight_gap=weight_gap)
+        return _(
+            "One all-reduce per optimizer step ({allreduces} for {steps} steps), in the backward() of each "
+            "cycle's last micro-batch, and each step's gradient equals the full-batch gradient of its cycle "
+            "(largest difference {gradient_gap:.1e}). Trained for real at learning rate {lr:g} under DDP, your "
+            "weights match accumlib.train's (largest difference {weight_gap:.1e})."
+        ).format(
+            allreduces=len(fp.recording.allreduces),
+            steps=len(fp.readings),
+            gradient_gap=fp.gradient_gap(),
+            lr=self.problem.lr,
+            weight_gap=weight_gap,
+        )
 
 
 no_sync = NoSync()

@@ -22,6 +22,7 @@ on gloo. The
 checks that build a model to measure it (largest_batch, memory_plan, batchnorm_split, time_cost) run on the lesson's
 device instead (`accumlib.devices.pick()`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,7 +72,7 @@ class Problem:
 
     def data(self, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         X, y = data.digits((epoch + 1) * self.samples, flat=True, dtype=torch.float64)
-        return X[epoch * self.samples:], y[epoch * self.samples:]
+        return X[epoch * self.samples :], y[epoch * self.samples :]
 
     model_dtype = torch.float64  # so that every gradient the check compares is exact
 
@@ -224,8 +225,16 @@ class Recording:
         self.scaler = RecordingScaler(self) if amp else None
 
     def _on_forward(self, module, args) -> None:
-        self.autocast.append(next((torch.get_autocast_dtype(device) for device in self.autocast_devices
-                                   if torch.is_autocast_enabled(device)), None))
+        self.autocast.append(
+            next(
+                (
+                    torch.get_autocast_dtype(device)
+                    for device in self.autocast_devices
+                    if torch.is_autocast_enabled(device)
+                ),
+                None,
+            )
+        )
         x = args[0] if args else None
         dtype = next(p.dtype for p in module.parameters())
         if self.dtype_mismatch is None and isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
@@ -237,8 +246,14 @@ class Recording:
         handed = self.loader.handed_out
         found = next((j for j in range(len(handed) - 1, -1, -1) if handed[j][1] is x), None)
         if found is None and isinstance(x, torch.Tensor):
-            found = next((j for j in range(len(handed) - 1, -1, -1)
-                          if handed[j][1].shape == x.shape and torch.equal(handed[j][1], x)), None)
+            found = next(
+                (
+                    j
+                    for j in range(len(handed) - 1, -1, -1)
+                    if handed[j][1].shape == x.shape and torch.equal(handed[j][1], x)
+                ),
+                None,
+            )
         self.forwards.append(-1 if found is None else found)
 
     def _after_forward(self, module, args, output) -> None:
@@ -257,6 +272,7 @@ class Recording:
             def backward(*args, **kwargs):
                 self.backwards.append(len(self.forwards))
                 return original(*args, **kwargs)
+
             return backward
 
         def scaled(scaler, outputs):  # a GradScaler the learner's code made itself, not the one it was given
@@ -272,8 +288,10 @@ class Recording:
             torch.amp.GradScaler.scale = scale
 
     def on_step(self) -> None:
-        grads = [p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
-                 for p in self.module.parameters()]
+        grads = [
+            p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+            for p in self.module.parameters()
+        ]
         via_scaler = self.scaler is not None and self.scaler.inside_step
         unscaled = self.scaler is None or self.scaler.unscaled
         self.steps.append(StepSeen(len(self.forwards), torch.cat(grads).double().clone(), via_scaler, unscaled))
@@ -285,8 +303,9 @@ class Recording:
             with self._counting_backwards():
                 call(self)
         except Exception as error:  # the learner's code: any failure is part of the verdict
-            self.error = error if self.dtype_mismatch is None else DtypeMismatch(*self.dtype_mismatch,
-                                                                                 self.problem.model_dtype)
+            self.error = (
+                error if self.dtype_mismatch is None else DtypeMismatch(*self.dtype_mismatch, self.problem.model_dtype)
+            )
         return self
 
 
@@ -338,37 +357,60 @@ def frozen_finding(model: torch.nn.Module) -> Finding | None:
     """The finding when the learner's code froze every weight of the model (requires_grad=False), else None."""
     if any(p.requires_grad for p in model.parameters()):
         return None
-    return Finding("model-frozen", _(
-        "Your code froze every weight of the model (requires_grad=False on all of them), so backward() has nothing "
-        "to compute and nothing can train. Leave requires_grad as it is: accumulation needs every weight's "
-        "gradient."))
+    return Finding(
+        "model-frozen",
+        _(
+            "Your code froze every weight of the model (requires_grad=False on all of them), so backward() has nothing "
+            "to compute and nothing can train. Leave requires_grad as it is: accumulation needs every weight's "
+            "gradient."
+        ),
+    )
 
 
 def error_finding(error: Exception, micro_batch: int = 0) -> Finding:
     """The finding for an exception raised by the learner's code (at micro-batch `micro_batch`, 1-based, if known)."""
     if isinstance(error, DtypeMismatch):
-        return Finding("dtype-mismatch", _(
-            "Model call {call} got x in {got}, but the check's model is in {model} (so that every gradient it "
-            "compares is exact): PyTorch multiplies only tensors of one dtype, so it stopped your code. Pass x as the "
-            "loader gives it, model(x): the loader's micro-batches are already in the model's dtype.").format(
-                call=error.call, got=str(error.got).removeprefix("torch."),
-                model=str(error.model).removeprefix("torch.")))
+        return Finding(
+            "dtype-mismatch",
+            _(
+                "Model call {call} got x in {got}, but the check's model is in {model} (so that every gradient it "
+                "compares is exact): PyTorch multiplies only tensors of one dtype, so it stopped your code. Pass x as "
+                "the "
+                "loader gives it, model(x): the loader's micro-batches are already in the model's dtype."
+            ).format(
+                call=error.call,
+                got=str(error.got).removeprefix("torch."),
+                model=str(error.model).removeprefix("torch."),
+            ),
+        )
     if isinstance(error, SignatureMismatch):
-        return Finding("signature", _("{name} must take the parameters ({expected}), in this order, as in the stub; "
-                                      "yours takes ({found}).").format(name=error.name, expected=error.expected,
-                                                                       found=error.found))
+        return Finding(
+            "signature",
+            _(
+                "{name} must take the parameters ({expected}), in this order, as in the stub; yours takes ({found})."
+            ).format(name=error.name, expected=error.expected, found=error.found),
+        )
     plain = explained(error)
     if plain is not None:
         if not micro_batch:
             return plain
-        return Finding(plain.name, _("PyTorch stopped your code at micro-batch {number}: {explanation}").format(
-            number=micro_batch, explanation=plain.message))
+        return Finding(
+            plain.name,
+            _("PyTorch stopped your code at micro-batch {number}: {explanation}").format(
+                number=micro_batch, explanation=plain.message
+            ),
+        )
     message = first_line(error)
     if not micro_batch:
-        return Finding("error", _("Your code raised {error}: {message}").format(error=type(error).__name__,
-                                                                                message=message))
-    return Finding("error", _("Your code raised {error} at micro-batch {number}: {message}").format(
-        error=type(error).__name__, number=micro_batch, message=message))
+        return Finding(
+            "error", _("Your code raised {error}: {message}").format(error=type(error).__name__, message=message)
+        )
+    return Finding(
+        "error",
+        _("Your code raised {error} at micro-batch {number}: {message}").format(
+            error=type(error).__name__, number=micro_batch, message=message
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -392,8 +434,10 @@ class Reference:
             position += list(range(len(batches)))
             sizes += epoch_sizes
             weights += loss_weights(epoch_sizes, problem.accum_steps, "weighted", True)
-            cycles += [list(range(first + start, first + min(start + problem.accum_steps, len(batches))))
-                       for start in range(0, len(batches), problem.accum_steps)]
+            cycles += [
+                list(range(first + start, first + min(start + problem.accum_steps, len(batches))))
+                for start in range(0, len(batches), problem.accum_steps)
+            ]
         return cls(epoch_of, position, sizes, cycles, weights, problem.accum_steps)
 
     def is_tail(self, cycle: list[int]) -> bool:
@@ -433,10 +477,15 @@ class Fingerprint:
         self.readings: list[Reading] = []
         done = 0
         for number, seen in enumerate(recording.steps, 1):
-            ran = [j for j in recording.forwards[:seen.forwards] if j >= 0]
+            ran = [j for j in recording.forwards[: seen.forwards] if j >= 0]
             before = set(recording.forwards[:done])  # a micro-batch run again after its step (to evaluate it) is
-            fresh = list(dict.fromkeys(j for j in recording.forwards[done:seen.forwards]  # not fresh again
-                                       if j >= 0 and j not in before))
+            fresh = list(
+                dict.fromkeys(
+                    j
+                    for j in recording.forwards[done : seen.forwards]  # not fresh again
+                    if j >= 0 and j not in before
+                )
+            )
             self.readings.append(self._read(number, fresh, set(ran) - set(fresh), seen.gradient))
             done = seen.forwards
 
@@ -457,8 +506,9 @@ class Fingerprint:
         solution = torch.linalg.lstsq(basis, gradient.unsqueeze(1)).solution.squeeze(1)
         size = gradient.norm().item()
         residual = (gradient - basis @ solution).norm().item() / size if size else 0.0
-        return Reading(number, fresh, earlier, dict(zip(candidates, solution.tolist(), strict=True)), residual,
-                       gradient)
+        return Reading(
+            number, fresh, earlier, dict(zip(candidates, solution.tolist(), strict=True)), residual, gradient
+        )
 
     def full_batch_gradient(self, cycle: list[int]) -> torch.Tensor:
         """The gradient of one batch made of the whole cycle, at the initial weights."""
@@ -470,8 +520,10 @@ class Fingerprint:
 
     def gradient_gap(self) -> float:
         """Largest |step gradient - full-batch gradient of its cycle|, when the steps match the cycles one to one."""
-        return max((r.gradient - self.full_batch_gradient(cycle)).abs().max().item()
-                   for r, cycle in zip(self.readings, self.reference.cycles, strict=True))
+        return max(
+            (r.gradient - self.full_batch_gradient(cycle)).abs().max().item()
+            for r, cycle in zip(self.readings, self.reference.cycles, strict=True)
+        )
 
 
 def _close(value: float, target: float) -> bool:
@@ -506,16 +558,26 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
     expected = len(ref.sizes)
     if fp.handed_out != expected or -1 in rec.forwards:
         if fp.handed_out != expected:
-            findings.add("micro-batch-count", ngettext(
-                "Your loop took {count} micro-batch from the loader, but {epochs} passes over it give {expected}: "
-                "use every micro-batch of every epoch once.",
-                "Your loop took {count} micro-batches from the loader, but {epochs} passes over it give {expected}: "
-                "use every micro-batch of every epoch once.", fp.handed_out).format(
-                    count=fp.handed_out, expected=expected, epochs=rec.problem.epochs))
+            findings.add(
+                "micro-batch-count",
+                ngettext(
+                    "Your loop took {count} micro-batch from the loader, but {epochs} passes over it give {expected}: "
+                    "use every micro-batch of every epoch once.",
+                    "Your loop took {count} micro-batches from the loader, but {epochs} passes over it give "
+                    "{expected}: "
+                    "use every micro-batch of every epoch once.",
+                    fp.handed_out,
+                ).format(count=fp.handed_out, expected=expected, epochs=rec.problem.epochs),
+            )
         if -1 in rec.forwards:
-            findings.add("unknown-input", _(
-                "Model call {call} was not on a micro-batch from the loader: call the model on each micro-batch x as "
-                "it comes.").format(call=rec.forwards.index(-1) + 1))
+            findings.add(
+                "unknown-input",
+                _(
+                    "Model call {call} was not on a micro-batch from the loader: call the model on each micro-batch x "
+                    "as "
+                    "it comes."
+                ).format(call=rec.forwards.index(-1) + 1),
+            )
         return findings.list()
     if not fp.readings:
         findings.add("no-step", _("optimizer.step() is never called, so the weights never change."))
@@ -531,9 +593,14 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
         if ref.is_tail(cycle) and left == cycle:
             _tail_dropped(fp, cycle, findings)
         else:
-            findings.add("not-stepped", ngettext("The last micro-batch never reaches an optimizer step.",
-                                                 "The last {count} micro-batches never reach an optimizer step.",
-                                                 len(left)).format(count=len(left)))
+            findings.add(
+                "not-stepped",
+                ngettext(
+                    "The last micro-batch never reaches an optimizer step.",
+                    "The last {count} micro-batches never reach an optimizer step.",
+                    len(left),
+                ).format(count=len(left)),
+            )
     return findings.list()
 
 
@@ -546,41 +613,64 @@ def _structure(fp: Fingerprint, findings: _Findings) -> None:
     if mine == cycle_ends or mine == [c[-1] for c in ref.cycles if not ref.is_tail(c)]:
         return  # right, or right but for the last cycles (read from the coefficients: dropped or leaked)
     if k > 1 and len(mine) == len(ref.sizes) and all(len(r.fresh) == 1 for r in fp.readings):
-        findings.add("step-every-micro-batch", _(
-            "It steps after every micro-batch: {steps} optimizer steps for {micro_batches} micro-batches, where the "
-            "reference steps once per cycle of {accum_steps} ({reference} steps). Step only when "
-            "(step + 1) % accum_steps == 0.").format(steps=len(mine), micro_batches=len(ref.sizes), accum_steps=k,
-                                                      reference=len(ref.cycles)))
+        findings.add(
+            "step-every-micro-batch",
+            _(
+                "It steps after every micro-batch: {steps} optimizer steps for {micro_batches} micro-batches, where "
+                "the "
+                "reference steps once per cycle of {accum_steps} ({reference} steps). Step only when "
+                "(step + 1) % accum_steps == 0."
+            ).format(steps=len(mine), micro_batches=len(ref.sizes), accum_steps=k, reference=len(ref.cycles)),
+        )
         return
     positions = [ref.position[j] for j in mine if j is not None]
     per_epoch = [p for e in sorted(set(ref.epoch_of)) for p in range(ref.epoch_of.count(e)) if p % k == 0]
     if k > 1 and positions == per_epoch:
         left = len(ref.sizes) - len({j for r in fp.readings for j in r.fresh})
-        findings.add("off-by-one", ngettext(
-            "Its first optimizer step comes after 1 micro-batch instead of {accum_steps}: step % accum_steps == 0 is "
-            "already true at step 0. Every cycle is shifted by one, and the last micro-batch never reaches a step. "
-            "Step when (step + 1) % accum_steps == 0.",
-            "Its first optimizer step comes after 1 micro-batch instead of {accum_steps}: step % accum_steps == 0 is "
-            "already true at step 0. Every cycle is shifted by one, and the last {left} micro-batches never reach a "
-            "step. Step when (step + 1) % accum_steps == 0.", left).format(accum_steps=k, left=left))
+        findings.add(
+            "off-by-one",
+            ngettext(
+                "Its first optimizer step comes after 1 micro-batch instead of {accum_steps}: step % accum_steps == 0 "
+                "is "
+                "already true at step 0. Every cycle is shifted by one, and the last micro-batch never reaches a step. "
+                "Step when (step + 1) % accum_steps == 0.",
+                "Its first optimizer step comes after 1 micro-batch instead of {accum_steps}: step % accum_steps == 0 "
+                "is "
+                "already true at step 0. Every cycle is shifted by one, and the last {left} micro-batches never reach "
+                "a "
+                "step. Step when (step + 1) % accum_steps == 0.",
+                left,
+            ).format(accum_steps=k, left=left),
+        )
         return
     first_epoch = [ref.position[j] + 1 for j in mine if j is not None and ref.epoch_of[j] == 0]
-    findings.add("steps-misplaced", _(
-        "In the first epoch it steps after micro-batches {mine}; the reference steps after {reference}, at the end of "
-        "each cycle of {accum_steps}.").format(
-            mine=", ".join(map(str, first_epoch)) or "-", accum_steps=k,
-            reference=", ".join(str(ref.position[c[-1]] + 1) for c in ref.cycles if ref.epoch_of[c[-1]] == 0)))
+    findings.add(
+        "steps-misplaced",
+        _(
+            "In the first epoch it steps after micro-batches {mine}; the reference steps after {reference}, at the end "
+            "of "
+            "each cycle of {accum_steps}."
+        ).format(
+            mine=", ".join(map(str, first_epoch)) or "-",
+            accum_steps=k,
+            reference=", ".join(str(ref.position[c[-1]] + 1) for c in ref.cycles if ref.epoch_of[c[-1]] == 0),
+        ),
+    )
 
 
-def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findings, contributions: bool,
-               weights: bool) -> None:
+def _read_step(
+    fp: Fingerprint, r: Reading, applied: set[int], findings: _Findings, contributions: bool, weights: bool
+) -> None:
     """Findings about one step: is its gradient made of micro-batches, which ones reach it, and with what weight."""
     ref = fp.reference
     if r.residual > CLOSE:
-        findings.add("not-micro-batch-gradients", _(
-            "The gradient at step {step} is not made of the micro-batches' gradients (the best combination misses "
-            "{residual:.1%} of it): each gradient must come from backward() on a micro-batch's loss.").format(
-                step=r.number, residual=r.residual))
+        findings.add(
+            "not-micro-batch-gradients",
+            _(
+                "The gradient at step {step} is not made of the micro-batches' gradients (the best combination misses "
+                "{residual:.1%} of it): each gradient must come from backward() on a micro-batch's loss."
+            ).format(step=r.number, residual=r.residual),
+        )
         return
     nonzero = {j for j, c in r.coefficients.items() if abs(c) > ZERO}
     if not nonzero:
@@ -590,12 +680,16 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
         backward = any(since <= b <= until for b in rec.backwards)
         reached = any(since <= call < until for call in rec.reached)
         if zeroed:
-            message = _("Step {step} sees no gradient at all: zero_grad() runs after the last backward() and before "
-                        "optimizer.step().")
+            message = _(
+                "Step {step} sees no gradient at all: zero_grad() runs after the last backward() and before "
+                "optimizer.step()."
+            )
         elif backward and not reached:
-            message = _("Step {step} sees no gradient at all: backward() ran, but on a loss cut off from the model "
-                        "(by .detach(), by .item() turned back into a tensor, or by torch.no_grad()), so no gradient "
-                        "reaches the weights. Call backward() on the loss computed from model(x), as it is.")
+            message = _(
+                "Step {step} sees no gradient at all: backward() ran, but on a loss cut off from the model "
+                "(by .detach(), by .item() turned back into a tensor, or by torch.no_grad()), so no gradient "
+                "reaches the weights. Call backward() on the loss computed from model(x), as it is."
+            )
         else:
             message = _("Step {step} sees no gradient at all: no backward() ran before it.")
         findings.add("empty-step", message.format(step=r.number))
@@ -607,46 +701,71 @@ def _read_step(fp: Fingerprint, r: Reading, applied: set[int], findings: _Findin
     crossing = [j for j in r.fresh if ref.epoch_of[j] < epoch]
     stale = sorted(j for j in nonzero & r.earlier if j in applied)
     if stale:
-        findings.add("never-zeroed", ngettext(
-            "Step {step} still holds the gradient of a micro-batch that an earlier step already applied: "
-            "zero_grad() never runs after optimizer.step(), so every step adds all the cycles before it again "
-            "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().",
-            "Step {step} still holds the gradients of {stale} micro-batches that earlier steps already applied: "
-            "zero_grad() never runs after optimizer.step(), so every step adds all the cycles before it again "
-            "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().",
-            len(stale)).format(step=r.number, stale=len(stale), error=_relative_error(fp, r)))
+        findings.add(
+            "never-zeroed",
+            ngettext(
+                "Step {step} still holds the gradient of a micro-batch that an earlier step already applied: "
+                "zero_grad() never runs after optimizer.step(), so every step adds all the cycles before it again "
+                "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().",
+                "Step {step} still holds the gradients of {stale} micro-batches that earlier steps already applied: "
+                "zero_grad() never runs after optimizer.step(), so every step adds all the cycles before it again "
+                "(its gradient is off by {error:.0%}). Zero the gradients once per cycle, after optimizer.step().",
+                len(stale),
+            ).format(step=r.number, stale=len(stale), error=_relative_error(fp, r)),
+        )
     leaked = [j for j in crossing if j in nonzero]
     if leaked:
-        findings.add("leaked-tail", ngettext(
-            "The micro-batch left over at the end of epoch {epoch} leaks into the first step of epoch {next_epoch} "
-            "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches, 1 of them "
-            "from epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end of each epoch.",
-            "The {count} micro-batches left over at the end of epoch {epoch} leak into the first step of epoch "
-            "{next_epoch} (step {step}): nothing steps or zeroes their gradient, so that step holds {held} "
-            "micro-batches, {count} of them from epoch {epoch} (its gradient is off by {error:.0%}). Step the last "
-            "cycle at the end of each epoch.", len(leaked)).format(
-                count=len(leaked), epoch=ref.epoch_of[leaked[0]] + 1, next_epoch=epoch + 1, step=r.number,
+        findings.add(
+            "leaked-tail",
+            ngettext(
+                "The micro-batch left over at the end of epoch {epoch} leaks into the first step of epoch {next_epoch} "
+                "(step {step}): nothing steps or zeroes its gradient, so that step holds {held} micro-batches, 1 of "
+                "them "
+                "from epoch {epoch} (its gradient is off by {error:.0%}). Step the last cycle at the end of each "
+                "epoch.",
+                "The {count} micro-batches left over at the end of epoch {epoch} leak into the first step of epoch "
+                "{next_epoch} (step {step}): nothing steps or zeroes their gradient, so that step holds {held} "
+                "micro-batches, {count} of them from epoch {epoch} (its gradient is off by {error:.0%}). Step the last "
+                "cycle at the end of each epoch.",
+                len(leaked),
+            ).format(
+                count=len(leaked),
+                epoch=ref.epoch_of[leaked[0]] + 1,
+                next_epoch=epoch + 1,
+                step=r.number,
                 held=len(leaked) + len([j for j in inner if j in nonzero]),
-                error=_relative_error(fp, r)))
+                error=_relative_error(fp, r),
+            ),
+        )
     dropped = [j for j in crossing if j not in nonzero]
     if dropped and ref.is_tail(ref.cycle_of(dropped[0])):
         _tail_dropped(fp, ref.cycle_of(dropped[0]), findings)
     lost = [j for j in inner[:-1] if j not in nonzero]
     if lost:
         if inner[-1] in nonzero and len(lost) == len(inner) - 1:
-            findings.add("zeroed-inside", ngettext(
-                "Only the last micro-batch before each step reaches it: at step {step} the gradient of the "
-                "micro-batch before it was wiped out (its gradient is off by {error:.0%}), because zero_grad() runs "
-                "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().",
-                "Only the last micro-batch before each step reaches it: at step {step} the gradients of the {lost} "
-                "micro-batches before it were wiped out (its gradient is off by {error:.0%}), because zero_grad() runs "
-                "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().",
-                len(lost)).format(step=r.number, lost=len(lost), error=_relative_error(fp, r)))
+            findings.add(
+                "zeroed-inside",
+                ngettext(
+                    "Only the last micro-batch before each step reaches it: at step {step} the gradient of the "
+                    "micro-batch before it was wiped out (its gradient is off by {error:.0%}), because zero_grad() "
+                    "runs "
+                    "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().",
+                    "Only the last micro-batch before each step reaches it: at step {step} the gradients of the {lost} "
+                    "micro-batches before it were wiped out (its gradient is off by {error:.0%}), because zero_grad() "
+                    "runs "
+                    "inside the loop, before each backward(). Zero once per cycle, after optimizer.step().",
+                    len(lost),
+                ).format(step=r.number, lost=len(lost), error=_relative_error(fp, r)),
+            )
         else:
-            findings.add("lost-gradients", ngettext(
-                "The gradient of a micro-batch run before step {step} never reaches it.",
-                "The gradients of {lost} micro-batches run before step {step} never reach it.", len(lost)).format(
-                    lost=len(lost), step=r.number))
+            findings.add(
+                "lost-gradients",
+                ngettext(
+                    "The gradient of a micro-batch run before step {step} never reaches it.",
+                    "The gradients of {lost} micro-batches run before step {step} never reach it.",
+                    len(lost),
+                ).format(lost=len(lost), step=r.number),
+            )
     if weights:
         _check_weights(fp, r, [j for j in inner if j in nonzero], findings)
 
@@ -660,16 +779,29 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
         micro = fp.recording.problem.micro_batch_size
         if all(_close(r.share(j), ref.sizes[j] / (micro * len(cycle))) for j in cycle):
             samples = sum(ref.sizes[j] for j in cycle)
-            findings.add("tail-full-size", ngettext(
-                "The last, incomplete cycle (step {step}) is weighted as if its micro-batch held {micro} samples, but "
-                "it holds {samples}: it counts {total:.3g} of a step instead of 1. Divide by the samples the cycle "
-                "really holds: the len(y) of its micro-batches, added up.",
-                "The last, incomplete cycle (step {step}) is weighted as if each of its {count} micro-batches held "
-                "{micro} samples ({assumed} in all), but they hold {sizes} ({samples} in all): together they count "
-                "{total:.3g} of a step instead of 1. Divide by the samples the cycle really holds: the len(y) of its "
-                "micro-batches, added up.", len(cycle)).format(
-                    step=r.number, count=len(cycle), micro=micro, assumed=micro * len(cycle), samples=samples,
-                    sizes=", ".join(str(ref.sizes[j]) for j in cycle), total=samples / (micro * len(cycle))))
+            findings.add(
+                "tail-full-size",
+                ngettext(
+                    "The last, incomplete cycle (step {step}) is weighted as if its micro-batch held {micro} samples, "
+                    "but "
+                    "it holds {samples}: it counts {total:.3g} of a step instead of 1. Divide by the samples the cycle "
+                    "really holds: the len(y) of its micro-batches, added up.",
+                    "The last, incomplete cycle (step {step}) is weighted as if each of its {count} micro-batches held "
+                    "{micro} samples ({assumed} in all), but they hold {sizes} ({samples} in all): together they count "
+                    "{total:.3g} of a step instead of 1. Divide by the samples the cycle really holds: the len(y) of "
+                    "its "
+                    "micro-batches, added up.",
+                    len(cycle),
+                ).format(
+                    step=r.number,
+                    count=len(cycle),
+                    micro=micro,
+                    assumed=micro * len(cycle),
+                    samples=samples,
+                    sizes=", ".join(str(ref.sizes[j]) for j in cycle),
+                    total=samples / (micro * len(cycle)),
+                ),
+            )
             return
     for j in counted:
         c, w = r.share(j), ref.weights[j]
@@ -677,47 +809,85 @@ def _check_weights(fp: Fingerprint, r: Reading, counted: list[int], findings: _F
         if _close(c, w):
             continue
         if _close(c, 1.0):
-            findings.add("missing-division", _(
-                "The division is missing: each micro-batch counts {ratio:.3g} times its share, so step {step}'s "
-                "gradient is {ratio:.3g} times too large (with SGD, like a learning rate {ratio:.3g} times too "
-                "high). Divide each micro-batch's loss by accum_steps.").format(ratio=c / w, step=r.number))
+            findings.add(
+                "missing-division",
+                _(
+                    "The division is missing: each micro-batch counts {ratio:.3g} times its share, so step {step}'s "
+                    "gradient is {ratio:.3g} times too large (with SGD, like a learning rate {ratio:.3g} times too "
+                    "high). Divide each micro-batch's loss by accum_steps."
+                ).format(ratio=c / w, step=r.number),
+            )
         elif ref.is_tail(cycle) and _close(c, 1 / k):
-            findings.add("tail-divided-by-steps", ngettext(
-                "The last, incomplete cycle (step {step}) has only {count} micro-batch, yet it is still divided by "
-                "accum_steps = {accum_steps}: it counts {total:.2f} of a step instead of 1. Weight each micro-batch "
-                "by its samples over the cycle's {samples} samples.",
-                "The last, incomplete cycle (step {step}) has only {count} micro-batches, yet each is still divided "
-                "by accum_steps = {accum_steps}: together they count {total:.2f} of a step instead of 1. Weight each "
-                "micro-batch by its samples over the cycle's {samples} samples.", len(cycle)).format(
-                    step=r.number, count=len(cycle), accum_steps=k, total=len(cycle) / k,
-                    samples=sum(ref.sizes[i] for i in cycle)))
+            findings.add(
+                "tail-divided-by-steps",
+                ngettext(
+                    "The last, incomplete cycle (step {step}) has only {count} micro-batch, yet it is still divided by "
+                    "accum_steps = {accum_steps}: it counts {total:.2f} of a step instead of 1. Weight each "
+                    "micro-batch "
+                    "by its samples over the cycle's {samples} samples.",
+                    "The last, incomplete cycle (step {step}) has only {count} micro-batches, yet each is still "
+                    "divided "
+                    "by accum_steps = {accum_steps}: together they count {total:.2f} of a step instead of 1. Weight "
+                    "each "
+                    "micro-batch by its samples over the cycle's {samples} samples.",
+                    len(cycle),
+                ).format(
+                    step=r.number,
+                    count=len(cycle),
+                    accum_steps=k,
+                    total=len(cycle) / k,
+                    samples=sum(ref.sizes[i] for i in cycle),
+                ),
+            )
         elif ref.is_tail(cycle) and all(_close(r.share(i), 1 / len(cycle)) for i in cycle):
-            findings.add("tail-mean-of-means", _(
-                "The micro-batches of the last cycle (step {step}) count equally, but they hold different numbers of "
-                "samples ({sizes}): a sample in a smaller micro-batch counts more. Weight each micro-batch by its "
-                "samples over the cycle's {samples} samples.").format(
-                    step=r.number, sizes=", ".join(str(ref.sizes[i]) for i in cycle),
-                    samples=sum(ref.sizes[i] for i in cycle)))
+            findings.add(
+                "tail-mean-of-means",
+                _(
+                    "The micro-batches of the last cycle (step {step}) count equally, but they hold different numbers "
+                    "of "
+                    "samples ({sizes}): a sample in a smaller micro-batch counts more. Weight each micro-batch by its "
+                    "samples over the cycle's {samples} samples."
+                ).format(
+                    step=r.number,
+                    sizes=", ".join(str(ref.sizes[i]) for i in cycle),
+                    samples=sum(ref.sizes[i] for i in cycle),
+                ),
+            )
         else:
-            findings.add("wrong-weight", _(
-                "At step {step}, micro-batch {micro_batch} of epoch {epoch} counts {weight:.3g}, but its share of the "
-                "cycle is {share:.3g} ({ratio:.3g} times as much). Multiply each micro-batch's loss by its share: "
-                "1 / accum_steps in a full cycle.").format(step=r.number, micro_batch=ref.position[j] + 1,
-                                                          epoch=ref.epoch_of[j] + 1, weight=c, share=w, ratio=c / w))
+            findings.add(
+                "wrong-weight",
+                _(
+                    "At step {step}, micro-batch {micro_batch} of epoch {epoch} counts {weight:.3g}, but its share of "
+                    "the "
+                    "cycle is {share:.3g} ({ratio:.3g} times as much). Multiply each micro-batch's loss by its share: "
+                    "1 / accum_steps in a full cycle."
+                ).format(
+                    step=r.number,
+                    micro_batch=ref.position[j] + 1,
+                    epoch=ref.epoch_of[j] + 1,
+                    weight=c,
+                    share=w,
+                    ratio=c / w,
+                ),
+            )
 
 
 def _tail_dropped(fp: Fingerprint, cycle: list[int], findings: _Findings) -> None:
     ref = fp.reference
-    findings.add("tail-dropped", ngettext(
-        "The last, incomplete cycle of epoch {epoch} is dropped: its micro-batch ({samples} samples) never reaches "
-        "an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but this "
-        "task asks to train on every sample: step once more at the end of each epoch, with what that cycle holds.",
-        "The last, incomplete cycle of epoch {epoch} is dropped: its {count} micro-batches ({samples} samples) never "
-        "reach an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but "
-        "this task asks to train on every sample: step once more at the end of each epoch, with what that cycle "
-        "holds.",
-        len(cycle)).format(
-            epoch=ref.epoch_of[cycle[0]] + 1, count=len(cycle), samples=sum(ref.sizes[j] for j in cycle)))
+    findings.add(
+        "tail-dropped",
+        ngettext(
+            "The last, incomplete cycle of epoch {epoch} is dropped: its micro-batch ({samples} samples) never reaches "
+            "an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but this "
+            "task asks to train on every sample: step once more at the end of each epoch, with what that cycle holds.",
+            "The last, incomplete cycle of epoch {epoch} is dropped: its {count} micro-batches ({samples} samples) "
+            "never "
+            "reach an optimizer step. Dropping it, like DataLoader(drop_last=True), is a valid choice in practice, but "
+            "this task asks to train on every sample: step once more at the end of each epoch, with what that cycle "
+            "holds.",
+            len(cycle),
+        ).format(epoch=ref.epoch_of[cycle[0]] + 1, count=len(cycle), samples=sum(ref.sizes[j] for j in cycle)),
+    )
 
 
 def _relative_error(fp: Fingerprint, r: Reading) -> float:
@@ -727,8 +897,9 @@ def _relative_error(fp: Fingerprint, r: Reading) -> float:
     return ((r.gradient - full).norm() / full.norm()).item()
 
 
-def trained_gap(problem: Problem, call: Callable[[Recording], object], reference: dict, *, amp: bool = False,
-                ddp: bool = False) -> tuple[float, Exception | None]:
+def trained_gap(
+    problem: Problem, call: Callable[[Recording], object], reference: dict, *, amp: bool = False, ddp: bool = False
+) -> tuple[float, Exception | None]:
     """Train for real at problem.lr with the learner's code (a Recording with amp, ddp) and with
     accumlib.train(**reference) (once per epoch, on that epoch's samples): the same micro-batches in the same order.
 
@@ -738,6 +909,15 @@ def trained_gap(problem: Problem, call: Callable[[Recording], object], reference
     exact = problem.model()
     optimizer = torch.optim.SGD(exact.parameters(), lr=problem.lr)
     for epoch in range(problem.epochs):
-        train(exact, problem.data(epoch), optimizer, micro_batch_size=problem.micro_batch_size,
-              accum_steps=problem.accum_steps, seed=problem.seed, measure_memory=False, device="cpu", **reference)
+        train(
+            exact,
+            problem.data(epoch),
+            optimizer,
+            micro_batch_size=problem.micro_batch_size,
+            accum_steps=problem.accum_steps,
+            seed=problem.seed,
+            measure_memory=False,
+            device="cpu",
+            **reference,
+        )
     return parameter_gap(recording.module, exact), recording.error

@@ -11,6 +11,7 @@ may answer it: the stub (its `...` still in place) gets a prompt that says what 
 it stands, and a loop that steps after every micro-batch is told so without the condition. The hint, which does not
 state it either, comes only when the learner calls `hint()`.
 """
+
 import ast
 import inspect
 import textwrap
@@ -22,9 +23,12 @@ from .loops import TheLoop
 
 # the lesson's quick check is the condition itself: these findings of lesson 3 would state it, so they are said here
 # without it
-QUIET = {"step-every-micro-batch": N_(
-    "It steps after every micro-batch: {steps} optimizer steps for {micro_batches} micro-batches, where a cycle of "
-    "{accum_steps} gives {reference} steps. The condition must be true only at the last micro-batch of each cycle.")}
+QUIET = {
+    "step-every-micro-batch": N_(
+        "It steps after every micro-batch: {steps} optimizer steps for {micro_batches} micro-batches, where a cycle of "
+        "{accum_steps} gives {reference} steps. The condition must be true only at the last micro-batch of each cycle."
+    )
+}
 
 
 def untouched(function) -> bool:
@@ -35,8 +39,10 @@ def untouched(function) -> bool:
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
         return False
-    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Constant) and node.test.value is Ellipsis
-               for node in ast.walk(tree))
+    return any(
+        isinstance(node, ast.If) and isinstance(node.test, ast.Constant) and node.test.value is Ellipsis
+        for node in ast.walk(tree)
+    )
 
 
 class FirstLoop(TheLoop):
@@ -44,7 +50,7 @@ class FirstLoop(TheLoop):
     problem = Problem(samples=32, micro_batch_size=2, accum_steps=4)  # 16 micro-batches, 4 full cycles
     # the second problem of LoopExercise.judge: another accum_steps, so that a condition with the 4 written in fails
     other_problem = Problem(samples=30, micro_batch_size=2, accum_steps=3)  # 15 micro-batches, 5 full cycles
-    stub = '''\
+    stub = """\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps):
     for step, (x, y) in enumerate(loader):
         loss = loss_fn(model(x), y) / accum_steps
@@ -55,8 +61,8 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 
 
 exercises.first_loop.check(accumulate)
-'''
-    solution_code = '''\
+"""
+    solution_code = """\
 def accumulate(model, optimizer, loader, loss_fn, accum_steps):
     for step, (x, y) in enumerate(loader):
         loss = loss_fn(model(x), y) / accum_steps
@@ -67,16 +73,22 @@ def accumulate(model, optimizer, loader, loss_fn, accum_steps):
 
 
 exercises.first_loop.check(accumulate)
-'''
-    hint_text = N_("step counts the micro-batches from 0: with accum_steps = 4, the cycles end at step 3, 7, 11, "
-                   "and so on. Which condition on step and accum_steps is true there and nowhere else? In Python, "
-                   "7 % 4 is the remainder of 7 divided by 4, that is 3.")
+"""
+    hint_text = N_(
+        "step counts the micro-batches from 0: with accum_steps = 4, the cycles end at step 3, 7, 11, "
+        "and so on. Which condition on step and accum_steps is true there and nowhere else? In Python, "
+        "7 % 4 is the remainder of 7 divided by 4, that is 3."
+    )
 
     def judge(self, function) -> Verdict:
         if callable(function) and untouched(function):
-            finding = Finding("your-turn", _(
-                "Your turn: replace ... with the condition, then run the cell (as it is, it steps after every "
-                "micro-batch). Hint: exercises.first_loop.hint()"))
+            finding = Finding(
+                "your-turn",
+                _(
+                    "Your turn: replace ... with the condition, then run the cell (as it is, it steps after every "
+                    "micro-batch). Hint: exercises.first_loop.hint()"
+                ),
+            )
             return Verdict(False, finding.message, (finding,))
         verdict = super().judge(function)
         if not any(f.name in QUIET for f in verdict.findings):
@@ -88,8 +100,9 @@ exercises.first_loop.check(accumulate)
     def _quiet(self, finding: Finding) -> str:
         k = self.problem.accum_steps
         micro_batches = self.problem.samples // self.problem.micro_batch_size
-        return _(QUIET[finding.name]).format(steps=micro_batches, micro_batches=micro_batches, accum_steps=k,
-                                             reference=micro_batches // k)
+        return _(QUIET[finding.name]).format(
+            steps=micro_batches, micro_batches=micro_batches, accum_steps=k, reference=micro_batches // k
+        )
 
 
 first_loop = FirstLoop()

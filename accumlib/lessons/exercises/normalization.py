@@ -8,6 +8,7 @@ peak as `accumlib.train(memory_budget=...)` does (FakeTensorMode: byte-exact, th
 an answer that runs too long (the time limit of every exercise, core.Exercise) or calls `fits` too often (a
 core.Budget; fits' own measurement is not counted against the learner's time).
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,8 +50,13 @@ def step_peak(micro_batch_size: int, accumulated: bool, device=None) -> int:
 def _measured_peak(micro_batch_size: int, accumulated: bool, device: torch.device) -> int:
     X, y = data.digits()  # measure_step moves the micro-batch to the model's device
     model = models.cnn(norm="batch").to(device)
-    return memory.measure_step(model, *memory.batch_of((X, y), micro_batch_size), accum_steps=2 if accumulated else 1,
-                               optimizer=torch.optim.SGD(model.parameters(), lr=0.05), fake=True).peak
+    return memory.measure_step(
+        model,
+        *memory.batch_of((X, y), micro_batch_size),
+        accum_steps=2 if accumulated else 1,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        fake=True,
+    ).peak
 
 
 class _Card:
@@ -64,17 +70,28 @@ class _Card:
 
     def __call__(self, micro_batch_size) -> bool:
         with learner_code():  # the value's own methods (comparisons, __int__) are the learner's code
-            size = int(micro_batch_size) if isinstance(micro_batch_size, numbers.Integral) and not isinstance(
-                micro_batch_size, bool) and 1 <= micro_batch_size <= self.effective_batch else None
+            size = (
+                int(micro_batch_size)
+                if isinstance(micro_batch_size, numbers.Integral)
+                and not isinstance(micro_batch_size, bool)
+                and 1 <= micro_batch_size <= self.effective_batch
+                else None
+            )
         if size is None:
-            raise ValueError(_("fits() takes a micro-batch size, a whole number from 1 to {most} (the effective "
-                               "batch); it got {value!r}").format(most=self.effective_batch,
-                                                                  value=Shown(micro_batch_size)))
+            raise ValueError(
+                _(
+                    "fits() takes a micro-batch size, a whole number from 1 to {most} (the effective "
+                    "batch); it got {value!r}"
+                ).format(most=self.effective_batch, value=Shown(micro_batch_size))
+            )
         return self.peak(size) <= self.budget
 
     def best(self) -> int:
-        return max(m for m in range(1, self.effective_batch + 1)
-                   if self.effective_batch % m == 0 and self.peak(m) <= self.budget)
+        return max(
+            m
+            for m in range(1, self.effective_batch + 1)
+            if self.effective_batch % m == 0 and self.peak(m) <= self.budget
+        )
 
 
 @contained.kernel_side  # measured in the kernel, on its device, when a check's child process asks
@@ -93,7 +110,7 @@ def _bytes(size: int) -> str:
 class BatchNormSplit(Exercise):
     lesson, name, answer = 7, "batchnorm_split", ("choose_split",)
     problems = ((2**19, 64), (2**20, 96), (2**19, 60), (2**21, 48))  # (card bytes, effective batch)
-    stub = '''\
+    stub = """\
 def choose_split(fits, effective_batch):
     # fits(m) is True when a training step of the BatchNorm CNN on micro-batches of m digits fits the card.
     # Return (micro_batch_size, accum_steps) with micro_batch_size * accum_steps == effective_batch.
@@ -101,8 +118,8 @@ def choose_split(fits, effective_batch):
 
 
 exercises.batchnorm_split.check(choose_split)
-'''
-    solution_code = '''\
+"""
+    solution_code = """\
 def choose_split(fits, effective_batch):
     for m in range(effective_batch, 0, -1):  # the largest micro-batch first
         if effective_batch % m == 0 and fits(m):
@@ -110,20 +127,30 @@ def choose_split(fits, effective_batch):
 
 
 exercises.batchnorm_split.check(choose_split)
-'''
-    hint_text = N_("Try the sizes from the effective batch downwards and return the first one that divides it and "
-                   "fits; accum_steps is then effective_batch // micro_batch_size.")
+"""
+    hint_text = N_(
+        "Try the sizes from the effective batch downwards and return the first one that divides it and "
+        "fits; accum_steps is then effective_batch // micro_batch_size."
+    )
 
     def judge(self, choose_split) -> Verdict:
         if not callable(choose_split):
             return not_a_function("choose_split")
         for budget, effective_batch in self.problems:
             card = _Card(budget, effective_batch)
-            fits = Budget(card, CALL_LIMIT, lambda calls, batch=effective_batch, budget=budget: Finding(
-                "endless-search", _("For an effective batch of {batch} on a card of {card} bytes, choose_split called "
-                                    "fits() {calls:,} times without returning, more often than there are sizes to try "
-                                    "({most}): it goes round in circles. Does every loop end? Try each size at most "
-                                    "once.").format(batch=batch, card=_bytes(budget), calls=calls, most=batch)))
+            fits = Budget(
+                card,
+                CALL_LIMIT,
+                lambda calls, batch=effective_batch, budget=budget: Finding(
+                    "endless-search",
+                    _(
+                        "For an effective batch of {batch} on a card of {card} bytes, choose_split called "
+                        "fits() {calls:,} times without returning, more often than there are sizes to try "
+                        "({most}): it goes round in circles. Does every loop end? Try each size at most "
+                        "once."
+                    ).format(batch=batch, card=_bytes(budget), calls=calls, most=batch),
+                ),
+            )
             try:
                 answer = call_with(choose_split, {"fits": fits, "effective_batch": effective_batch})
             except Exception as error:  # the learner's code
@@ -132,45 +159,74 @@ exercises.batchnorm_split.check(choose_split)
             if finding:
                 return wrong([finding])
         budget, effective_batch = self.problems[0]
-        return right(_("On every card, choose_split picked the largest micro-batch that divides the effective batch "
-                       "and fits (for {batch} on {card} bytes: {split}). With BatchNorm that is the least noisy split "
-                       "the card allows.").format(batch=effective_batch, card=_bytes(budget),
-                                                 split=f"{_Card(budget, effective_batch).best()} × "
-                                                       f"{effective_batch // _Card(budget, effective_batch).best()}"))
+        return right(
+            _(
+                "On every card, choose_split picked the largest micro-batch that divides the effective batch "
+                "and fits (for {batch} on {card} bytes: {split}). With BatchNorm that is the least noisy split "
+                "the card allows."
+            ).format(
+                batch=effective_batch,
+                card=_bytes(budget),
+                split=f"{_Card(budget, effective_batch).best()} × "
+                f"{effective_batch // _Card(budget, effective_batch).best()}",
+            )
+        )
 
     def problem_with(self, answer, card: _Card) -> Finding | None:
         """What is wrong with choose_split's answer for this card, or None."""
         batch, budget = card.effective_batch, card.budget
         if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-            return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers: "
-                                           "(micro_batch_size, accum_steps).").format(value=Shown(answer)))
+            return Finding(
+                "not-a-pair",
+                _(
+                    "choose_split returned {value!r}; it must return two whole numbers: "
+                    "(micro_batch_size, accum_steps)."
+                ).format(value=Shown(answer)),
+            )
         m, k = (whole_number(v) for v in answer)
         if m is None or k is None or m < 1 or k < 1:
-            return Finding("not-a-pair", _("choose_split returned {value!r}; it must return two whole numbers of at "
-                                           "least 1: (micro_batch_size, accum_steps).").format(
-                                               value=Shown(tuple(answer))))
+            return Finding(
+                "not-a-pair",
+                _(
+                    "choose_split returned {value!r}; it must return two whole numbers of at "
+                    "least 1: (micro_batch_size, accum_steps)."
+                ).format(value=Shown(tuple(answer))),
+            )
         if m * k != batch:
-            return Finding("wrong-product", _(
-                "For an effective batch of {batch}, choose_split returned micro_batch_size={m} and accum_steps={k}: "
-                "{product} samples per optimizer step, not {batch}. accum_steps must be effective_batch // "
-                "micro_batch_size, with a micro_batch_size that divides the effective batch.").format(
-                    batch=batch, m=m, k=k, product=m * k))
+            return Finding(
+                "wrong-product",
+                _(
+                    "For an effective batch of {batch}, choose_split returned micro_batch_size={m} and "
+                    "accum_steps={k}: "
+                    "{product} samples per optimizer step, not {batch}. accum_steps must be effective_batch // "
+                    "micro_batch_size, with a micro_batch_size that divides the effective batch."
+                ).format(batch=batch, m=m, k=k, product=m * k),
+            )
         peak = card.peak(m)
         if peak > budget:
-            return Finding("does-not-fit", _(
-                "For an effective batch of {batch}, micro-batches of {m} need {peak} bytes, more than the card's "
-                "{card}: accumlib.train(..., memory_budget={card_raw}) would refuse them. Return a size for which "
-                "fits() is True.").format(batch=batch, m=m, peak=_bytes(peak), card=_bytes(budget), card_raw=budget))
+            return Finding(
+                "does-not-fit",
+                _(
+                    "For an effective batch of {batch}, micro-batches of {m} need {peak} bytes, more than the card's "
+                    "{card}: accumlib.train(..., memory_budget={card_raw}) would refuse them. Return a size for which "
+                    "fits() is True."
+                ).format(batch=batch, m=m, peak=_bytes(peak), card=_bytes(budget), card_raw=budget),
+            )
         best = card.best()
         if m < best:
             yours, largest = deviations(batch, m, best)
-            return Finding("smaller-than-needed", _(
-                "For an effective batch of {batch} on a card of {card} bytes, micro-batches of {m} fit, but so do "
-                "micro-batches of {best}, which divide {batch} too. BatchNorm normalises with the statistics of each "
-                "micro-batch: measured on {batch} digits, micro-batches of {m} stray {yours:.3f} from the whole "
-                "batch's statistics, micro-batches of {best} {largest:.3f}. Return the largest size that divides the "
-                "effective batch and fits.").format(batch=batch, card=_bytes(budget), m=m, best=best, yours=yours,
-                                          largest=largest))
+            return Finding(
+                "smaller-than-needed",
+                _(
+                    "For an effective batch of {batch} on a card of {card} bytes, micro-batches of {m} fit, but so do "
+                    "micro-batches of {best}, which divide {batch} too. BatchNorm normalises with the statistics of "
+                    "each "
+                    "micro-batch: measured on {batch} digits, micro-batches of {m} stray {yours:.3f} from the whole "
+                    "batch's statistics, micro-batches of {best} {largest:.3f}. Return the largest size that divides "
+                    "the "
+                    "effective batch and fits."
+                ).format(batch=batch, card=_bytes(budget), m=m, best=best, yours=yours, largest=largest),
+            )
         return None
 
 

@@ -4,6 +4,7 @@ operations and operator calls (exact counts, the same on every machine) and comp
 
 (Lesson 2's surprise, that Adam largely cancels a missing division, is the quiz's predict-then-run question.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,18 +36,20 @@ class TimeCost(Prediction):
     answer = ("arithmetic_ratio",)
     effective_batch = 64
     accum_steps = 16
-    stub = '''\
+    stub = """\
 # One optimizer step on 64 samples: as one batch of 64, or as 16 micro-batches of 4 (accum_steps = 16).
 # Predict: how many times the arithmetic (floating-point operations) does the accumulated step do?
 arithmetic_ratio = None
 exercises.time_cost.check(arithmetic_ratio)
-'''
-    solution_code = '''\
+"""
+    solution_code = """\
 arithmetic_ratio = 1  # the same samples go through the same layers: the same arithmetic, in smaller pieces
 exercises.time_cost.check(arithmetic_ratio)
-'''
-    hint_text = N_("Each sample goes through the same layers whichever micro-batch it is in. What grows with "
-                   "accum_steps is the number of separate operations, each with its own fixed cost.")
+"""
+    hint_text = N_(
+        "Each sample goes through the same layers whichever micro-batch it is in. What grows with "
+        "accum_steps is the number of separate operations, each with its own fixed cost."
+    )
 
     def count(self, micro_batch_size: int, accum_steps: int, device=None) -> tuple[int, int]:
         """(floating-point operations, operator calls) of one optimizer step on the effective batch (`count`)."""
@@ -66,8 +69,16 @@ def count(effective_batch: int, micro_batch_size: int, accum_steps: int, device=
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     calls = OperatorCalls()
     with FlopCounterMode(display=False) as flops, calls:
-        train(model, (X, y), optimizer, micro_batch_size=micro_batch_size, accum_steps=accum_steps,
-              shuffle=False, measure_memory=False, device=device)
+        train(
+            model,
+            (X, y),
+            optimizer,
+            micro_batch_size=micro_batch_size,
+            accum_steps=accum_steps,
+            shuffle=False,
+            measure_memory=False,
+            device=device,
+        )
     return flops.get_total_flops(), calls.calls
 
 
@@ -79,14 +90,23 @@ def measured_ratio(effective_batch: int, accum_steps: int) -> tuple[float, str]:
     micro = effective_batch // accum_steps
     many_flops, many_calls = count(effective_batch, micro, accum_steps)
     ratio = many_flops / one_flops
-    return ratio, _("One optimizer step as {accum_steps} micro-batches of {micro} does {ratio:.2f} times the "
-                    "arithmetic of one batch of {batch} ({operations:,} floating-point operations against "
-                    "{one_operations:,}), but makes {calls:.3g} times as many operator calls ({many_calls:,} "
-                    "against {one_calls:,}). The extra time of accumulation comes from the fixed cost of each "
-                    "call, not from arithmetic.").format(
-                        accum_steps=accum_steps, micro=micro, ratio=ratio, batch=effective_batch,
-                        operations=many_flops, one_operations=one_flops, calls=many_calls / one_calls,
-                        many_calls=many_calls, one_calls=one_calls)
+    return ratio, _(
+        "One optimizer step as {accum_steps} micro-batches of {micro} does {ratio:.2f} times the "
+        "arithmetic of one batch of {batch} ({operations:,} floating-point operations against "
+        "{one_operations:,}), but makes {calls:.3g} times as many operator calls ({many_calls:,} "
+        "against {one_calls:,}). The extra time of accumulation comes from the fixed cost of each "
+        "call, not from arithmetic."
+    ).format(
+        accum_steps=accum_steps,
+        micro=micro,
+        ratio=ratio,
+        batch=effective_batch,
+        operations=many_flops,
+        one_operations=one_flops,
+        calls=many_calls / one_calls,
+        many_calls=many_calls,
+        one_calls=one_calls,
+    )
 
 
 time_cost = TimeCost()

@@ -22,6 +22,7 @@ learner for the instructor. `Quiz` itself records nothing unless it is given a `
 questions before it shows the answer (`predict(qid)` in the cell before the experiment), so its quick check at the
 end leaves them out; lesson 10's check (`check(lesson=10)`) asks questions of its own, which no lesson asked.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,10 @@ UI = {
     "next": N_("Next"),
     "your_answer": N_("Your answer"),
     "number_placeholder": N_("a number, for example 12"),
-    "progress": N_("Question {number} of {total} · answered {answered} · right at the first try {first} · right in "
-                   "the end {correct}"),
+    "progress": N_(
+        "Question {number} of {total} · answered {answered} · right at the first try {first} · right in "
+        "the end {correct}"
+    ),
     "correct": N_("Correct!"),
     "wrong": N_("That is not it. Try again."),
     "hint": N_("Hint"),
@@ -71,6 +74,7 @@ UI = {
     "final_title": N_("End-of-course check"),
     "predict_title": N_("Predict first"),
 }
+
 
 def learner_seed(store: ScoreFile | None = None) -> str:
     """The learner's seed: $ACCUMLIB_LEARNER, else the one kept in the score file, else this process's."""
@@ -130,8 +134,11 @@ def _check_language(language) -> str:
     if language is None:
         return course_language()
     if not isinstance(language, str) or language not in LANGUAGES:
-        raise ValueError(_("language must be one of {valid} (or None: the course language); got {value}").format(
-            valid=", ".join(map(repr, LANGUAGES)), value=repr(language)))
+        raise ValueError(
+            _("language must be one of {valid} (or None: the course language); got {value}").format(
+                valid=", ".join(map(repr, LANGUAGES)), value=repr(language)
+            )
+        )
     return language
 
 
@@ -144,37 +151,57 @@ def select(ids=None, lesson: int | None = None) -> list[dict]:
     questions = _by_id()
     if lesson is not None:
         if isinstance(lesson, bool) or not isinstance(lesson, numbers.Integral) or lesson not in LESSONS:
-            raise ValueError(_("lesson must be a lesson number from {first} to {last}; got {value}").format(
-                first=LESSONS[0], last=LESSONS[-1], value=repr(lesson)))
+            raise ValueError(
+                _("lesson must be a lesson number from {first} to {last}; got {value}").format(
+                    first=LESSONS[0], last=LESSONS[-1], value=repr(lesson)
+                )
+            )
     if ids is None or (not isinstance(ids, str) and isinstance(ids, (list, tuple)) and not ids):
         # a lesson's quick check: its questions but the "predict" ones, which it asks before it shows the answer
-        chosen = [q for q in questions.values()
-                  if lesson is None or (q["lesson"] == lesson and q["kind"] != "predict")]
+        chosen = [q for q in questions.values() if lesson is None or (q["lesson"] == lesson and q["kind"] != "predict")]
         if not chosen:
-            raise ValueError(_("lesson: no question belongs to lesson {number}; lessons with questions: "
-                               "{numbers}").format(
-                number=lesson, numbers=sorted({q["lesson"] for q in questions.values()})))
+            raise ValueError(
+                _("lesson: no question belongs to lesson {number}; lessons with questions: {numbers}").format(
+                    number=lesson, numbers=sorted({q["lesson"] for q in questions.values()})
+                )
+            )
         return copy.deepcopy(chosen)
     if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
         raise TypeError(_("ids must be a list of question ids (strings), got {value}").format(value=repr(ids)))
     for qid in ids:
         if not isinstance(qid, str):
-            raise TypeError(_("ids: each question id must be a string, got {value} ({kind}); name the questions one "
-                              "by one, as in quiz.check('when-to-step', 'loop-order')").format(
-                value=repr(qid), kind=type(qid).__name__))
+            raise TypeError(
+                _(
+                    "ids: each question id must be a string, got {value} ({kind}); name the questions one "
+                    "by one, as in quiz.check('when-to-step', 'loop-order')"
+                ).format(value=repr(qid), kind=type(qid).__name__)
+            )
     unknown = [qid for qid in ids if qid not in questions]
     if unknown:
-        raise ValueError(_("ids: unknown question id(s) {unknown}; valid ids: {valid}").format(
-            unknown=unknown, valid=", ".join(questions)))
+        raise ValueError(
+            _("ids: unknown question id(s) {unknown}; valid ids: {valid}").format(
+                unknown=unknown, valid=", ".join(questions)
+            )
+        )
     repeated = sorted({qid for qid in ids if ids.count(qid) > 1})
     if repeated:
-        raise ValueError(_("ids: {repeated} given more than once; name each question once").format(
-            repeated=", ".join(map(repr, repeated))))
-    later = [_("{qid} (lesson {number})").format(qid=repr(qid), number=questions[qid]["lesson"]) for qid in ids
-             if lesson is not None and questions[qid]["lesson"] > lesson]
+        raise ValueError(
+            _("ids: {repeated} given more than once; name each question once").format(
+                repeated=", ".join(map(repr, repeated))
+            )
+        )
+    later = [
+        _("{qid} (lesson {number})").format(qid=repr(qid), number=questions[qid]["lesson"])
+        for qid in ids
+        if lesson is not None and questions[qid]["lesson"] > lesson
+    ]
     if later:
-        raise ValueError(_("ids: the quick check of lesson {number} may only ask questions of lessons 1 to {number}; "
-                           "these belong to later lessons: {later}").format(number=lesson, later=", ".join(later)))
+        raise ValueError(
+            _(
+                "ids: the quick check of lesson {number} may only ask questions of lessons 1 to {number}; "
+                "these belong to later lessons: {later}"
+            ).format(number=lesson, later=", ".join(later))
+        )
     return copy.deepcopy([questions[qid] for qid in ids])
 
 
@@ -187,8 +214,15 @@ class Quiz:
     (the seed is the learner's key): the attempts it holds are restored, and every answer is written to it.
     """
 
-    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None,
-                 store: ScoreFile | None = None):
+    def __init__(
+        self,
+        ids=None,
+        language: str | None = None,
+        *,
+        lesson: int | None = None,
+        seed=None,
+        store: ScoreFile | None = None,
+    ):
         self.language = language
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, str))):
             raise TypeError(f"seed must be an int or a string (the learner's seed), got {seed!r}")
@@ -251,8 +285,9 @@ class Quiz:
         """(is value right?, the English text that explains why) for question q."""
         if q["kind"] == "number":
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"value: question {q['id']!r} needs a number (int or float), got {value!r} "
-                                f"({type(value).__name__})")
+                raise TypeError(
+                    f"value: question {q['id']!r} needs a number (int or float), got {value!r} ({type(value).__name__})"
+                )
             if not math.isfinite(value):
                 raise ValueError(f"value: question {q['id']!r} needs a finite number, got {value!r}")
             if value == q["answer"]:
@@ -263,7 +298,8 @@ class Quiz:
         if not isinstance(value, str) or value not in options:
             raise (ValueError if isinstance(value, str) else TypeError)(
                 f"value: question {q['id']!r} takes one option id, one of {', '.join(map(repr, options))}; "
-                f"got {value!r}")
+                f"got {value!r}"
+            )
         return (True, q["explanation"]) if value == q["answer"] else (False, options[value]["feedback"])
 
     def options(self, qid: str) -> list[dict]:
@@ -276,8 +312,7 @@ class Quiz:
 
     def first_try(self) -> int:
         """Questions whose first answer was right: the score that measures, since retries end right anyway."""
-        return sum(1 for q in self.questions if self.attempts[q["id"]]
-                   and self._grade(q, self.attempts[q["id"]][0])[0])
+        return sum(1 for q in self.questions if self.attempts[q["id"]] and self._grade(q, self.attempts[q["id"]][0])[0])
 
     def score(self) -> str:
         """The first-try score beside the eventual one, in the quiz's language."""
@@ -299,12 +334,14 @@ class Quiz:
 # The quiz's layout, from a phone's 390 px to a desktop: rows wrap, buttons are as wide as their text, and an option
 # longer than the line wraps onto more lines (ipywidgets gives each radio label one line's height, so a long option
 # ran over the Check button below it). Scoped to the quiz's box by its class.
-_LAYOUT_CSS = ("<style>"
-               ".accumlib-quiz .widget-radio-box label{height:auto;min-height:var(--jp-widgets-radio-item-height);"
-               "line-height:1.4;white-space:normal;padding:0.25em 0;display:flex;align-items:flex-start;gap:0.4em}"
-               ".accumlib-quiz .widget-radio-box input{order:-1;flex:none;float:none;margin:0.2em 0 0 1px}"
-               ".accumlib-quiz .widget-html-content{line-height:1.5;white-space:normal;overflow-wrap:anywhere}"
-               "</style>")
+_LAYOUT_CSS = (
+    "<style>"
+    ".accumlib-quiz .widget-radio-box label{height:auto;min-height:var(--jp-widgets-radio-item-height);"
+    "line-height:1.4;white-space:normal;padding:0.25em 0;display:flex;align-items:flex-start;gap:0.4em}"
+    ".accumlib-quiz .widget-radio-box input{order:-1;flex:none;float:none;margin:0.2em 0 0 1px}"
+    ".accumlib-quiz .widget-html-content{line-height:1.5;white-space:normal;overflow-wrap:anywhere}"
+    "</style>"
+)
 
 
 def _button(**kwargs) -> w.Button:
@@ -319,19 +356,32 @@ class QuizWidget:
     """The quiz as ipywidgets: language switch, question, options or a number box, Check, Run (predict questions,
     enabled once answered), feedback, Back/Next and progress. Arguments as for `Quiz`."""
 
-    def __init__(self, ids=None, language: str | None = None, *, lesson: int | None = None, seed=None,
-                 title: str = "title", store: ScoreFile | None = None):
+    def __init__(
+        self,
+        ids=None,
+        language: str | None = None,
+        *,
+        lesson: int | None = None,
+        seed=None,
+        title: str = "title",
+        store: ScoreFile | None = None,
+    ):
         self.quiz = Quiz(ids, language, lesson=lesson, seed=seed, store=store)
         self.whole = not ids and lesson is None  # every question of the course, not one lesson's quick check
         self.title = "whole_title" if self.whole else "final_title" if lesson == LESSONS[-1] and not ids else title
         self.index = 0
-        self.language = w.ToggleButtons(options=[(name, code) for code, name in LANGUAGES.items()],
-                                        value=self.quiz.language, style={"description_width": "initial"})
+        self.language = w.ToggleButtons(
+            options=[(name, code) for code, name in LANGUAGES.items()],
+            value=self.quiz.language,
+            style={"description_width": "initial"},
+        )
         self.heading = w.HTML()
         self.prompt = w.HTML()
         self.choices = w.RadioButtons(options=[], value=None, layout=w.Layout(width="auto", max_width="100%"))
-        self.number = w.Text(layout=w.Layout(width="calc(100% - 4px)", max_width="24rem"),  # less its 2 px margins
-                             style={"description_width": "initial"})
+        self.number = w.Text(
+            layout=w.Layout(width="calc(100% - 4px)", max_width="24rem"),  # less its 2 px margins
+            style={"description_width": "initial"},
+        )
         self.check = _button(button_style="primary")
         self.run = _button()
         self.previous, self.next = _button(), _button()
@@ -343,10 +393,22 @@ class QuizWidget:
         self.run.on_click(lambda _: self.run_experiment())
         self.previous.on_click(lambda _: self.go(self.index - 1))
         self.next.on_click(lambda _: self.go(self.index + 1))
-        self.widget = w.VBox([w.HTML(_LAYOUT_CSS, layout=w.Layout(display="none")), self.language, self.heading,
-                              self.prompt, self.choices, self.number, _row([self.check, self.run]), self.feedback,
-                              self.run_output, _row([self.previous, self.next]), self.progress],
-                             layout=w.Layout(max_width="100%"))
+        self.widget = w.VBox(
+            [
+                w.HTML(_LAYOUT_CSS, layout=w.Layout(display="none")),
+                self.language,
+                self.heading,
+                self.prompt,
+                self.choices,
+                self.number,
+                _row([self.check, self.run]),
+                self.feedback,
+                self.run_output,
+                _row([self.previous, self.next]),
+                self.progress,
+            ],
+            layout=w.Layout(max_width="100%"),
+        )
         self.widget.add_class("accumlib-quiz")
         self._render()
 
@@ -389,8 +451,14 @@ class QuizWidget:
 
     def _progress(self) -> None:
         answered, correct, total = self.quiz.progress()
-        self.progress.value = self.quiz.ui("progress", number=self.index + 1, total=total, answered=answered,
-                                           first=self.quiz.first_try(), correct=correct)
+        self.progress.value = self.quiz.ui(
+            "progress",
+            number=self.index + 1,
+            total=total,
+            answered=answered,
+            first=self.quiz.first_try(),
+            correct=correct,
+        )
 
     def _value(self):
         """The current answer as the quiz takes it, or None (and a message in the feedback) when there is none."""
@@ -414,8 +482,11 @@ class QuizWidget:
             return None
         result = self.quiz.answer(self.current["id"], value)
         verdict = self.quiz.ui("correct") if result.correct else self.quiz.ui("wrong")
-        hint = (f"<br><i>{html.escape(self.quiz.ui('hint'))}:</i> {html.escape(result.hint)}"
-                if result.hint and not result.correct else "")
+        hint = (
+            f"<br><i>{html.escape(self.quiz.ui('hint'))}:</i> {html.escape(result.hint)}"
+            if result.hint and not result.correct
+            else ""
+        )
         self.feedback.value = f"<p><b>{html.escape(verdict)}</b> {html.escape(result.message)}{hint}</p>"
         self.run.disabled = False
         self._progress()
@@ -433,12 +504,17 @@ class QuizWidget:
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = view_bundle(self.widget, include, exclude)
         ids = ", ".join(q["id"] for q in self.quiz.questions)
-        summary = self.quiz.ui("whole_summary" if self.whole else "summary", language=LANGUAGES[self.quiz.language],
-                               count=len(self.quiz.questions), ids=ids)
+        summary = self.quiz.ui(
+            "whole_summary" if self.whole else "summary",
+            language=LANGUAGES[self.quiz.language],
+            count=len(self.quiz.questions),
+            ids=ids,
+        )
         # each question by its number and the first words of its prompt, in the quiz's language: a text-only view
         # (GitHub, nbviewer, a printout) then says what is asked, not only the ids
-        asked = [f"{number}. {prompt_start(self.quiz.text(q['prompt']))}"
-                 for number, q in enumerate(self.quiz.questions, 1)]
+        asked = [
+            f"{number}. {prompt_start(self.quiz.text(q['prompt']))}" for number, q in enumerate(self.quiz.questions, 1)
+        ]
         bundle["text/plain"] = "\n".join([summary, *asked, self.quiz.score()])
         return bundle
 
@@ -456,8 +532,11 @@ def check(*ids: str, lesson: int | None = None, language: str | None = None) -> 
         quiz.check("when-to-step", "loop-order", lesson=3)   # refuses questions of lessons after 3
     """
     if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
-        raise TypeError(_("ids: pass the question ids as separate arguments, quiz.check({ids}), not as one "
-                          "{kind}").format(ids=", ".join(map(repr, ids[0])), kind=type(ids[0]).__name__))
+        raise TypeError(
+            _("ids: pass the question ids as separate arguments, quiz.check({ids}), not as one {kind}").format(
+                ids=", ".join(map(repr, ids[0])), kind=type(ids[0]).__name__
+            )
+        )
     return QuizWidget(list(ids), language, lesson=lesson, store=ScoreFile())
 
 
@@ -470,8 +549,9 @@ def predict(qid: str, *, language: str | None = None) -> QuizWidget:
     question = select([qid])[0] if isinstance(qid, str) else None
     if question is None or question["kind"] != "predict":
         kinds = ", ".join(q["id"] for q in _bank()["questions"] if q["kind"] == "predict")
-        raise ValueError(_("qid must be the id of a 'predict' question ({kinds}); got {value}").format(
-            kinds=kinds, value=repr(qid)))
+        raise ValueError(
+            _("qid must be the id of a 'predict' question ({kinds}); got {value}").format(kinds=kinds, value=repr(qid))
+        )
     return QuizWidget([qid], language, title="predict_title", store=ScoreFile())
 
 

@@ -5,6 +5,7 @@ message that shows them (English, marked for the catalogue; the quiz formats it 
 takes under two seconds on one CPU core: float64 where a difference is compared with rounding error. Each runs on
 `device` (default: `accumlib.devices.pick()`, the device the lesson chose): every model and tensor is put there.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,15 @@ def _device(device) -> torch.device:
 def _snapshots(model, dataset, optimizer, device, **kwargs) -> list[dict]:
     """Train with accumlib.train on `device`; return the model's state after every optimizer step (copies)."""
     states = []
-    train(model, dataset, optimizer, device=device, on_step=lambda _: states.append(
-        {k: v.detach().clone() for k, v in model.state_dict().items()}), measure_memory=False, **kwargs)
+    train(
+        model,
+        dataset,
+        optimizer,
+        device=device,
+        on_step=lambda _: states.append({k: v.detach().clone() for k, v in model.state_dict().items()}),
+        measure_memory=False,
+        **kwargs,
+    )
     return states
 
 
@@ -40,12 +48,23 @@ def classic_division_last_cycle(device=None) -> dict:
 
     def run(micro_batch_size, accum_steps, normalize):
         model = models.mlp(dtype=torch.float64).to(device)
-        return _snapshots(model, (X, y), torch.optim.SGD(model.parameters(), lr=0.5), device,
-                          micro_batch_size=micro_batch_size, accum_steps=accum_steps, normalize=normalize)
+        return _snapshots(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            device,
+            micro_batch_size=micro_batch_size,
+            accum_steps=accum_steps,
+            normalize=normalize,
+        )
 
     full, classic, weighted = run(12, 1, "samples"), run(4, 3, "steps"), run(4, 3, "samples")
-    return {"steps": len(full), "full_cycles": parameter_gap(classic[-2], full[-2]),
-            "classic": parameter_gap(classic[-1], full[-1]), "weighted": parameter_gap(weighted[-1], full[-1])}
+    return {
+        "steps": len(full),
+        "full_cycles": parameter_gap(classic[-2], full[-2]),
+        "classic": parameter_gap(classic[-1], full[-1]),
+        "weighted": parameter_gap(weighted[-1], full[-1]),
+    }
 
 
 def no_division_sgd_adam(device=None) -> dict:
@@ -64,16 +83,25 @@ def no_division_sgd_adam(device=None) -> dict:
     def run(optimizer, lr: float, forgot: bool) -> dict:
         model = models.mlp(dtype=torch.float64).to(device)
         loss_fn = (lambda out, target: accum_steps * F.cross_entropy(out, target)) if forgot else F.cross_entropy
-        return _snapshots(model, (X, y), optimizer(model.parameters(), lr=lr), device, micro_batch_size=16,
-                          accum_steps=accum_steps, epochs=2, loss_fn=loss_fn)[-1]
+        return _snapshots(
+            model,
+            (X, y),
+            optimizer(model.parameters(), lr=lr),
+            device,
+            micro_batch_size=16,
+            accum_steps=accum_steps,
+            epochs=2,
+            loss_fn=loss_fn,
+        )[-1]
 
     initial = models.mlp(dtype=torch.float64).to(device).state_dict()
     for name, optimizer, lr in (("sgd", torch.optim.SGD, 0.1), ("adam", torch.optim.Adam, 1e-3)):
         divided = run(optimizer, lr, forgot=False)
         result[name] = parameter_gap(run(optimizer, lr, forgot=True), divided)
         result[f"{name}_moved"] = parameter_gap(divided, initial)
-    result["sgd_larger_lr"] = parameter_gap(run(torch.optim.SGD, 0.1, forgot=True),
-                                            run(torch.optim.SGD, 0.1 * accum_steps, forgot=False))
+    result["sgd_larger_lr"] = parameter_gap(
+        run(torch.optim.SGD, 0.1, forgot=True), run(torch.optim.SGD, 0.1 * accum_steps, forgot=False)
+    )
     return result
 
 
@@ -83,11 +111,15 @@ def memory_categories(device=None) -> dict:
     X, y = (t.to(device) for t in data.digits(64))
     model = models.cnn().to(device)
     optimizer = torch.optim.Adam(model.parameters())
-    reports = {"one": memory.measure_step(model, X, y, optimizer=optimizer),
-               "split": memory.measure_step(model, X[:8], y[:8], optimizer=optimizer, accum_steps=8)}
-    return {f"{category.replace(' ', '_')}_{name}": report.categories()[category]
-            for name, report in reports.items() for category in memory.CATEGORIES} | {
-        f"peak_{name}": report.peak for name, report in reports.items()}
+    reports = {
+        "one": memory.measure_step(model, X, y, optimizer=optimizer),
+        "split": memory.measure_step(model, X[:8], y[:8], optimizer=optimizer, accum_steps=8),
+    }
+    return {
+        f"{category.replace(' ', '_')}_{name}": report.categories()[category]
+        for name, report in reports.items()
+        for category in memory.CATEGORIES
+    } | {f"peak_{name}": report.peak for name, report in reports.items()}
 
 
 def batchnorm_gradient_gap(device=None) -> dict:
@@ -95,35 +127,52 @@ def batchnorm_gradient_gap(device=None) -> dict:
     GroupNorm, in float64 so that GroupNorm's gap is rounding error only."""
     device = _device(device)
     X, y = (t.to(device) for t in data.digits(64, dtype=torch.float64))
-    return {norm: gradient_gap(models.cnn(norm=norm, dtype=torch.float64).to(device), F.cross_entropy, X, y,
-                               accum_steps=4)
-            for norm in ("batch", "group")}
+    return {
+        norm: gradient_gap(models.cnn(norm=norm, dtype=torch.float64).to(device), F.cross_entropy, X, y, accum_steps=4)
+        for norm in ("batch", "group")
+    }
 
 
 # name in questions.json -> (the experiment, the message that shows its numbers)
 RUNS = {
-    "classic_division_last_cycle": (classic_division_last_cycle, N_(
-        "50 samples, micro-batch 4, accum_steps 3: {steps} optimizer steps, the last with 2 samples.\n"
-        "Largest weight difference from training with batches of 12:\n"
-        "  loss / accum_steps, after the 4 full cycles: {full_cycles:.1e}\n"
-        "  loss / accum_steps, after the last, short cycle: {classic:.1e}\n"
-        "  weighted by samples (accumlib), at the end: {weighted:.1e}")),
-    "no_division_sgd_adam": (no_division_sgd_adam, N_(
-        "accum_steps 4, {steps} optimizer steps. Largest weight difference between forgetting the division "
-        "and dividing:\n"
-        "  SGD: {sgd:.1e} (the weights moved by up to {sgd_moved:.1e})\n"
-        "  Adam: {adam:.1e} (the weights moved by up to {adam_moved:.1e})")),
-    "memory_categories": (memory_categories, N_(
-        "Bytes alive at the peak of one step: one batch of 64 → 8 micro-batches of 8\n"
-        "  parameters: {parameters_one:,} → {parameters_split:,}\n"
-        "  gradients: {gradients_one:,} → {gradients_split:,}\n"
-        "  optimizer state: {optimizer_state_one:,} → {optimizer_state_split:,}\n"
-        "  inputs: {inputs_one:,} → {inputs_split:,}\n"
-        "  activations: {activations_one:,} → {activations_split:,}\n"
-        "  activation gradients: {activation_gradients_one:,} → {activation_gradients_split:,}\n"
-        "  peak: {peak_one:,} → {peak_split:,}")),
-    "batchnorm_gradient_gap": (batchnorm_gradient_gap, N_(
-        "Largest |accumulated gradient - full-batch gradient|, 4 micro-batches of 16 against 64:\n"
-        "  BatchNorm: {batch:.1e}\n"
-        "  GroupNorm: {group:.1e}")),
+    "classic_division_last_cycle": (
+        classic_division_last_cycle,
+        N_(
+            "50 samples, micro-batch 4, accum_steps 3: {steps} optimizer steps, the last with 2 samples.\n"
+            "Largest weight difference from training with batches of 12:\n"
+            "  loss / accum_steps, after the 4 full cycles: {full_cycles:.1e}\n"
+            "  loss / accum_steps, after the last, short cycle: {classic:.1e}\n"
+            "  weighted by samples (accumlib), at the end: {weighted:.1e}"
+        ),
+    ),
+    "no_division_sgd_adam": (
+        no_division_sgd_adam,
+        N_(
+            "accum_steps 4, {steps} optimizer steps. Largest weight difference between forgetting the division "
+            "and dividing:\n"
+            "  SGD: {sgd:.1e} (the weights moved by up to {sgd_moved:.1e})\n"
+            "  Adam: {adam:.1e} (the weights moved by up to {adam_moved:.1e})"
+        ),
+    ),
+    "memory_categories": (
+        memory_categories,
+        N_(
+            "Bytes alive at the peak of one step: one batch of 64 → 8 micro-batches of 8\n"
+            "  parameters: {parameters_one:,} → {parameters_split:,}\n"
+            "  gradients: {gradients_one:,} → {gradients_split:,}\n"
+            "  optimizer state: {optimizer_state_one:,} → {optimizer_state_split:,}\n"
+            "  inputs: {inputs_one:,} → {inputs_split:,}\n"
+            "  activations: {activations_one:,} → {activations_split:,}\n"
+            "  activation gradients: {activation_gradients_one:,} → {activation_gradients_split:,}\n"
+            "  peak: {peak_one:,} → {peak_split:,}"
+        ),
+    ),
+    "batchnorm_gradient_gap": (
+        batchnorm_gradient_gap,
+        N_(
+            "Largest |accumulated gradient - full-batch gradient|, 4 micro-batches of 16 against 64:\n"
+            "  BatchNorm: {batch:.1e}\n"
+            "  GroupNorm: {group:.1e}"
+        ),
+    ),
 }

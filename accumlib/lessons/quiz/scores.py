@@ -11,6 +11,7 @@ the file lies beside the notebook), or the path in the environment variable ACCU
 Each learner's answers to each question, in the order given; the first one is the first try. A file that cannot be
 read as that format is never overwritten: the quiz warns, naming the file, and keeps the answers in memory only.
 """
+
 from __future__ import annotations
 
 import csv
@@ -50,15 +51,23 @@ class ScoreFile:
             return {"format": FORMAT, "learners": {}}
         try:
             data = json.loads(text)
-            if not (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("learners"), dict)
-                    and all(isinstance(a, dict) and all(isinstance(v, list) for v in a.values())
-                            for a in data["learners"].values())):
+            if not (
+                isinstance(data, dict)
+                and data.get("format") == FORMAT
+                and isinstance(data.get("learners"), dict)
+                and all(
+                    isinstance(a, dict) and all(isinstance(v, list) for v in a.values())
+                    for a in data["learners"].values()
+                )
+            ):
                 raise ValueError(f"not a format-{FORMAT} score file")
         except ValueError as error:
             if not self.broken:
-                warnings.warn(f"{self.path}: the quiz cannot read this score file ({error}); it leaves it as it is "
-                              f"and keeps your answers in memory only. Move the file away to start a new one.",
-                              stacklevel=3)
+                warnings.warn(
+                    f"{self.path}: the quiz cannot read this score file ({error}); it leaves it as it is "
+                    f"and keeps your answers in memory only. Move the file away to start a new one.",
+                    stacklevel=3,
+                )
             self.broken = True
             return {"format": FORMAT, "learners": {}}
         return data
@@ -102,8 +111,16 @@ def rows(bank_questions: list[dict], grade, *files: ScoreFile) -> list[dict]:
         answers = {qid: a for qid, a in merged[learner].items() if qid in by_id and a}
         first = sum(1 for qid, a in answers.items() if _right(grade, by_id[qid], a[0]))
         end = sum(1 for qid, a in answers.items() if any(_right(grade, by_id[qid], v) for v in a))
-        table.append({"learner": learner, "answered": len(answers), "first_try": first, "in_the_end": end,
-                      "questions": len(by_id), "first_try_percent": round(100 * first / len(by_id))})
+        table.append(
+            {
+                "learner": learner,
+                "answered": len(answers),
+                "first_try": first,
+                "in_the_end": end,
+                "questions": len(by_id),
+                "first_try_percent": round(100 * first / len(by_id)),
+            }
+        )
     return table
 
 

@@ -5,6 +5,7 @@ The measurements themselves live in accumlib's own modules (memory, timing, batc
 turn them into sentences, tables and figures, every string through the message catalogue, every title and alt
 text formatted from the measured values. They need the `lessons` extra (matplotlib, IPython).
 """
+
 import importlib
 
 MODULES = ("large_batch", "gradients", "loop", "last_cycle", "memory", "time", "batchnorm", "once_per_step", "ddp")

@@ -1,6 +1,7 @@
 """Tables (HTML, with their plain text) and figure display shared by the `show` modules. Widths are display
 widths: non-spacing marks (the Devanagari nukta, virama and upper or lower vowel signs) take no column of their own,
 so Hindi tables line up as English ones do."""
+
 from __future__ import annotations
 
 import html
@@ -48,8 +49,19 @@ def width(text: str) -> int:
 def _numeric(cell: str) -> bool:
     """Whether a table cell reads as a number ('1,912,152', '< 1.0e-12', '0.25x', '33%', '131,032*' with a
     footnote's mark): such columns are right-aligned."""
-    return (cell.removeprefix("< ").removesuffix("*").replace(",", "").replace(".", "").replace("x", "")
-            .replace("%", "").replace("-", "").replace("e", "").replace("+", "").strip().isdigit())
+    return (
+        cell.removeprefix("< ")
+        .removesuffix("*")
+        .replace(",", "")
+        .replace(".", "")
+        .replace("x", "")
+        .replace("%", "")
+        .replace("-", "")
+        .replace("e", "")
+        .replace("+", "")
+        .strip()
+        .isdigit()
+    )
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: str = "right") -> str:
@@ -67,8 +79,10 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: s
     right = [numeric(i) for i in range(columns)]
 
     def line(row: list[str]) -> str:
-        padded = [(" " * (w - width(c)) + c) if r else (c + " " * (w - width(c)))
-                  for c, w, r in zip(row, widths, right, strict=True)]
+        padded = [
+            (" " * (w - width(c)) + c) if r else (c + " " * (w - width(c)))
+            for c, w, r in zip(row, widths, right, strict=True)
+        ]
         return "  ".join(padded).rstrip()
 
     return "\n".join(line(row) for row in cells)
@@ -89,9 +103,14 @@ class TableView:
 
     def _repr_html_(self) -> str:
         def row(cells: list[str], tag: str) -> str:
-            return "<tr>" + "".join(
-                f'<{tag} style="text-align:{"right" if right else "left"}">{html.escape(cell)}</{tag}>'
-                for cell, right in zip(cells, self.right, strict=True)) + "</tr>"
+            return (
+                "<tr>"
+                + "".join(
+                    f'<{tag} style="text-align:{"right" if right else "left"}">{html.escape(cell)}</{tag}>'
+                    for cell, right in zip(cells, self.right, strict=True)
+                )
+                + "</tr>"
+            )
 
         head, *body = self.cells
         # the markup the stored Hindi tables have (nbval compares text/html): no class, no thead

@@ -6,6 +6,7 @@ Deviations are relative (a mean's difference over the reference's standard devia
 over the reference variance, averaged over channels); `batchnorm.total` adds a layer list's mean and variance parts.
 Everything printed is computed from the results passed in; on the CPU they are the same on every run.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,8 +33,9 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int, *, brief: bool
     """How far each micro-batch size's BatchNorm statistics stray from those of the whole batch of `batch` samples
     (`batchnorm.micro_batch_deviation` per size): a table per layer (left out with brief=True, lesson 0), the
     finding, a figure; returns the totals."""
-    if len(drift) < 2 or not all(isinstance(v, list) and v and all(isinstance(d, LayerDeviation) for d in v)
-                                 for v in drift.values()):
+    if len(drift) < 2 or not all(
+        isinstance(v, list) and v and all(isinstance(d, LayerDeviation) for d in v) for v in drift.values()
+    ):
         raise TypeError("drift must map two or more micro-batch sizes to batchnorm.micro_batch_deviation results")
     sizes = sorted(drift)
     layers = _layer_names(drift[sizes[0]])
@@ -45,48 +47,92 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int, *, brief: bool
         print_table(header, rows)
     totals = {m: total(drift[m]) for m in sizes}
     smallest, largest = sizes[0], sizes[-1]
-    values = dict(small=smallest, large=largest, batch=batch, small_total=totals[smallest],
-                  large_total=totals[largest], times=f"{totals[smallest] / totals[largest]:.1f}")
+    values = dict(
+        small=smallest,
+        large=largest,
+        batch=batch,
+        small_total=totals[smallest],
+        large_total=totals[largest],
+        times=f"{totals[smallest] / totals[largest]:.1f}",
+    )
     if totals[smallest] > totals[largest]:
-        finding = _("Micro-batches of {small} stray {times} times as far from the statistics of the whole batch of "
-                    "{batch} as micro-batches of {large} ({small_total:.3f} against {large_total:.3f}, summed over "
-                    "layers).")
+        finding = _(
+            "Micro-batches of {small} stray {times} times as far from the statistics of the whole batch of "
+            "{batch} as micro-batches of {large} ({small_total:.3f} against {large_total:.3f}, summed over "
+            "layers)."
+        )
     else:
-        finding = _("Micro-batches of {small} stray no further from the statistics of the whole batch of {batch} than "
-                    "micro-batches of {large} ({small_total:.3f} against {large_total:.3f}, summed over layers).")
+        finding = _(
+            "Micro-batches of {small} stray no further from the statistics of the whole batch of {batch} than "
+            "micro-batches of {large} ({small_total:.3f} against {large_total:.3f}, summed over layers)."
+        )
     print(finding.format(**values))
     parts = {"mean": _("mean"), "variance": _("variance")}
-    series = {_("layer {layer}: {part}").format(layer=layer, part=name): (
-        sizes, [getattr(next(d for d in drift[m] if d.layer == layer), part) for m in sizes])
-        for layer in layers for part, name in parts.items()}
-    title = _("Micro-batches of {small} stray {times} times as far from the batch's statistics as micro-batches of "
-              "{large}").format(**values) if totals[smallest] > totals[largest] else finding.format(**values)
-    alt = _("Lines, log scale: the deviation of each micro-batch's BatchNorm mean and variance from those of the whole "
-            "batch of {batch}, per layer, at micro-batch sizes {sizes}: summed over layers {totals}.").format(
-        batch=batch, sizes=", ".join(map(str, sizes)), totals=", ".join(f"{totals[m]:.3f}" for m in sizes))
-    figure(plots.lines(series, _("micro-batch size (samples)"), _("deviation from the whole batch (relative)"), title,
-                       alt, logy=True))
+    series = {
+        _("layer {layer}: {part}").format(layer=layer, part=name): (
+            sizes,
+            [getattr(next(d for d in drift[m] if d.layer == layer), part) for m in sizes],
+        )
+        for layer in layers
+        for part, name in parts.items()
+    }
+    title = (
+        _(
+            "Micro-batches of {small} stray {times} times as far from the batch's statistics as micro-batches of "
+            "{large}"
+        ).format(**values)
+        if totals[smallest] > totals[largest]
+        else finding.format(**values)
+    )
+    alt = _(
+        "Lines, log scale: the deviation of each micro-batch's BatchNorm mean and variance from those of the whole "
+        "batch of {batch}, per layer, at micro-batch sizes {sizes}: summed over layers {totals}."
+    ).format(batch=batch, sizes=", ".join(map(str, sizes)), totals=", ".join(f"{totals[m]:.3f}" for m in sizes))
+    figure(
+        plots.lines(
+            series,
+            _("micro-batch size (samples)"),
+            _("deviation from the whole batch (relative)"),
+            title,
+            alt,
+            logy=True,
+        )
+    )
     return totals
 
 
-def gradient_gaps(gaps: dict[str, float], micro_batch_size: int, accum_steps: int, gradient_size: float,
-                  precision: str = "float32") -> dict[str, bool]:
+def gradient_gaps(
+    gaps: dict[str, float], micro_batch_size: int, accum_steps: int, gradient_size: float, precision: str = "float32"
+) -> dict[str, bool]:
     """For each model (label -> `accumlib.gradient_gap` over accum_steps micro-batches of micro_batch_size): is the
     accumulated gradient the full batch's up to rounding in `precision` (`ROUNDING`)? gradient_size, the largest
     entry of the full batch's gradient (`batchnorm_lab.gradient_size`), gives the scale. Prints one line each."""
     rounding = ROUNDING[precision]
     exact = {}
-    print(_("Largest difference between the gradient of {accum_steps} accumulated micro-batches of {micro} and the "
-            "gradient of one batch of {batch}, whose largest entry is {size:.3f}:").format(
-        accum_steps=accum_steps, micro=micro_batch_size, batch=micro_batch_size * accum_steps, size=gradient_size))
+    print(
+        _(
+            "Largest difference between the gradient of {accum_steps} accumulated micro-batches of {micro} and the "
+            "gradient of one batch of {batch}, whose largest entry is {size:.3f}:"
+        ).format(
+            accum_steps=accum_steps, micro=micro_batch_size, batch=micro_batch_size * accum_steps, size=gradient_size
+        )
+    )
     for label, gap in gaps.items():
         exact[label] = gap < rounding
         if exact[label]:
-            print("  " + _("{label}: below {rounding:.0e}: accumulation is exact up to {precision} rounding.").format(
-                label=label, rounding=rounding, precision=precision))
+            print(
+                "  "
+                + _("{label}: below {rounding:.0e}: accumulation is exact up to {precision} rounding.").format(
+                    label=label, rounding=rounding, precision=precision
+                )
+            )
         else:
-            print("  " + _("{label}: {gap:.3f}, {share:.0%} of the largest entry: accumulation is not exact.").format(
-                label=label, gap=gap, share=gap / gradient_size))
+            print(
+                "  "
+                + _("{label}: {gap:.3f}, {share:.0%} of the largest entry: accumulation is not exact.").format(
+                    label=label, gap=gap, share=gap / gradient_size
+                )
+            )
     return exact
 
 
@@ -117,79 +163,172 @@ def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> M
     """BatchNorm trained at one effective batch in micro-batches of each size, GroupNorm beside it
     (`batchnorm_lab.compare_micro_batches`): the confound held equal, a table, and one finding per question."""
     if not isinstance(result, MicroBatchComparison):
-        raise TypeError(f"result must be a MicroBatchComparison (batchnorm_lab.compare_micro_batches), got "
-                        f"{type(result).__name__}")
+        raise TypeError(
+            f"result must be a MicroBatchComparison (batchnorm_lab.compare_micro_batches), got {type(result).__name__}"
+        )
     rounding = ROUNDING[precision]
     bn, gn = result.batchnorm, result.groupnorm
-    print(_("Every run: an effective batch of {batch}, {steps} optimizer steps ({epochs} epochs), the same samples "
-            "in the same order.").format(batch=result.effective_batch, steps=result.optimizer_steps,
-                                         epochs=result.epochs))
-    print(_("Training updated the running statistics once per micro-batch: {counts}. Compared as training left them, "
-            "the runs would differ in their number of updates too.").format(
-        counts=", ".join(_("{updates} times at {split}").format(updates=f"{o.training_updates:,}",
-                                                               split=split(o.micro_batch_size, o.accum_steps))
-                         for o in bn)))
-    print(_("Held equal: each model's running statistics collected anew, weights fixed, from {updates} micro-batches "
+    print(
+        _(
+            "Every run: an effective batch of {batch}, {steps} optimizer steps ({epochs} epochs), the same samples "
+            "in the same order."
+        ).format(batch=result.effective_batch, steps=result.optimizer_steps, epochs=result.epochs)
+    )
+    print(
+        _(
+            "Training updated the running statistics once per micro-batch: {counts}. Compared as training left them, "
+            "the runs would differ in their number of updates too."
+        ).format(
+            counts=", ".join(
+                _("{updates} times at {split}").format(
+                    updates=f"{o.training_updates:,}", split=split(o.micro_batch_size, o.accum_steps)
+                )
+                for o in bn
+            )
+        )
+    )
+    print(
+        _(
+            "Held equal: each model's running statistics collected anew, weights fixed, from {updates} micro-batches "
             "of its own size; after {updates} updates a running average has moved {moved:.3%} of the way, so every "
-            "one has settled.").format(updates=result.updates, moved=result.settled_fraction))
+            "one has settled."
+        ).format(updates=result.updates, moved=result.settled_fraction)
+    )
     print()
-    rows = [[_("BatchNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)),
-             *_loss(o.settled, BATCHNORM_LOSS), *_loss(o.reestimated, BATCHNORM_LOSS)] for o in bn]
-    rows += [[_("GroupNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)),
-              *_loss(o.settled, GROUPNORM_LOSS), "", "", ""] for o in gn]
-    print(_("On the held-out digits, in eval mode. Left: the running statistics from the model's own "
-            "micro-batches; right: re-estimated on all the training digits."))
-    print_table([_("model, micro-batch × accum_steps"), _("statistics error"), _("loss"), _("accuracy"),
-                 _("re-estimated: statistics error"), _("loss"), _("accuracy")], rows)
+    rows = [
+        [
+            _("BatchNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)),
+            *_loss(o.settled, BATCHNORM_LOSS),
+            *_loss(o.reestimated, BATCHNORM_LOSS),
+        ]
+        for o in bn
+    ]
+    rows += [
+        [
+            _("GroupNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)),
+            *_loss(o.settled, GROUPNORM_LOSS),
+            "",
+            "",
+            "",
+        ]
+        for o in gn
+    ]
+    print(
+        _(
+            "On the held-out digits, in eval mode. Left: the running statistics from the model's own "
+            "micro-batches; right: re-estimated on all the training digits."
+        )
+    )
+    print_table(
+        [
+            _("model, micro-batch × accum_steps"),
+            _("statistics error"),
+            _("loss"),
+            _("accuracy"),
+            _("re-estimated: statistics error"),
+            _("loss"),
+            _("accuracy"),
+        ],
+        rows,
+    )
     print()
     smallest, largest = bn[0], bn[-1]
     errors = [o.settled.statistics_error_total for o in bn]
     noisiest = errors[0] == max(errors)
-    values = dict(small=smallest.micro_batch_size, large=largest.micro_batch_size, small_error=errors[0],
-                  large_error=errors[-1])
+    values = dict(
+        small=smallest.micro_batch_size, large=largest.micro_batch_size, small_error=errors[0], large_error=errors[-1]
+    )
     if noisiest:
-        print(_("Noise: after the same number of updates, the running statistics from micro-batches of {small} are "
+        print(
+            _(
+                "Noise: after the same number of updates, the running statistics from micro-batches of {small} are "
                 "the furthest from those of the held-out digits: error {small_error:.3f}, against {large_error:.3f} "
-                "from micro-batches of {large}.").format(**values))
+                "from micro-batches of {large}."
+            ).format(**values)
+        )
     else:
-        print(_("Noise: after the same number of updates, the running statistics from micro-batches of {small} are "
+        print(
+            _(
+                "Noise: after the same number of updates, the running statistics from micro-batches of {small} are "
                 "not the furthest from those of the held-out digits: error {small_error:.3f}, against "
-                "{large_error:.3f} from micro-batches of {large}.").format(**values))
+                "{large_error:.3f} from micro-batches of {large}."
+            ).format(**values)
+        )
     losses = [o.reestimated.loss for o in bn]
     falls = all(a >= b for a, b in itertools.pairwise(losses))
     path = " → ".join(f"{o.reestimated.loss:.3f} ({o.micro_batch_size})" for o in bn)
     if falls:
-        print(_("Weights: re-estimated on the same training digits, the held-out loss still falls as the micro-batch "
-                "grows: {path}. What is left is the weights, trained with the micro-batch's statistics.").format(
-            path=path))
+        print(
+            _(
+                "Weights: re-estimated on the same training digits, the held-out loss still falls as the micro-batch "
+                "grows: {path}. What is left is the weights, trained with the micro-batch's statistics."
+            ).format(path=path)
+        )
     else:
-        print(_("Weights: re-estimated on the same training digits, the held-out loss does not fall steadily as the "
-                "micro-batch grows: {path}.").format(path=path))
+        print(
+            _(
+                "Weights: re-estimated on the same training digits, the held-out loss does not fall steadily as the "
+                "micro-batch grows: {path}."
+            ).format(path=path)
+        )
     helped = [o.micro_batch_size for o in bn if o.reestimated.loss < o.settled.loss]
     kept = result.reestimate_weight_change == 0
     if kept:
-        print(_("Re-estimating changed no weight; it lowered the held-out loss at micro-batch sizes {helped} of "
-                "{sizes}.").format(helped=", ".join(map(str, helped)) or _("none"),
-                                   sizes=", ".join(str(o.micro_batch_size) for o in bn)))
+        print(
+            _(
+                "Re-estimating changed no weight; it lowered the held-out loss at micro-batch sizes {helped} of "
+                "{sizes}."
+            ).format(
+                helped=", ".join(map(str, helped)) or _("none"), sizes=", ".join(str(o.micro_batch_size) for o in bn)
+            )
+        )
     else:
-        print(_("Re-estimating changed weights by up to {change:.2g}: it should change only the running "
-                "statistics.").format(change=result.reestimate_weight_change))
+        print(
+            _(
+                "Re-estimating changed weights by up to {change:.2g}: it should change only the running statistics."
+            ).format(change=result.reestimate_weight_change)
+        )
     exact = all(o.weight_gap < rounding for o in gn)
     if exact:
-        print(_("GroupNorm: {splits} trained the same weights (largest difference below {rounding:.0e}): accumulation "
-                "is exact. Its held-out loss is {loss:.2f}.").format(
-            splits=_(" and ").join(split(o.micro_batch_size, o.accum_steps) for o in gn), rounding=rounding,
-            loss=gn[-1].settled.loss))
+        print(
+            _(
+                "GroupNorm: {splits} trained the same weights (largest difference below {rounding:.0e}): accumulation "
+                "is exact. Its held-out loss is {loss:.2f}."
+            ).format(
+                splits=_(" and ").join(split(o.micro_batch_size, o.accum_steps) for o in gn),
+                rounding=rounding,
+                loss=gn[-1].settled.loss,
+            )
+        )
     else:
-        print(_("GroupNorm: {splits} trained weights that differ by up to {gap:.2g}.").format(
-            splits=_(" and ").join(split(o.micro_batch_size, o.accum_steps) for o in gn),
-            gap=max(o.weight_gap for o in gn)))
-    candidates = {_("BatchNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)):
-                  (o.settled.loss, BATCHNORM_LOSS) for o in bn}
-    candidates.update({_("BatchNorm, {split}, re-estimated").format(split=split(o.micro_batch_size, o.accum_steps)):
-                       (o.reestimated.loss, BATCHNORM_LOSS) for o in bn})
-    candidates.update({_("GroupNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)):
-                       (o.settled.loss, GROUPNORM_LOSS) for o in gn})
+        print(
+            _("GroupNorm: {splits} trained weights that differ by up to {gap:.2g}.").format(
+                splits=_(" and ").join(split(o.micro_batch_size, o.accum_steps) for o in gn),
+                gap=max(o.weight_gap for o in gn),
+            )
+        )
+    candidates = {
+        _("BatchNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)): (o.settled.loss, BATCHNORM_LOSS)
+        for o in bn
+    }
+    candidates.update(
+        {
+            _("BatchNorm, {split}, re-estimated").format(split=split(o.micro_batch_size, o.accum_steps)): (
+                o.reestimated.loss,
+                BATCHNORM_LOSS,
+            )
+            for o in bn
+        }
+    )
+    candidates.update(
+        {
+            _("GroupNorm, {split}").format(split=split(o.micro_batch_size, o.accum_steps)): (
+                o.settled.loss,
+                GROUPNORM_LOSS,
+            )
+            for o in gn
+        }
+    )
     best = min(candidates, key=lambda name: candidates[name][0])
     loss, digits = candidates[best]
     print(_("Lowest held-out loss: {best}, {loss}.").format(best=best, loss=f"{loss:.{digits}f}"))
@@ -218,22 +357,36 @@ def over_seeds(results: dict, precision: str = "float64") -> list[SeedDifference
     MicroBatchComparison, the same sizes in each): mean ± standard deviation per micro-batch size, then each pair
     of neighbouring sizes, and the smallest against the largest, compared seed by seed: a difference is a finding
     only when it has the same sign in every seed. Returns the comparisons."""
-    if not isinstance(results, dict) or len(results) < 2 or not all(
-            isinstance(r, MicroBatchComparison) for r in results.values()):
-        raise TypeError(f"results must be a dict of two or more seeds -> MicroBatchComparison "
-                        f"(batchnorm_lab.compare_micro_batches), got {results!r:.200}")
+    if (
+        not isinstance(results, dict)
+        or len(results) < 2
+        or not all(isinstance(r, MicroBatchComparison) for r in results.values())
+    ):
+        raise TypeError(
+            f"results must be a dict of two or more seeds -> MicroBatchComparison "
+            f"(batchnorm_lab.compare_micro_batches), got {results!r:.200}"
+        )
     runs = list(results.values())
     sizes = [o.micro_batch_size for o in runs[0].batchnorm]
     if any([o.micro_batch_size for o in r.batchnorm] != sizes for r in runs):
         raise ValueError(f"results: every seed must compare the same micro-batch sizes; the first has {sizes}")
     steps = {o.micro_batch_size: o.accum_steps for o in runs[0].batchnorm}
-    values = {"statistics error": {m: [next(o for o in r.batchnorm if o.micro_batch_size == m)
-                                       .settled.statistics_error_total for r in runs] for m in sizes},
-              "re-estimated loss": {m: [next(o for o in r.batchnorm if o.micro_batch_size == m).reestimated.loss
-                                        for r in runs] for m in sizes}}
+    values = {
+        "statistics error": {
+            m: [next(o for o in r.batchnorm if o.micro_batch_size == m).settled.statistics_error_total for r in runs]
+            for m in sizes
+        },
+        "re-estimated loss": {
+            m: [next(o for o in r.batchnorm if o.micro_batch_size == m).reestimated.loss for r in runs] for m in sizes
+        },
+    }
     names = {"statistics error": _("statistics error"), "re-estimated loss": _("re-estimated loss")}
-    print(_("BatchNorm over {n} seeds (the models' starting weights: {seeds}), on the held-out digits: mean ± "
-            "standard deviation.").format(n=len(runs), seeds=", ".join(map(str, results))))
+    print(
+        _(
+            "BatchNorm over {n} seeds (the models' starting weights: {seeds}), on the held-out digits: mean ± "
+            "standard deviation."
+        ).format(n=len(runs), seeds=", ".join(map(str, results)))
+    )
     rows = []
     for m in sizes:
         cells = [split(m, steps[m])]
@@ -252,16 +405,28 @@ def over_seeds(results: dict, precision: str = "float64") -> list[SeedDifference
             mean, spread = _mean_spread(differences)
             same = all(d > 0 for d in differences) or all(d < 0 for d in differences)
             found.append(SeedDifference(quantity, small, large, mean, spread, same))
-            words = {"quantity": names[quantity], "small": split(small, steps[small]),
-                     "large": split(large, steps[large]), "mean": f"{mean:+.3f}", "spread": f"{spread:.3f}",
-                     "n": len(runs)}
+            words = {
+                "quantity": names[quantity],
+                "small": split(small, steps[small]),
+                "large": split(large, steps[large]),
+                "mean": f"{mean:+.3f}",
+                "spread": f"{spread:.3f}",
+                "n": len(runs),
+            }
             if same:
-                print(_("{quantity}, {small} minus {large}: {mean} ± {spread}, the same sign in all {n} seeds: "
-                        "{small} is {direction}.").format(
-                    direction=_("higher") if mean > 0 else _("lower"), **words))
+                print(
+                    _(
+                        "{quantity}, {small} minus {large}: {mean} ± {spread}, the same sign in all {n} seeds: "
+                        "{small} is {direction}."
+                    ).format(direction=_("higher") if mean > 0 else _("lower"), **words)
+                )
             else:
-                print(_("{quantity}, {small} minus {large}: {mean} ± {spread}, the sign changes between seeds: no "
-                        "finding, the difference is within the seeds' spread.").format(**words))
+                print(
+                    _(
+                        "{quantity}, {small} minus {large}: {mean} ± {spread}, the sign changes between seeds: no "
+                        "finding, the difference is within the seeds' spread."
+                    ).format(**words)
+                )
     return found
 
 
@@ -269,12 +434,17 @@ def skipped_cycle(skipped: bool, before: dict[str, tuple], after: dict[str, tupl
     """A cycle `accumlib.accumulate_and_step` skipped (a NaN): are the BatchNorm running statistics as they were
     before it? before/after: layer -> (running_mean, running_var), copies taken around the call. Returns it."""
     kept = before.keys() == after.keys() and all(
-        torch.equal(a, b) for layer in before for a, b in zip(before[layer], after[layer], strict=True))
+        torch.equal(a, b) for layer in before for a, b in zip(before[layer], after[layer], strict=True)
+    )
     if not skipped:
         print(_("The cycle was not skipped: its loss and gradient were finite."))
     elif kept:
-        print(_("The cycle was skipped (its loss is NaN), and the running statistics of every BatchNorm layer are "
-                "exactly as before it."))
+        print(
+            _(
+                "The cycle was skipped (its loss is NaN), and the running statistics of every BatchNorm layer are "
+                "exactly as before it."
+            )
+        )
     else:
         print(_("The cycle was skipped (its loss is NaN), but the running statistics changed."))
     return skipped and kept

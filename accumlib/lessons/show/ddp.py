@@ -3,6 +3,7 @@ all-reduces of every optimizer step with and without `no_sync()`, and the weight
 
 The runs themselves are `accumlib.lessons.ddp_lab`'s (`compare_no_sync`): these functions only print what they did.
 """
+
 from __future__ import annotations
 
 import ipywidgets as w
@@ -20,16 +21,27 @@ def effective_batch(*, micro_batch_size: int, accum_steps: int, processes: int, 
     `samples` splits into steps (the last one shorter when they do not divide); return the effective batch."""
     batch = micro_batch_size * accum_steps * processes
     full, rest = divmod(samples, batch)
-    print(_("Effective batch: {micro_batch_size} × {accum_steps} × {processes} = {batch} samples per optimizer "
-            "step.").format(micro_batch_size=micro_batch_size, accum_steps=accum_steps, processes=processes,
-                            batch=batch))
+    print(
+        _(
+            "Effective batch: {micro_batch_size} × {accum_steps} × {processes} = {batch} samples per optimizer step."
+        ).format(micro_batch_size=micro_batch_size, accum_steps=accum_steps, processes=processes, batch=batch)
+    )
     if rest:
-        print(ngettext("{samples} samples per epoch: {full} full step and a last step of {rest} samples.",
-                       "{samples} samples per epoch: {full} full steps and a last step of {rest} samples.",
-                       full).format(samples=samples, full=full, rest=rest))
+        print(
+            ngettext(
+                "{samples} samples per epoch: {full} full step and a last step of {rest} samples.",
+                "{samples} samples per epoch: {full} full steps and a last step of {rest} samples.",
+                full,
+            ).format(samples=samples, full=full, rest=rest)
+        )
     else:
-        print(ngettext("{samples} samples per epoch: {full} full step.", "{samples} samples per epoch: {full} full "
-                       "steps.", full).format(samples=samples, full=full))
+        print(
+            ngettext(
+                "{samples} samples per epoch: {full} full step.",
+                "{samples} samples per epoch: {full} full steps.",
+                full,
+            ).format(samples=samples, full=full)
+        )
     return batch
 
 
@@ -51,8 +63,9 @@ class ProgressBar:
         elif done < total:
             self.label.value = _("optimizer step {done} of {total}").format(done=done, total=total)
         else:
-            self.label.value = ngettext("done: {total} optimizer step", "done: {total} optimizer steps",
-                                        total).format(total=total)
+            self.label.value = ngettext("done: {total} optimizer step", "done: {total} optimizer steps", total).format(
+                total=total
+            )
         if not self.shown:
             self.shown = True
             display(self)
@@ -77,33 +90,60 @@ def allreduces(results: dict) -> dict[bool, tuple[int, ...]]:
     """
     without, with_no_sync = results[False], results[True]
     if without.micro_batches != with_no_sync.micro_batches:
-        raise ValueError(_("results: the two runs took different steps ({a} and {b} micro-batches per step): pass "
-                           "the results of one compare_no_sync job").format(a=without.micro_batches,
-                                                                            b=with_no_sync.micro_batches))
-    print_table([_("optimizer step"), _("micro-batches per process"), _("all-reduces without no_sync()"),
-                 _("with no_sync()")],
-                [[str(step), str(micro), str(a), str(b)] for step, (micro, a, b) in
-                 enumerate(zip(without.micro_batches, without.allreduces, with_no_sync.allreduces, strict=True), 1)])
+        raise ValueError(
+            _(
+                "results: the two runs took different steps ({a} and {b} micro-batches per step): pass "
+                "the results of one compare_no_sync job"
+            ).format(a=without.micro_batches, b=with_no_sync.micro_batches)
+        )
+    print_table(
+        [_("optimizer step"), _("micro-batches per process"), _("all-reduces without no_sync()"), _("with no_sync()")],
+        [
+            [str(step), str(micro), str(a), str(b)]
+            for step, (micro, a, b) in enumerate(
+                zip(without.micro_batches, without.allreduces, with_no_sync.allreduces, strict=True), 1
+            )
+        ],
+    )
     steps = without.steps
     if without.allreduces == without.micro_batches and len(set(without.micro_batches)) > 1:
-        print(_("Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
+        print(
+            _(
+                "Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
                 "micro-batches, {total} for {steps} steps ({mean:.1f} per step on average, since the short steps have "
-                "fewer micro-batches).").format(total=without.allreduce_calls, steps=steps,
-                                               mean=without.allreduce_per_step))
+                "fewer micro-batches)."
+            ).format(total=without.allreduce_calls, steps=steps, mean=without.allreduce_per_step)
+        )
     elif without.allreduces == without.micro_batches:
-        print(_("Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
-                "micro-batches, {total} for {steps} steps.").format(total=without.allreduce_calls, steps=steps))
+        print(
+            _(
+                "Without no_sync(), the backward() of every micro-batch all-reduces: as many all-reduces per step as "
+                "micro-batches, {total} for {steps} steps."
+            ).format(total=without.allreduce_calls, steps=steps)
+        )
     else:
-        print(_("Without no_sync(): {total} all-reduces for {steps} steps.").format(total=without.allreduce_calls,
-                                                                                    steps=steps))
+        print(
+            _("Without no_sync(): {total} all-reduces for {steps} steps.").format(
+                total=without.allreduce_calls, steps=steps
+            )
+        )
     if set(with_no_sync.allreduces) == {1}:
-        print(_("With no_sync(), one all-reduce per step, in the backward() of the cycle's last micro-batch: {total} "
-                "for {steps} steps, {saved} fewer.").format(
-            total=with_no_sync.allreduce_calls, steps=steps,
-            saved=without.allreduce_calls - with_no_sync.allreduce_calls))
+        print(
+            _(
+                "With no_sync(), one all-reduce per step, in the backward() of the cycle's last micro-batch: {total} "
+                "for {steps} steps, {saved} fewer."
+            ).format(
+                total=with_no_sync.allreduce_calls,
+                steps=steps,
+                saved=without.allreduce_calls - with_no_sync.allreduce_calls,
+            )
+        )
     else:
-        print(_("With no_sync(): {total} all-reduces for {steps} steps.").format(total=with_no_sync.allreduce_calls,
-                                                                                 steps=steps))
+        print(
+            _("With no_sync(): {total} all-reduces for {steps} steps.").format(
+                total=with_no_sync.allreduce_calls, steps=steps
+            )
+        )
     return {False: without.allreduces, True: with_no_sync.allreduces}
 
 
@@ -119,13 +159,19 @@ def same_weights(results: dict, single) -> dict[bool, float]:
     model or state dict); prints the largest differences and returns {no_sync: difference}."""
     gaps, batch = _gaps(results, single)
     if all(gap <= FLOAT64_ROUNDING for gap in gaps.values()):  # the bound, not the digits: they vary with the CPU
-        print(_("Without no_sync() and with it, the DDP run ends with the weights of one process trained on batches "
-                "of {batch}: they differ by at most {gap:.1e} (float64 rounding).").format(batch=batch,
-                                                                                        gap=FLOAT64_ROUNDING))
+        print(
+            _(
+                "Without no_sync() and with it, the DDP run ends with the weights of one process trained on batches "
+                "of {batch}: they differ by at most {gap:.1e} (float64 rounding)."
+            ).format(batch=batch, gap=FLOAT64_ROUNDING)
+        )
     else:
-        print(_("Largest weight difference from one process trained on batches of {batch}: {without:.1e} without "
-                "no_sync(), {with_no_sync:.1e} with it.").format(batch=batch, without=gaps[False],
-                                                                 with_no_sync=gaps[True]))
+        print(
+            _(
+                "Largest weight difference from one process trained on batches of {batch}: {without:.1e} without "
+                "no_sync(), {with_no_sync:.1e} with it."
+            ).format(batch=batch, without=gaps[False], with_no_sync=gaps[True])
+        )
     return gaps
 
 
@@ -135,12 +181,19 @@ def fsdp2_weights(results: dict, single) -> dict[str, float]:
     {"ddp": difference, "fsdp2": difference}."""
     gaps, batch = _gaps(results, single)
     if all(gap <= FLOAT64_ROUNDING for gap in gaps.values()):  # the bound, not the digits: they vary with the CPU
-        print(_("Under FSDP2, as under DDP, the processes end with the weights of one process trained on batches of "
-                "{batch}: they differ by at most {gap:.1e} (float64 rounding).").format(batch=batch,
-                                                                                     gap=FLOAT64_ROUNDING))
+        print(
+            _(
+                "Under FSDP2, as under DDP, the processes end with the weights of one process trained on batches of "
+                "{batch}: they differ by at most {gap:.1e} (float64 rounding)."
+            ).format(batch=batch, gap=FLOAT64_ROUNDING)
+        )
     else:
-        print(_("Largest weight difference from one process trained on batches of {batch}: {ddp:.1e} under DDP, "
-                "{fsdp2:.1e} under FSDP2.").format(batch=batch, ddp=gaps["ddp"], fsdp2=gaps["fsdp2"]))
+        print(
+            _(
+                "Largest weight difference from one process trained on batches of {batch}: {ddp:.1e} under DDP, "
+                "{fsdp2:.1e} under FSDP2."
+            ).format(batch=batch, ddp=gaps["ddp"], fsdp2=gaps["fsdp2"])
+        )
     return gaps
 
 
@@ -164,15 +217,27 @@ def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
     Returns {"ddp": peaks by rank, "fsdp2": peaks by rank}."""
     columns = [(wrap, rank, report) for wrap in ("ddp", "fsdp2") for rank, report in enumerate(results[wrap].memory)]
     if not all(results[wrap].memory for wrap in ("ddp", "fsdp2")):
-        raise ValueError(_("results: a run without memory reports; pass the results of compare_fsdp2, whose "
-                           "processes measure their memory"))
+        raise ValueError(
+            _(
+                "results: a run without memory reports; pass the results of compare_fsdp2, whose "
+                "processes measure their memory"
+            )
+        )
     # under FSDP2 the gradients alive at the peak move with it: marked as the peak is; the sharded parameters and the
     # optimizer's state do not
-    rows = [[category_name(name), *(_moving(wrap, report.categories()[name]) if name == "gradients"
-                                    else f"{report.categories()[name]:,}" for wrap, _rank, report in columns)]
-            for name in _OWN_ROWS]
-    rest = [(wrap, report.peak - sum(report.categories()[name] for name in _OWN_ROWS))
-            for wrap, _rank, report in columns]
+    rows = [
+        [
+            category_name(name),
+            *(
+                _moving(wrap, report.categories()[name]) if name == "gradients" else f"{report.categories()[name]:,}"
+                for wrap, _rank, report in columns
+            ),
+        ]
+        for name in _OWN_ROWS
+    ]
+    rest = [
+        (wrap, report.peak - sum(report.categories()[name] for name in _OWN_ROWS)) for wrap, _rank, report in columns
+    ]
     rows.append([_("the rest of the step"), *(_moving(wrap, nbytes) for wrap, nbytes in rest)])
     rows.append([_("peak"), *(_moving(wrap, report.peak) for wrap, _rank, report in columns)])
     header = [_("{wrap}, process {rank}").format(wrap=wrap.upper(), rank=rank) for wrap, rank, _report in columns]
@@ -181,18 +246,35 @@ def memory_per_process(results: dict) -> dict[str, tuple[int, ...]]:
     world = len(fsdp2)
     whole, shards = ddp[0].parameters, [report.parameters for report in fsdp2]
     if all(report.parameters == whole for report in ddp) and sum(shards) == whole and len(set(shards)) == 1:
-        print(_("Under DDP every process holds all the weights ({whole:,} bytes); under FSDP2 each holds its shard, "
-                "1/{world} of them ({shard:,} bytes).").format(whole=whole, world=world, shard=shards[0]))
+        print(
+            _(
+                "Under DDP every process holds all the weights ({whole:,} bytes); under FSDP2 each holds its shard, "
+                "1/{world} of them ({shard:,} bytes)."
+            ).format(whole=whole, world=world, shard=shards[0])
+        )
     else:
-        print(_("Weights per process: {ddp} bytes under DDP, {fsdp2} under FSDP2.").format(
-            ddp=", ".join(f"{r.parameters:,}" for r in ddp), fsdp2=", ".join(f"{s:,}" for s in shards)))
+        print(
+            _("Weights per process: {ddp} bytes under DDP, {fsdp2} under FSDP2.").format(
+                ddp=", ".join(f"{r.parameters:,}" for r in ddp), fsdp2=", ".join(f"{s:,}" for s in shards)
+            )
+        )
     ddp_peak, fsdp2_peak = max(r.peak for r in ddp), max(r.peak for r in fsdp2)
     if fsdp2_peak < ddp_peak:
-        print(_("The busiest process's peak is lower under FSDP2: {fsdp2} bytes against {ddp:,} under DDP.").format(
-            fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak))
+        print(
+            _("The busiest process's peak is lower under FSDP2: {fsdp2} bytes against {ddp:,} under DDP.").format(
+                fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak
+            )
+        )
     else:
-        print(_("The busiest process's peak is not lower under FSDP2: {fsdp2} bytes against {ddp:,} under "
-                "DDP.").format(fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak))
-    print(_("* Under FSDP2 the peak, and with it the gradients alive at that moment and the rest of the step, can "
-            "move from run to run: the two processes share this CPU, each at its own pace."))
+        print(
+            _("The busiest process's peak is not lower under FSDP2: {fsdp2} bytes against {ddp:,} under DDP.").format(
+                fsdp2=_moving("fsdp2", fsdp2_peak), ddp=ddp_peak
+            )
+        )
+    print(
+        _(
+            "* Under FSDP2 the peak, and with it the gradients alive at that moment and the rest of the step, can "
+            "move from run to run: the two processes share this CPU, each at its own pace."
+        )
+    )
     return {wrap: tuple(report.peak for report in results[wrap].memory) for wrap in ("ddp", "fsdp2")}

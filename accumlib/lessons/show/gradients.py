@@ -1,6 +1,7 @@
 """Lesson 2, gradients add up: an accumulated gradient against the full-batch gradient, `gradient_gap` with and
 without the division, what forgetting the division does to SGD and to Adam, and the loss to log; for lesson 0, one
 cycle of the seed's loop with its zeroing or its division changed (`one_cycle`)."""
+
 from __future__ import annotations
 
 import copy
@@ -33,10 +34,13 @@ class GradientComparison:
 
 def _compared(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tensor]) -> GradientComparison:
     """An accumulated gradient against the full-batch gradient (one tensor per parameter, same order)."""
-    if len(accumulated) != len(full_batch) or any(a.shape != f.shape
-                                                  for a, f in zip(accumulated, full_batch, strict=True)):
-        raise ValueError(f"accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
-                         f"{[tuple(a.shape) for a in accumulated]} and {[tuple(f.shape) for f in full_batch]}")
+    if len(accumulated) != len(full_batch) or any(
+        a.shape != f.shape for a, f in zip(accumulated, full_batch, strict=True)
+    ):
+        raise ValueError(
+            f"accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
+            f"{[tuple(a.shape) for a in accumulated]} and {[tuple(f.shape) for f in full_batch]}"
+        )
     a = torch.cat([g.detach().flatten().double() for g in accumulated])
     f = torch.cat([g.detach().flatten().double() for g in full_batch])
     if not f.abs().max() > 0:
@@ -54,22 +58,39 @@ def compare(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Tens
     largest_difference, largest_entry, ratio = result.largest_difference, result.largest_entry, result.ratio
     if result.equal:
         # the bound it passed, not the difference: a rounding difference's digits depend on the CPU and threads
-        print(_("The accumulated gradient equals the full-batch gradient: no entry differs by more than {gap:.1e} "
-                "(float rounding), where the largest entry is {largest:.4f}.").format(
-                    gap=ROUNDING * largest_entry, largest=largest_entry))
+        print(
+            _(
+                "The accumulated gradient equals the full-batch gradient: no entry differs by more than {gap:.1e} "
+                "(float rounding), where the largest entry is {largest:.4f}."
+            ).format(gap=ROUNDING * largest_entry, largest=largest_entry)
+        )
     elif result.proportional:
-        print(_("Every entry of the accumulated gradient is {ratio:.3f} times the full-batch entry: the largest "
-                "difference is {gap:.4f}, where the largest entry is {largest:.4f}.").format(
-                    ratio=ratio, gap=largest_difference, largest=largest_entry))
+        print(
+            _(
+                "Every entry of the accumulated gradient is {ratio:.3f} times the full-batch entry: the largest "
+                "difference is {gap:.4f}, where the largest entry is {largest:.4f}."
+            ).format(ratio=ratio, gap=largest_difference, largest=largest_entry)
+        )
     else:
-        print(_("The accumulated gradient differs from the full-batch gradient by up to {gap:.4f} (the largest entry "
-                "is {largest:.4f}), and it is not a multiple of it.").format(gap=largest_difference,
-                                                                            largest=largest_entry))
+        print(
+            _(
+                "The accumulated gradient differs from the full-batch gradient by up to {gap:.4f} (the largest entry "
+                "is {largest:.4f}), and it is not a multiple of it."
+            ).format(gap=largest_difference, largest=largest_entry)
+        )
     return result
 
 
-def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_steps: int, *, divide: bool = True,
-              zero_every_micro_batch: bool = False, loss_fn=None) -> GradientComparison:
+def one_cycle(
+    model: torch.nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    accum_steps: int,
+    *,
+    divide: bool = True,
+    zero_every_micro_batch: bool = False,
+    loss_fn=None,
+) -> GradientComparison:
     """Lesson 0: one cycle of the seed's loop on a float64 copy of `model` (on the CPU; the model is left untouched):
     (X, y) split into accum_steps equal micro-batches, each loss divided by accum_steps (not with divide=False) and
     backpropagated, `zero_grad()` once before the first (before every one with zero_every_micro_batch=True). Prints
@@ -80,8 +101,10 @@ def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_st
     """
     accum_steps = positive_int("accum_steps", accum_steps)
     if len(X) != len(y) or len(X) % accum_steps:
-        raise ValueError(f"X and y must hold the same number of samples, a multiple of accum_steps={accum_steps}; "
-                         f"got {len(X)} and {len(y)}")
+        raise ValueError(
+            f"X and y must hold the same number of samples, a multiple of accum_steps={accum_steps}; "
+            f"got {len(X)} and {len(y)}"
+        )
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     model = copy.deepcopy(model).to("cpu", torch.float64)
     X, y = X.to("cpu", torch.float64), y.to("cpu")
@@ -103,16 +126,26 @@ def one_cycle(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, accum_st
         return max((a - b).abs().max().item() for a, b in zip(accumulated, last, strict=True)) <= bound
 
     if result.equal:
-        print(_("{count} backward() calls added up in .grad: the full-batch gradient, up to float rounding "
-                "({gap:.1e}).").format(count=accum_steps, gap=bound))
+        print(
+            _(
+                "{count} backward() calls added up in .grad: the full-batch gradient, up to float rounding ({gap:.1e})."
+            ).format(count=accum_steps, gap=bound)
+        )
     elif result.proportional:
         print(_(".grad is {ratio:.3f} times the full-batch gradient.").format(ratio=result.ratio))
     elif last_alone():
-        print(_(".grad is the last micro-batch's gradient alone (up to {gap:.1e}): the other {lost} were wiped "
-                "out.").format(gap=bound, lost=accum_steps - 1))
+        print(
+            _(
+                ".grad is the last micro-batch's gradient alone (up to {gap:.1e}): the other {lost} were wiped out."
+            ).format(gap=bound, lost=accum_steps - 1)
+        )
     else:
-        print(_(".grad misses the full-batch gradient by up to {miss:.4f} (largest entry {largest:.4f}), and it is "
-                "not a multiple of it.").format(miss=result.largest_difference, largest=result.largest_entry))
+        print(
+            _(
+                ".grad misses the full-batch gradient by up to {miss:.4f} (largest entry {largest:.4f}), and it is "
+                "not a multiple of it."
+            ).format(miss=result.largest_difference, largest=result.largest_entry)
+        )
     return result
 
 
@@ -126,23 +159,35 @@ def gap_table(gaps: Mapping[int, Mapping[str, float]], full_batch: Sequence[torc
         raise ValueError("gaps must map each accum_steps to {'steps': gap, 'none': gap} (gradient_gap's normalize)")
     largest_entry = max((g.detach().abs().max().item() for g in full_batch), default=0.0)
     if not largest_entry > 0:
-        raise ValueError("full_batch: the full-batch gradient is zero everywhere (or empty): nothing to measure "
-                         "the gaps against")
+        raise ValueError(
+            "full_batch: the full-batch gradient is zero everywhere (or empty): nothing to measure the gaps against"
+        )
     bound = ROUNDING * largest_entry  # what float rounding explains; the gaps below it print as "< bound"
-    rows = [[k, rounding_or_gap(g["steps"], bound), f"{g['none']:.4f}", f"{g['none'] / largest_entry:.3f}"]
-            for k, g in gaps.items()]
-    print_table(["accum_steps", _("gap, loss / accum_steps"), _("gap, no division"),
-                 _("gap without division / largest entry")], rows)
+    rows = [
+        [k, rounding_or_gap(g["steps"], bound), f"{g['none']:.4f}", f"{g['none'] / largest_entry:.3f}"]
+        for k, g in gaps.items()
+    ]
+    print_table(
+        ["accum_steps", _("gap, loss / accum_steps"), _("gap, no division"), _("gap without division / largest entry")],
+        rows,
+    )
     rounding = all(g["steps"] <= bound for g in gaps.values())
     k_times = all(abs(g["none"] / largest_entry - (k - 1)) <= 1e-9 * k for k, g in gaps.items())
     if rounding:
         print(_("With the division, every gap is float rounding (at most {gap:.1e}).").format(gap=bound))
     else:
-        print(_("With the division, some gaps are larger than float rounding (up to {gap:.1e}).").format(
-            gap=max(g["steps"] for g in gaps.values())))
+        print(
+            _("With the division, some gaps are larger than float rounding (up to {gap:.1e}).").format(
+                gap=max(g["steps"] for g in gaps.values())
+            )
+        )
     if k_times:
-        print(_("Without it, each gap is accum_steps - 1 times the largest full-batch entry: exactly what an "
-                "accumulated gradient accum_steps times the full-batch gradient gives."))
+        print(
+            _(
+                "Without it, each gap is accum_steps - 1 times the largest full-batch entry: exactly what an "
+                "accumulated gradient accum_steps times the full-batch gradient gives."
+            )
+        )
     else:
         print(_("Without it, the gaps are not all accum_steps - 1 times the largest full-batch entry."))
     return k_times
@@ -155,27 +200,53 @@ def sgd_and_adam(result: Mapping[str, float]) -> dict[str, float]:
     difference as a share of how far the weights moved."""
     needed = {"steps", "accum_steps", "sgd", "sgd_moved", "adam", "adam_moved", "sgd_larger_lr"}
     if not needed <= set(result):
-        raise ValueError(f"result must be quiz.experiments.no_division_sgd_adam()'s dict; it lacks "
-                         f"{sorted(needed - set(result))}")
+        raise ValueError(
+            f"result must be quiz.experiments.no_division_sgd_adam()'s dict; it lacks {sorted(needed - set(result))}"
+        )
     share = {name: result[name] / result[f"{name}_moved"] for name in ("sgd", "adam")}
-    print_table([_("optimizer"), _("weights moved, dividing"), _("difference, forgetting the division"),
-                 _("difference / moved")],
-                [[label, f"{result[f'{name}_moved']:.1e}", f"{result[name]:.1e}", f"{share[name]:.1%}"]
-                 for name, label in (("sgd", "SGD"), ("adam", "Adam"))])
-    numbers = dict(accum_steps=result["accum_steps"], gap=result["sgd_larger_lr"], steps=result["steps"],
-                   share=share["adam"])
+    print_table(
+        [
+            _("optimizer"),
+            _("weights moved, dividing"),
+            _("difference, forgetting the division"),
+            _("difference / moved"),
+        ],
+        [
+            [label, f"{result[f'{name}_moved']:.1e}", f"{result[name]:.1e}", f"{share[name]:.1%}"]
+            for name, label in (("sgd", "SGD"), ("adam", "Adam"))
+        ],
+    )
+    numbers = dict(
+        accum_steps=result["accum_steps"], gap=result["sgd_larger_lr"], steps=result["steps"], share=share["adam"]
+    )
     if result["sgd_larger_lr"] <= ROUNDING:
-        print(_("SGD: forgetting the division gives the same weights as dividing with a {accum_steps} times larger "
-                "learning rate (largest difference {gap:.1e}, float rounding).").format(**numbers))
+        print(
+            _(
+                "SGD: forgetting the division gives the same weights as dividing with a {accum_steps} times larger "
+                "learning rate (largest difference {gap:.1e}, float rounding)."
+            ).format(**numbers)
+        )
     else:
-        print(_("SGD: forgetting the division does not give the same weights as dividing with a {accum_steps} times "
-                "larger learning rate (largest difference {gap:.1e}).").format(**numbers))
+        print(
+            _(
+                "SGD: forgetting the division does not give the same weights as dividing with a {accum_steps} times "
+                "larger learning rate (largest difference {gap:.1e})."
+            ).format(**numbers)
+        )
     if share["adam"] < 0.05:
-        print(_("Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
-                "{accum_steps} largely cancels.").format(**numbers))
+        print(
+            _(
+                "Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
+                "{accum_steps} largely cancels."
+            ).format(**numbers)
+        )
     else:
-        print(_("Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
-                "{accum_steps} does not cancel here.").format(**numbers))
+        print(
+            _(
+                "Adam: after {steps} steps the weights differ by {share:.1%} of how far they moved: the factor of "
+                "{accum_steps} does not cancel here."
+            ).format(**numbers)
+        )
     return share
 
 
@@ -187,14 +258,24 @@ def logged_losses(log, histories: dict[tuple[int, int], object], *, accum_steps:
     (divided) and true, their mean, and the first step's loss that accumlib.train recorded for each split.
     Returns the first cycle's true mean loss.
     """
-    print_table([_("micro-batch"), _("logged: loss / accum_steps"), _("true loss")],
-                [[str(i + 1), f"{scaled:.4f}", f"{true:.4f}"]
-                 for i, (scaled, true) in enumerate(zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps],
-                                                        strict=True))])
+    print_table(
+        [_("micro-batch"), _("logged: loss / accum_steps"), _("true loss")],
+        [
+            [str(i + 1), f"{scaled:.4f}", f"{true:.4f}"]
+            for i, (scaled, true) in enumerate(
+                zip(log.scaled_losses[:accum_steps], log.true_losses[:accum_steps], strict=True)
+            )
+        ],
+    )
     mean = math.fsum(log.true_losses[:accum_steps]) / accum_steps
-    print(_("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(
-        mean=mean))
+    print(
+        _("The true loss of optimizer step 1 is the mean of its micro-batches' losses: {mean:.4f}.").format(mean=mean)
+    )
     for (micro_batch_size, steps), history in histories.items():
-        print(_("accumlib.train, micro_batch_size={micro_batch_size}, accum_steps={accum_steps}: step 1's loss "
-                "{loss:.4f}").format(micro_batch_size=micro_batch_size, accum_steps=steps, loss=history[0].loss))
+        print(
+            _(
+                "accumlib.train, micro_batch_size={micro_batch_size}, accum_steps={accum_steps}: step 1's loss "
+                "{loss:.4f}"
+            ).format(micro_batch_size=micro_batch_size, accum_steps=steps, loss=history[0].loss)
+        )
     return mean

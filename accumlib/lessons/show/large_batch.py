@@ -1,5 +1,6 @@
 """Lesson 1, the large-batch problem: small against large batches per optimizer step and per sample seen, the peak
 memory of a step against the batch and the card's budget, and a first run with accumulation under that budget."""
+
 from __future__ import annotations
 
 import itertools
@@ -51,8 +52,10 @@ def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
     small, large = sorted(histories)
     samples = {size: history[-1].samples_seen for size, history in histories.items()}
     if samples[small] != samples[large]:
-        raise ValueError(f"histories: both runs must see the same samples; batches of {small} saw {samples[small]}, "
-                         f"batches of {large} saw {samples[large]}")
+        raise ValueError(
+            f"histories: both runs must see the same samples; batches of {small} saw {samples[small]}, "
+            f"batches of {large} saw {samples[large]}"
+        )
     if any(len(history) < 2 for history in histories.values()):
         raise ValueError("histories: each run needs at least two optimizer steps to compare them")
     steps = {size: len(history) for size, history in histories.items()}
@@ -66,36 +69,60 @@ def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
 
     ratio = jumps[small] / jumps[large]
     if ratio >= 1:
-        title = _("Per optimizer step, the loss with batches of {small} jumps {ratio:.1f} times as much as with "
-                  "batches of {large}").format(small=small, large=large, ratio=ratio)
+        title = _(
+            "Per optimizer step, the loss with batches of {small} jumps {ratio:.1f} times as much as with "
+            "batches of {large}"
+        ).format(small=small, large=large, ratio=ratio)
     else:
-        title = _("Per optimizer step, the loss with batches of {small} jumps less than with batches of {large} "
-                  "({ratio:.2f} times as much)").format(small=small, large=large, ratio=ratio)
-    print(_("Per optimizer step: over the first {steps} steps, the loss changed by {small_jump:.3f} per step on "
-            "average with batches of {small} and by {large_jump:.3f} with batches of {large}.").format(
-                steps=compared, small=small, large=large, small_jump=jumps[small], large_jump=jumps[large]))
+        title = _(
+            "Per optimizer step, the loss with batches of {small} jumps less than with batches of {large} "
+            "({ratio:.2f} times as much)"
+        ).format(small=small, large=large, ratio=ratio)
+    print(
+        _(
+            "Per optimizer step: over the first {steps} steps, the loss changed by {small_jump:.3f} per step on "
+            "average with batches of {small} and by {large_jump:.3f} with batches of {large}."
+        ).format(steps=compared, small=small, large=large, small_jump=jumps[small], large_jump=jumps[large])
+    )
     step_ratio = steps[small] / steps[large]
     if last_epoch_loss[small] < last_epoch_loss[large]:
-        per_sample = _("Per sample seen: both runs saw the same {samples:,} samples, but batches of {small} took "
-                       "{small_steps} optimizer steps and batches of {large} only {large_steps}. With {ratio:g} times "
-                       "as many steps, the small batches end lower: mean loss over the last epoch {small_loss:.3f} "
-                       "against {large_loss:.3f}.")
+        per_sample = _(
+            "Per sample seen: both runs saw the same {samples:,} samples, but batches of {small} took "
+            "{small_steps} optimizer steps and batches of {large} only {large_steps}. With {ratio:g} times "
+            "as many steps, the small batches end lower: mean loss over the last epoch {small_loss:.3f} "
+            "against {large_loss:.3f}."
+        )
     else:
-        per_sample = _("Per sample seen: both runs saw the same {samples:,} samples; batches of {small} took "
-                       "{small_steps} optimizer steps and batches of {large} {large_steps}. Even so, the small "
-                       "batches do not end lower: mean loss over the last epoch {small_loss:.3f} against "
-                       "{large_loss:.3f}.")
-    print(per_sample.format(samples=samples[small], small=small, large=large, small_steps=steps[small],
-                            large_steps=steps[large], ratio=round(step_ratio, 2), small_loss=last_epoch_loss[small],
-                            large_loss=last_epoch_loss[large]))
-    alt = _("Line chart of the training loss of each optimizer step's batch against the optimizer step, over the "
-            "first {steps} steps, for batches of {small} and of {large}. The loss changes by {small_jump:.3f} per "
-            "step on average with batches of {small} and by {large_jump:.3f} with batches of {large}.").format(
-                steps=compared, small=small, large=large, small_jump=jumps[small], large_jump=jumps[large])
-    series = {_("batches of {size}").format(size=size): (list(range(1, compared + 1)), losses[size][:compared])
-              for size in (large, small)}
-    plot = figure(plots.lines(series, _("optimizer step"), _("loss of the step's batch (cross-entropy, nats)"),
-                              title, alt))
+        per_sample = _(
+            "Per sample seen: both runs saw the same {samples:,} samples; batches of {small} took "
+            "{small_steps} optimizer steps and batches of {large} {large_steps}. Even so, the small "
+            "batches do not end lower: mean loss over the last epoch {small_loss:.3f} against "
+            "{large_loss:.3f}."
+        )
+    print(
+        per_sample.format(
+            samples=samples[small],
+            small=small,
+            large=large,
+            small_steps=steps[small],
+            large_steps=steps[large],
+            ratio=round(step_ratio, 2),
+            small_loss=last_epoch_loss[small],
+            large_loss=last_epoch_loss[large],
+        )
+    )
+    alt = _(
+        "Line chart of the training loss of each optimizer step's batch against the optimizer step, over the "
+        "first {steps} steps, for batches of {small} and of {large}. The loss changes by {small_jump:.3f} per "
+        "step on average with batches of {small} and by {large_jump:.3f} with batches of {large}."
+    ).format(steps=compared, small=small, large=large, small_jump=jumps[small], large_jump=jumps[large])
+    series = {
+        _("batches of {size}").format(size=size): (list(range(1, compared + 1)), losses[size][:compared])
+        for size in (large, small)
+    }
+    plot = figure(
+        plots.lines(series, _("optimizer step"), _("loss of the step's batch (cross-entropy, nats)"), title, alt)
+    )
     return BatchComparison(small, large, samples[small], steps, compared, jumps, last_epoch_loss, plot)
 
 
@@ -124,43 +151,70 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief
     card = plots.mib(budget_bytes)
     yes, no = _("yes"), _("no")
     if not brief:
-        print_table([_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"),
-                     _("fits {card}?").format(card=card)],
-                    [[size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
-                     for size, r in zip(sizes, reports, strict=True)])
+        print_table(
+            [_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"), _("fits {card}?").format(card=card)],
+            [
+                [size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
+                for size, r in zip(sizes, reports, strict=True)
+            ],
+        )
     first_too_large = None
     if len(fitting) == len(sizes):
         finding = _("Every batch measured, up to {largest} samples, fits the {card} card.").format(
-            largest=sizes[-1], card=card)
+            largest=sizes[-1], card=card
+        )
         title = _("Peak memory grows with the batch; every batch measured fits the {card} card").format(card=card)
     elif not fitting:
         first_too_large = sizes[0]
         finding = _("Not even a batch of {smallest} samples fits the {card} card: a step on it needs {peak}.").format(
-            smallest=sizes[0], card=card, peak=plots.mib(peaks[0]))
+            smallest=sizes[0], card=card, peak=plots.mib(peaks[0])
+        )
         title = _("Peak memory grows with the batch; no batch measured fits the {card} card").format(card=card)
     elif max(fitting) < min(set(sizes) - set(fitting)):  # every size that fits is smaller than every one that does not
         first_too_large = min(set(sizes) - set(fitting))
-        finding = _("Batches of up to {largest_fit} samples fit the {card} card; from {first} samples on, a step needs "
-                    "more than the card has ({peak} at {first} samples).").format(
-                        largest_fit=max(fitting), card=card, first=first_too_large,
-                        peak=plots.mib(peaks[sizes.index(first_too_large)]))
-        title = _("Peak memory grows with the batch: from {first} samples on, a step needs more than the {card} "
-                  "card").format(first=first_too_large, card=card)
+        finding = _(
+            "Batches of up to {largest_fit} samples fit the {card} card; from {first} samples on, a step needs "
+            "more than the card has ({peak} at {first} samples)."
+        ).format(
+            largest_fit=max(fitting),
+            card=card,
+            first=first_too_large,
+            peak=plots.mib(peaks[sizes.index(first_too_large)]),
+        )
+        title = _(
+            "Peak memory grows with the batch: from {first} samples on, a step needs more than the {card} card"
+        ).format(first=first_too_large, card=card)
     else:
         finding = _("Batches of {fitting} samples fit the {card} card; batches of {others} samples do not.").format(
-            fitting=", ".join(map(str, fitting)), others=", ".join(str(s) for s in sizes if s not in fitting),
-            card=card)
+            fitting=", ".join(map(str, fitting)), others=", ".join(str(s) for s in sizes if s not in fitting), card=card
+        )
         title = _("Peak memory against the batch: some batches fit the {card} card, some do not").format(card=card)
     print(finding)
     if len(sizes) > 1 and not brief:
-        print(_("From {first} to {last} samples ({factor:g} times as many), the activations grow {activations:.2f} "
-                "times and the peak {peak:.2f} times.").format(
-                    first=sizes[0], last=sizes[-1], factor=round(sizes[-1] / sizes[0], 2),
-                    activations=reports[-1].activations / reports[0].activations, peak=peaks[-1] / peaks[0]))
-    alt = _("Line chart of the measured peak memory of one training step against the batch size (log scale), from "
-            "{first_peak} at {first} samples to {last_peak} at {last} samples, with a dashed line at the {card} "
-            "budget. {finding}").format(first_peak=plots.mib(peaks[0]), first=sizes[0], last_peak=plots.mib(peaks[-1]),
-                                        last=sizes[-1], card=card, finding=finding)
+        print(
+            _(
+                "From {first} to {last} samples ({factor:g} times as many), the activations grow {activations:.2f} "
+                "times and the peak {peak:.2f} times."
+            ).format(
+                first=sizes[0],
+                last=sizes[-1],
+                factor=round(sizes[-1] / sizes[0], 2),
+                activations=reports[-1].activations / reports[0].activations,
+                peak=peaks[-1] / peaks[0],
+            )
+        )
+    alt = _(
+        "Line chart of the measured peak memory of one training step against the batch size (log scale), from "
+        "{first_peak} at {first} samples to {last_peak} at {last} samples, with a dashed line at the {card} "
+        "budget. {finding}"
+    ).format(
+        first_peak=plots.mib(peaks[0]),
+        first=sizes[0],
+        last_peak=plots.mib(peaks[-1]),
+        last=sizes[-1],
+        card=card,
+        finding=finding,
+    )
     plot = figure(plots.memory_by_batch(sizes, peaks, budget_bytes, title, alt))
     return MemoryFinding(sizes, peaks, budget_bytes, fitting, first_too_large, plot)
 
@@ -183,18 +237,31 @@ def accumulated(history: History, budget_bytes: int, *, brief: bool = False) -> 
     if not brief:
         print_table([_("optimizer steps"), _("samples per step"), _("micro-batches per step")], groups)
     total = history[-1].samples_seen
-    print(ngettext("{steps} optimizer step for {samples:,} samples.",
-                   "{steps} optimizer steps for {samples:,} samples.", len(history)).format(
-                       steps=len(history), samples=total))
+    print(
+        ngettext(
+            "{steps} optimizer step for {samples:,} samples.",
+            "{steps} optimizer steps for {samples:,} samples.",
+            len(history),
+        ).format(steps=len(history), samples=total)
+    )
     if len(groups) > 1 and groups[-1][0] == 1 and groups[-1][1] < groups[0][1]:
-        print(_("The last step has only {last} samples: {total:,} samples do not divide into steps of {full} "
-                "(lesson 4 deals with this short last step).").format(last=groups[-1][1], total=total,
-                                                                      full=groups[0][1]))
+        print(
+            _(
+                "The last step has only {last} samples: {total:,} samples do not divide into steps of {full} "
+                "(lesson 4 deals with this short last step)."
+            ).format(last=groups[-1][1], total=total, full=groups[0][1])
+        )
     peak = max(record.peak_memory_bytes for record in history)
     if peak <= budget_bytes:
-        print(_("The peak memory of a step, {peak:,} bytes, stays within the {card} card ({budget:,} bytes).").format(
-            peak=peak, card=plots.mib(budget_bytes), budget=budget_bytes))
+        print(
+            _("The peak memory of a step, {peak:,} bytes, stays within the {card} card ({budget:,} bytes).").format(
+                peak=peak, card=plots.mib(budget_bytes), budget=budget_bytes
+            )
+        )
     else:
-        print(_("The peak memory of a step, {peak:,} bytes, is more than the {card} card holds ({budget:,} "
-                "bytes).").format(peak=peak, card=plots.mib(budget_bytes), budget=budget_bytes))
+        print(
+            _(
+                "The peak memory of a step, {peak:,} bytes, is more than the {card} card holds ({budget:,} bytes)."
+            ).format(peak=peak, card=plots.mib(budget_bytes), budget=budget_bytes)
+        )
     return [tuple(group) for group in groups]

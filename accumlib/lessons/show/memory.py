@@ -4,6 +4,7 @@ language, and draws its figure; bytes are exact on the CPU, so every printed num
 
 A split of an effective batch is written "micro-batch × accum_steps" ("8 × 32": 32 micro-batches of 8 samples).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ def category_name(category: str) -> str:
 def phase_name(phase: str | None) -> str:
     """The part of a training step a peak came in ("forward", "backward", "step"), as a learner reads it."""
     return {"forward": _("the forward pass"), "backward": _("backward()"), "step": _("optimizer.step()")}.get(
-        phase, _("unknown"))
+        phase, _("unknown")
+    )
 
 
 def _ratio(before: int, after: int) -> str:
@@ -81,12 +83,16 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
     """
     reports = list(reports)
     if len(reports) < 2 or not all(isinstance(r, MemoryReport) for r in reports):
-        raise TypeError(f"reports must be two or more MemoryReports (memory.measure_step), got "
-                        f"{[type(r).__name__ for r in reports]}")
+        raise TypeError(
+            f"reports must be two or more MemoryReports (memory.measure_step), got "
+            f"{[type(r).__name__ for r in reports]}"
+        )
     batches = {r.micro_batch_size * r.accum_steps for r in reports}
     if len(batches) != 1:
-        raise ValueError(f"reports must split one effective batch (micro_batch_size x accum_steps the same in each), "
-                         f"got effective batches {sorted(batches)}")
+        raise ValueError(
+            f"reports must split one effective batch (micro_batch_size x accum_steps the same in each), "
+            f"got effective batches {sorted(batches)}"
+        )
     batch = batches.pop()
     first, last = reports[0], reports[-1]
     by_category = {c: [r.categories()[c] for r in reports] for c in CATEGORIES}
@@ -104,20 +110,30 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
     if len(phases) == 1:
         print(_("Every split peaks during {phase}.").format(phase=phase_name(phases.pop())))
     else:
-        print(_("Each split peaks during: {phases}.").format(
-            phases=", ".join(f"{_split_of(r)} {phase_name(r.peak_phase)}" for r in reports)))
+        print(
+            _("Each split peaks during: {phases}.").format(
+                phases=", ".join(f"{_split_of(r)} {phase_name(r.peak_phase)}" for r in reports)
+            )
+        )
     print()
-    ends = dict(first=_split_of(first), last=_split_of(last), times=_ratio(first.micro_batch_size,
-                                                                        last.micro_batch_size))
+    ends = dict(
+        first=_split_of(first), last=_split_of(last), times=_ratio(first.micro_batch_size, last.micro_batch_size)
+    )
     if shrinks and first.micro_batch_size > last.micro_batch_size:
         print(_("From {first} to {last} the micro-batch is {times} times smaller. What shrinks:").format(**ends))
     elif shrinks:
         print(_("What shrinks from {first} to {last}:").format(**ends))
     if shrinks:
         for c in shrinks:
-            print("  - " + _("{category}: {before:,} → {after:,} bytes ({times} times smaller)").format(
-                category=category_name(c), before=by_category[c][0], after=by_category[c][-1],
-                times=_ratio(by_category[c][0], by_category[c][-1])))
+            print(
+                "  - "
+                + _("{category}: {before:,} → {after:,} bytes ({times} times smaller)").format(
+                    category=category_name(c),
+                    before=by_category[c][0],
+                    after=by_category[c][-1],
+                    times=_ratio(by_category[c][0], by_category[c][-1]),
+                )
+            )
     if stays:
         print(_("What stays the same in every split:"))
         for c in stays:
@@ -125,46 +141,79 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
     if grows:
         print(_("What grows:"))
         for c in grows:
-            print("  - " + _("{category}: {before:,} → {after:,} bytes").format(
-                category=category_name(c), before=by_category[c][0], after=by_category[c][-1]))
-    if ("gradients" in grows and first.accum_steps == 1 < last.accum_steps and first.peak_phase == "backward"
-            and last.gradients == last.parameters):
-        print(_("One batch peaks during backward() with only the part of .grad built so far ({before:,} of "
+            print(
+                "  - "
+                + _("{category}: {before:,} → {after:,} bytes").format(
+                    category=category_name(c), before=by_category[c][0], after=by_category[c][-1]
+                )
+            )
+    if (
+        "gradients" in grows
+        and first.accum_steps == 1 < last.accum_steps
+        and first.peak_phase == "backward"
+        and last.gradients == last.parameters
+    ):
+        print(
+            _(
+                "One batch peaks during backward() with only the part of .grad built so far ({before:,} of "
                 "{whole:,} bytes); under accumulation all of .grad is kept from the first micro-batch to the "
-                "step.").format(before=first.gradients, whole=last.gradients))
+                "step."
+            ).format(before=first.gradients, whole=last.gradients)
+        )
     for c in varies:
-        print(_("{category} changes from split to split: {values} bytes.").format(
-            category=category_name(c), values=", ".join(f"{v:,}" for v in by_category[c])))
+        print(
+            _("{category} changes from split to split: {values} bytes.").format(
+                category=category_name(c), values=", ".join(f"{v:,}" for v in by_category[c])
+            )
+        )
     if unused:
-        print(_("Not alive at the peak (0 bytes in every split): {categories}.").format(
-            categories=", ".join(category_name(c) for c in unused)))
+        print(
+            _("Not alive at the peak (0 bytes in every split): {categories}.").format(
+                categories=", ".join(category_name(c) for c in unused)
+            )
+        )
     peak_ratio = first.peak / last.peak
-    values = {**ends, "before": first.peak, "after": last.peak, "times": _ratio(first.peak, last.peak),
-              "micro_times": _ratio(first.micro_batch_size, last.micro_batch_size)}
+    values = {
+        **ends,
+        "before": first.peak,
+        "after": last.peak,
+        "times": _ratio(first.peak, last.peak),
+        "micro_times": _ratio(first.micro_batch_size, last.micro_batch_size),
+    }
     if first.peak > last.peak and peak_ratio < first.micro_batch_size / last.micro_batch_size:
-        print(_("The peak falls from {before:,} to {after:,} bytes: {times} times smaller, while the micro-batch is "
-                "{micro_times} times smaller, because what stays the same and what grows do not shrink.").format(
-                    **values))
+        print(
+            _(
+                "The peak falls from {before:,} to {after:,} bytes: {times} times smaller, while the micro-batch is "
+                "{micro_times} times smaller, because what stays the same and what grows do not shrink."
+            ).format(**values)
+        )
     elif first.peak > last.peak:
         print(_("The peak falls from {before:,} to {after:,} bytes: {times} times smaller.").format(**values))
     else:
         print(_("The peak does not fall: {before:,} bytes at {first}, {after:,} bytes at {last}.").format(**values))
 
     labels = [_split_of(r) for r in reports]
-    mib = dict(batch=batch, first=labels[0], last=labels[-1], before=plots.mib(first.peak),
-               after=plots.mib(last.peak))
-    title = (_("Effective batch {batch}: the peak falls from {before} at {first} to {after} at {last}")
-             if first.peak > last.peak else
-             _("Effective batch {batch}: the peak is {before} at {first} and {after} at {last}")).format(**mib)
-    alt = _("Stacked bars of the peak memory of one step by category, effective batch {batch}, for micro-batch × "
-            "accum_steps {splits}: peaks of {peaks} bytes. Shrinking: {shrinks}. The same in every split: {stays}. "
-            "Growing: {grows}.").format(
-        batch=batch, splits=", ".join(labels), peaks=", ".join(f"{r.peak:,}" for r in reports),
+    mib = dict(batch=batch, first=labels[0], last=labels[-1], before=plots.mib(first.peak), after=plots.mib(last.peak))
+    title = (
+        _("Effective batch {batch}: the peak falls from {before} at {first} to {after} at {last}")
+        if first.peak > last.peak
+        else _("Effective batch {batch}: the peak is {before} at {first} and {after} at {last}")
+    ).format(**mib)
+    alt = _(
+        "Stacked bars of the peak memory of one step by category, effective batch {batch}, for micro-batch × "
+        "accum_steps {splits}: peaks of {peaks} bytes. Shrinking: {shrinks}. The same in every split: {stays}. "
+        "Growing: {grows}."
+    ).format(
+        batch=batch,
+        splits=", ".join(labels),
+        peaks=", ".join(f"{r.peak:,}" for r in reports),
         shrinks=", ".join(category_name(c) for c in shrinks) or _("nothing"),
         stays=", ".join(category_name(c) for c in stays) or _("nothing"),
-        grows=", ".join(category_name(c) for c in grows) or _("nothing"))
-    plot = figure(plots.memory_stack({label: r.categories() for label, r in zip(labels, reports, strict=True)}, title,
-                                     alt))
+        grows=", ".join(category_name(c) for c in grows) or _("nothing"),
+    )
+    plot = figure(
+        plots.memory_stack({label: r.categories() for label, r in zip(labels, reports, strict=True)}, title, alt)
+    )
     return CategoryChanges(shrinks, stays, grows, unused, varies, peak_ratio, plot)
 
 
@@ -186,16 +235,19 @@ def accumulation_effect(pairs: dict[str, tuple[MemoryReport, MemoryReport]]) -> 
 
     Every pair must compare the same two splits of the same effective batch (one batch first).
     """
-    if not pairs or not all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(r, MemoryReport) for r in p)
-                            for p in pairs.values()):
+    if not pairs or not all(
+        isinstance(p, tuple) and len(p) == 2 and all(isinstance(r, MemoryReport) for r in p) for p in pairs.values()
+    ):
         raise TypeError("pairs must map a label to (one-batch MemoryReport, accumulated MemoryReport)")
     shapes = {((a.micro_batch_size, a.accum_steps), (b.micro_batch_size, b.accum_steps)) for a, b in pairs.values()}
     if len(shapes) != 1:
         raise ValueError(f"pairs must all compare the same two splits, got {sorted(shapes)}")
-    (one_split, accumulated_split), = shapes
+    ((one_split, accumulated_split),) = shapes
     if one_split[0] * one_split[1] != accumulated_split[0] * accumulated_split[1]:
-        raise ValueError(f"pairs must compare two splits of one effective batch, got {one_split} and "
-                         f"{accumulated_split} (micro_batch_size, accum_steps)")
+        raise ValueError(
+            f"pairs must compare two splits of one effective batch, got {one_split} and "
+            f"{accumulated_split} (micro_batch_size, accum_steps)"
+        )
     effects = {}
     rows = []
     for label, (one, accumulated) in pairs.items():
@@ -204,38 +256,85 @@ def accumulation_effect(pairs: dict[str, tuple[MemoryReport, MemoryReport]]) -> 
         share = sum(accumulated.categories()[c] for c in MODEL_SIZED) / accumulated.peak
         effects[label] = Effect(one, accumulated, accumulated.peak / one.peak - 1, largest, share)
         for report, change in ((one, ""), (accumulated, _percent(effects[label].change))):
-            rows.append([label, _split_of(report), f"{report.peak:,}", phase_name(report.peak_phase), change,
-                         _share(sum(report.categories()[c] for c in MODEL_SIZED) / report.peak)])
-    print_table([_("set-up"), _("micro-batch × accum_steps"), _("peak (bytes)"), _("peak during"), _("change"),
-                 _("fixed by the model")], rows)
+            rows.append(
+                [
+                    label,
+                    _split_of(report),
+                    f"{report.peak:,}",
+                    phase_name(report.peak_phase),
+                    change,
+                    _share(sum(report.categories()[c] for c in MODEL_SIZED) / report.peak),
+                ]
+            )
+    print_table(
+        [
+            _("set-up"),
+            _("micro-batch × accum_steps"),
+            _("peak (bytes)"),
+            _("peak during"),
+            _("change"),
+            _("fixed by the model"),
+        ],
+        rows,
+    )
     print()
     for label, effect in effects.items():
         one, accumulated = effect.one_batch, effect.accumulated
-        values = dict(label=label, accumulated=_split_of(accumulated), one=_split_of(one),
-                      change=_percent(abs(effect.change), signed=False), category=category_name(effect.largest_change),
-                      before=one.categories()[effect.largest_change],
-                      after=accumulated.categories()[effect.largest_change], share=_share(effect.model_sized_share))
+        values = dict(
+            label=label,
+            accumulated=_split_of(accumulated),
+            one=_split_of(one),
+            change=_percent(abs(effect.change), signed=False),
+            category=category_name(effect.largest_change),
+            before=one.categories()[effect.largest_change],
+            after=accumulated.categories()[effect.largest_change],
+            share=_share(effect.model_sized_share),
+        )
         if effect.change > 0:
-            print(_("{label}: {accumulated} peaks {change} higher than {one}. What changed most: {category}, "
-                    "{before:,} → {after:,} bytes.").format(**values))
+            print(
+                _(
+                    "{label}: {accumulated} peaks {change} higher than {one}. What changed most: {category}, "
+                    "{before:,} → {after:,} bytes."
+                ).format(**values)
+            )
         elif effect.change < 0:
-            print(_("{label}: {accumulated} peaks {change} lower than {one}. What changed most: {category}, "
-                    "{before:,} → {after:,} bytes.").format(**values))
+            print(
+                _(
+                    "{label}: {accumulated} peaks {change} lower than {one}. What changed most: {category}, "
+                    "{before:,} → {after:,} bytes."
+                ).format(**values)
+            )
         else:
             print(_("{label}: {accumulated} peaks exactly as high as {one}.").format(**values))
         if effect.model_sized_share > 0.5:
-            print("  " + _("At the peak of {accumulated}, {share} of the bytes are fixed by the model ({categories}): "
-                           "accumulation cannot shrink them.").format(
-                categories=", ".join(category_name(c) for c in MODEL_SIZED), **values))
-    changes = ", ".join(_("{label} {change}").format(label=label, change=_percent(e.change))
-                        for label, e in effects.items())
+            print(
+                "  "
+                + _(
+                    "At the peak of {accumulated}, {share} of the bytes are fixed by the model ({categories}): "
+                    "accumulation cannot shrink them."
+                ).format(categories=", ".join(category_name(c) for c in MODEL_SIZED), **values)
+            )
+    changes = ", ".join(
+        _("{label} {change}").format(label=label, change=_percent(e.change)) for label, e in effects.items()
+    )
     title = _("Peak of {accumulated} against one batch of {batch}: {changes}").format(
-        accumulated=split(*accumulated_split), batch=one_split[0] * one_split[1], changes=changes)
+        accumulated=split(*accumulated_split), batch=one_split[0] * one_split[1], changes=changes
+    )
     alt = _("Stacked bars of peak memory by category for {bars}: peaks of {peaks} bytes.").format(
         bars=", ".join(f"{label} {_split_of(r)}" for label, e in effects.items() for r in (e.one_batch, e.accumulated)),
-        peaks=", ".join(f"{r.peak:,}" for e in effects.values() for r in (e.one_batch, e.accumulated)))
-    figure(plots.memory_stack({f"{label} {_split_of(r)}": r.categories() for label, e in effects.items()
-                               for r in (e.one_batch, e.accumulated)}, title, alt))
+        peaks=", ".join(f"{r.peak:,}" for e in effects.values() for r in (e.one_batch, e.accumulated)),
+    )
+    figure(
+        plots.memory_stack(
+            {
+                f"{label} {_split_of(r)}": r.categories()
+                for label, e in effects.items()
+                for r in (e.one_batch, e.accumulated)
+            },
+            title,
+            alt,
+        )
+    )
     return effects
 
 
@@ -243,19 +342,39 @@ def plan(fit: FitPlan) -> FitPlan:
     """Say what `memory.fit_batch` planned: the split, its peak, the next larger split and why it is not chosen."""
     if not isinstance(fit, FitPlan):
         raise TypeError(f"fit must be a FitPlan (memory.fit_batch), got {type(fit).__name__}")
-    values = dict(target=fit.target_batch, budget=fit.budget_bytes, budget_mib=plots.mib(fit.budget_bytes),
-                  plan=split(fit.micro_batch_size, fit.accum_steps), peak=fit.peak_bytes,
-                  largest=fit.largest_fitting)
-    print(_("For {target} samples per optimizer step on a card of {budget:,} bytes ({budget_mib}): micro-batch × "
-            "accum_steps = {plan}, peak {peak:,} bytes.").format(**values))
+    values = dict(
+        target=fit.target_batch,
+        budget=fit.budget_bytes,
+        budget_mib=plots.mib(fit.budget_bytes),
+        plan=split(fit.micro_batch_size, fit.accum_steps),
+        peak=fit.peak_bytes,
+        largest=fit.largest_fitting,
+    )
+    print(
+        _(
+            "For {target} samples per optimizer step on a card of {budget:,} bytes ({budget_mib}): micro-batch × "
+            "accum_steps = {plan}, peak {peak:,} bytes."
+        ).format(**values)
+    )
     if fit.next_micro_batch_size is not None:
-        print(_("The next larger micro-batch that divides {target}, {next} × {next_steps}, would need {next_peak:,} "
-                "bytes: more than the card.").format(next=fit.next_micro_batch_size,
-                                                     next_steps=fit.target_batch // fit.next_micro_batch_size,
-                                                     next_peak=fit.next_peak_bytes, **values))
+        print(
+            _(
+                "The next larger micro-batch that divides {target}, {next} × {next_steps}, would need {next_peak:,} "
+                "bytes: more than the card."
+            ).format(
+                next=fit.next_micro_batch_size,
+                next_steps=fit.target_batch // fit.next_micro_batch_size,
+                next_peak=fit.next_peak_bytes,
+                **values,
+            )
+        )
     if fit.largest_fitting != fit.micro_batch_size:
-        print(_("The largest micro-batch that fits at all has {largest} samples, but no whole number of micro-batches "
-                "of {largest} makes {target}.").format(**values))
+        print(
+            _(
+                "The largest micro-batch that fits at all has {largest} samples, but no whole number of micro-batches "
+                "of {largest} makes {target}."
+            ).format(**values)
+        )
     return fit
 
 
@@ -264,9 +383,13 @@ def trained(history: History) -> History:
     if not isinstance(history, History) or not history.records:
         raise TypeError(f"history must be the History of a training run with at least one step, got {history!r}")
     first = history.records[0]
-    print(ngettext("accumlib.train accepted it: {steps} optimizer step of {micro_batches} micro-batches, {samples} "
-                   "samples per step.",
-                   "accumlib.train accepted it: {steps} optimizer steps of {micro_batches} micro-batches, {samples} "
-                   "samples per step.", len(history)).format(steps=len(history), micro_batches=first.micro_batches,
-                                                             samples=first.samples))
+    print(
+        ngettext(
+            "accumlib.train accepted it: {steps} optimizer step of {micro_batches} micro-batches, {samples} "
+            "samples per step.",
+            "accumlib.train accepted it: {steps} optimizer steps of {micro_batches} micro-batches, {samples} "
+            "samples per step.",
+            len(history),
+        ).format(steps=len(history), micro_batches=first.micro_batches, samples=first.samples)
+    )
     return history

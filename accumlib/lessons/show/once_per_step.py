@@ -5,6 +5,7 @@ Each function takes the lesson's own training run as a function of the mistake (
 the learning rates, the norm of the gradient each optimizer step used, what PyTorch raised or warned. The gradient
 an optimizer step uses is read by a hook that runs just before every `optimizer.step()` (`step_gradients`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,12 @@ from ._format import figure, print_table
 
 # The GradScaler calls of the optimizer step that lesson 8 moves into the micro-batch loop, one or both at a time
 # (pitfalls.classic_train's switches), after the right loop (no switch).
-SCALER_MISTAKES = ({}, {"unscale_per_micro_batch": True}, {"update_per_micro_batch": True},
-                   {"unscale_per_micro_batch": True, "update_per_micro_batch": True})
+SCALER_MISTAKES = (
+    {},
+    {"unscale_per_micro_batch": True},
+    {"update_per_micro_batch": True},
+    {"unscale_per_micro_batch": True, "update_per_micro_batch": True},
+)
 _CALLS = {"unscale_per_micro_batch": "unscale_()", "update_per_micro_batch": "update()"}
 
 
@@ -55,16 +60,20 @@ def pytorch_says(message: str) -> str:
     where the course language's catalogue explains it; in English the message is shown alone."""
     meanings = {  # the messages this lesson shows; the catalogue's translation of each is its meaning
         "Detected call of `lr_scheduler.step()` before `optimizer.step()`.": pgettext(
-            "what a PyTorch message means", "Detected call of `lr_scheduler.step()` before `optimizer.step()`."),
+            "what a PyTorch message means", "Detected call of `lr_scheduler.step()` before `optimizer.step()`."
+        ),
         "unscale_() has already been called on this optimizer since the last update().": pgettext(
-            "what a PyTorch message means", "unscale_() has already been called on this optimizer since the last "
-                                            "update()."),
+            "what a PyTorch message means",
+            "unscale_() has already been called on this optimizer since the last update().",
+        ),
         "No inf checks were recorded prior to update.": pgettext(
-            "what a PyTorch message means", "No inf checks were recorded prior to update."),
+            "what a PyTorch message means", "No inf checks were recorded prior to update."
+        ),
     }
     meaning = meanings.get(message, message)
-    return message if meaning == message else _("{message} (that is: {meaning})").format(message=message,
-                                                                                         meaning=meaning)
+    return (
+        message if meaning == message else _("{message} (that is: {meaning})").format(message=message, meaning=meaning)
+    )
 
 
 def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> dict[bool, list[float]]:
@@ -85,31 +94,48 @@ def schedules(run: Callable[[bool], list[float]], *, shown_steps: int = 6) -> di
     steps, last = len(right), right[-1]
     reached = next((i for i, lr in enumerate(fast) if lr <= last * (1 + 1e-9)), None)
     labels = {False: _("once per optimizer step"), True: _("after every micro-batch")}
-    print_table([_("scheduler.step()"), *(_("step {number}").format(number=i) for i in range(1, shown_steps + 1))],
-                [[labels[key], *(f"{lr:.3f}" for lr in rates[key][:shown_steps])] for key in (False, True)])
+    print_table(
+        [_("scheduler.step()"), *(_("step {number}").format(number=i) for i in range(1, shown_steps + 1))],
+        [[labels[key], *(f"{lr:.3f}" for lr in rates[key][:shown_steps])] for key in (False, True)],
+    )
     for key in (False, True):
         for message in warned[key]:
-            print(_("PyTorch warned while the scheduler stepped {how}: {message}").format(
-                how=labels[key], message=pytorch_says(message)))
+            print(
+                _("PyTorch warned while the scheduler stepped {how}: {message}").format(
+                    how=labels[key], message=pytorch_says(message)
+                )
+            )
     if reached is None:
-        finding = _("With the scheduler stepped after every micro-batch, the learning rate never falls to {low:.3f}, "
-                    "the last learning rate of the schedule stepped once per optimizer step (step {slow}).").format(
-                        low=last, slow=steps)
+        finding = _(
+            "With the scheduler stepped after every micro-batch, the learning rate never falls to {low:.3f}, "
+            "the last learning rate of the schedule stepped once per optimizer step (step {slow})."
+        ).format(low=last, slow=steps)
     elif max(fast[reached:]) > fast[reached]:
-        finding = _("With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
-                    "{fast} instead of step {slow}, then climbs back to {peak:.3f}.").format(
-                        low=last, fast=reached + 1, slow=steps, peak=max(fast[reached:]))
+        finding = _(
+            "With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
+            "{fast} instead of step {slow}, then climbs back to {peak:.3f}."
+        ).format(low=last, fast=reached + 1, slow=steps, peak=max(fast[reached:]))
     else:
-        finding = _("With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
-                    "{fast} instead of step {slow}.").format(low=last, fast=reached + 1, slow=steps)
+        finding = _(
+            "With the scheduler stepped after every micro-batch, the learning rate falls to {low:.3f} by step "
+            "{fast} instead of step {slow}."
+        ).format(low=last, fast=reached + 1, slow=steps)
     print(finding)
-    alt = _("Line chart of the learning rate of each of {steps} optimizer steps: stepped once per optimizer step, "
-            "the schedule falls from {start:.3f} to {low:.3f}; stepped after every micro-batch, it starts at "
-            "{fast_start:.3f} and ranges from {fast_low:.3f} to {fast_high:.3f}.").format(
-                steps=steps, start=right[0], low=last, fast_start=fast[0], fast_low=min(fast), fast_high=max(fast))
+    alt = _(
+        "Line chart of the learning rate of each of {steps} optimizer steps: stepped once per optimizer step, "
+        "the schedule falls from {start:.3f} to {low:.3f}; stepped after every micro-batch, it starts at "
+        "{fast_start:.3f} and ranges from {fast_low:.3f} to {fast_high:.3f}."
+    ).format(steps=steps, start=right[0], low=last, fast_start=fast[0], fast_low=min(fast), fast_high=max(fast))
     xs = list(range(1, steps + 1))
-    figure(plots.lines({labels[key]: (xs, rates[key]) for key in (False, True)}, _("optimizer step"),
-                       _("learning rate"), finding.rstrip("."), alt))
+    figure(
+        plots.lines(
+            {labels[key]: (xs, rates[key]) for key in (False, True)},
+            _("optimizer step"),
+            _("learning rate"),
+            finding.rstrip("."),
+            alt,
+        )
+    )
     return rates
 
 
@@ -126,18 +152,36 @@ def clipping(run: Callable[[bool], torch.nn.Module], *, max_norm: float) -> dict
         with step_gradients() as seen:
             models[per_micro_batch] = run(per_micro_batch)
         gradients[per_micro_batch] = seen
-    for per_micro_batch, message in ((False, _("Clipped once per optimizer step: the {steps} steps used gradients of "
-                                               "norm {low:.4f} to {high:.4f} (max_norm = {max_norm:g}).")),
-                                     (True, _("Clipped after every micro-batch: the {steps} steps used gradients of "
-                                              "norm {low:.4f} to {high:.4f} (max_norm = {max_norm:g})."))):
+    for per_micro_batch, message in (
+        (
+            False,
+            _(
+                "Clipped once per optimizer step: the {steps} steps used gradients of "
+                "norm {low:.4f} to {high:.4f} (max_norm = {max_norm:g})."
+            ),
+        ),
+        (
+            True,
+            _(
+                "Clipped after every micro-batch: the {steps} steps used gradients of "
+                "norm {low:.4f} to {high:.4f} (max_norm = {max_norm:g})."
+            ),
+        ),
+    ):
         norms = [g.norm().item() for g in gradients[per_micro_batch]]
         print(message.format(steps=len(norms), low=min(norms), high=max(norms), max_norm=max_norm))
     right, wrong = gradients[False][0], gradients[True][0]
-    print(_("Step 1, same weights, same micro-batches: the gradient clipped after every micro-batch differs from the "
-            "right one by {share:.0%} of the right one's length.").format(
-                share=((wrong - right).norm() / right.norm()).item()))
-    print(_("The two runs' weights differ by up to {gap:.1e} after {steps} steps.").format(
-        gap=parameter_gap(models[True], models[False]), steps=len(gradients[True])))
+    print(
+        _(
+            "Step 1, same weights, same micro-batches: the gradient clipped after every micro-batch differs from the "
+            "right one by {share:.0%} of the right one's length."
+        ).format(share=((wrong - right).norm() / right.norm()).item())
+    )
+    print(
+        _("The two runs' weights differ by up to {gap:.1e} after {steps} steps.").format(
+            gap=parameter_gap(models[True], models[False]), steps=len(gradients[True])
+        )
+    )
     return gradients
 
 
@@ -185,10 +229,17 @@ def scaler_mistakes(run: Callable[..., object]) -> list[ScalerOutcome]:
             print(f"{type(outcome.error).__name__}: {pytorch_says(str(outcome.error))}")
     silent = [o for o in outcomes[1:] if o.error is None]
     for outcome in silent:
-        print(_("Silent: with {calls} after every micro-batch, step 1's gradient is {ratio:.1e} times the right one "
-                "(its norm {norm:.2e} instead of {right:.2e}).").format(
-                    calls=" + ".join(_CALLS[name] for name in outcome.switches), ratio=outcome.step_norms[0] / right,
-                    norm=outcome.step_norms[0], right=right))
+        print(
+            _(
+                "Silent: with {calls} after every micro-batch, step 1's gradient is {ratio:.1e} times the right one "
+                "(its norm {norm:.2e} instead of {right:.2e})."
+            ).format(
+                calls=" + ".join(_CALLS[name] for name in outcome.switches),
+                ratio=outcome.step_norms[0] / right,
+                norm=outcome.step_norms[0],
+                right=right,
+            )
+        )
     return outcomes
 
 
@@ -201,9 +252,14 @@ def unreached(model: torch.nn.Sequential, X: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         active = first(X) > 0  # per sample, the hidden units ReLU lets through
     inputs, off = X != 0, ~active.any(0)
-    return torch.cat([(active.T.double() @ inputs.double() == 0).flatten(), off,  # layer 1: weights, biases
-                      off.repeat(last.out_features), torch.zeros(last.out_features, dtype=torch.bool,
-                                                                 device=X.device)])  # layer 2
+    return torch.cat(
+        [
+            (active.T.double() @ inputs.double() == 0).flatten(),
+            off,  # layer 1: weights, biases
+            off.repeat(last.out_features),
+            torch.zeros(last.out_features, dtype=torch.bool, device=X.device),
+        ]
+    )  # layer 2
 
 
 def zeros_explained(found: dict[str, torch.Tensor], model: torch.nn.Sequential, X: torch.Tensor) -> dict[str, int]:
@@ -215,14 +271,29 @@ def zeros_explained(found: dict[str, torch.Tensor], model: torch.nn.Sequential, 
         units_off = int((~(model[0](X) > 0).any(0)).sum())
     beyond = {name: int((zero & ~mask).sum()) for name, zero in found.items()}
     counts = ", ".join(f"{name} {count:,}" for name, count in beyond.items())
-    values = dict(share=mask.double().mean().item(), pixels=int((~(X != 0).any(0)).sum()), inputs=inputs,
-                  samples=len(X), units=units_off, hidden=hidden, counts=counts)
+    values = dict(
+        share=mask.double().mean().item(),
+        pixels=int((~(X != 0).any(0)).sum()),
+        inputs=inputs,
+        samples=len(X),
+        units=units_off,
+        hidden=hidden,
+        counts=counts,
+    )
     if all(bool(zero[mask].all()) for zero in found.values()):
-        print(_("No sample reaches {share:.1%} of the entries ({pixels} of {inputs} pixels are 0 in all {samples} "
+        print(
+            _(
+                "No sample reaches {share:.1%} of the entries ({pixels} of {inputs} pixels are 0 in all {samples} "
                 "samples, {units} of {hidden} hidden units are off in all {samples}): their gradient is 0 in every "
-                "type. Rounded to 0 beyond those: {counts}.").format(**values))
+                "type. Rounded to 0 beyond those: {counts}."
+            ).format(**values)
+        )
     else:
-        print(_("No sample reaches {share:.1%} of the entries ({pixels} of {inputs} pixels are 0 in all {samples} "
+        print(
+            _(
+                "No sample reaches {share:.1%} of the entries ({pixels} of {inputs} pixels are 0 in all {samples} "
                 "samples, {units} of {hidden} hidden units are off in all {samples}), but not every type gives "
-                "them a gradient of 0. Rounded to 0 beyond those: {counts}.").format(**values))
+                "them a gradient of 0. Rounded to 0 beyond those: {counts}."
+            ).format(**values)
+        )
     return beyond

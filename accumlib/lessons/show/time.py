@@ -5,6 +5,7 @@ Times differ from run to run, so every printed time is written as milliseconds (
 ("1.23x"), the two forms notebooks/sanitize.cfg masks; a sentence whose wording depends on a measured time is
 chosen only where the margin is wide (the fixed cost's share of a small model's pass against a larger model's).
 """
+
 from __future__ import annotations
 
 from .. import plots
@@ -24,14 +25,17 @@ def _times(ratio: float) -> str:
 
 
 # What the clock of a decomposition measured, as the table says it: the one it used on the device it ran on.
-CLOCKS = {THREAD_CPU: N_("the CPU time of the one thread that computes (waiting for other programs does not count)"),
-          WALL: N_("wall time (on a GPU: after waiting for the card to finish, before each reading)")}
+CLOCKS = {
+    THREAD_CPU: N_("the CPU time of the one thread that computes (waiting for other programs does not count)"),
+    WALL: N_("wall time (on a GPU: after waiting for the card to finish, before each reading)"),
+}
 
 
 def _check(decomposition, name: str = "decomposition") -> TimeDecomposition:
     if not isinstance(decomposition, TimeDecomposition):
-        raise TypeError(f"{name} must be a TimeDecomposition (timing.decompose_time), got "
-                        f"{type(decomposition).__name__}")
+        raise TypeError(
+            f"{name} must be a TimeDecomposition (timing.decompose_time), got {type(decomposition).__name__}"
+        )
     return decomposition
 
 
@@ -40,8 +44,9 @@ def _lines(labels: list[str], texts: list[str]) -> str:
     times never sit in padded columns: their width changes from run to run, and the padding would then differ where
     the times themselves are masked."""
     widest = max(width(label) for label in labels)
-    return "\n".join(f"  {label}{' ' * (widest - width(label))}  {text}"
-                     for label, text in zip(labels, texts, strict=True))
+    return "\n".join(
+        f"  {label}{' ' * (widest - width(label))}  {text}" for label, text in zip(labels, texts, strict=True)
+    )
 
 
 def steps(decomposition: TimeDecomposition) -> list[float]:
@@ -50,16 +55,30 @@ def steps(decomposition: TimeDecomposition) -> list[float]:
     d = _check(decomposition)
     first, last = d.steps[0], d.steps[-1]
     ratios = [s.seconds / first.seconds for s in d.steps]
-    names = dict(first=split(first.micro_batch_size, first.accum_steps),
-                 last=split(last.micro_batch_size, last.accum_steps), batch=d.effective_batch)
-    print(_("Time per effective batch of {batch} samples, micro-batch × accum_steps (against {first}):").format(
-        **names))
-    print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
-                 [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios, strict=True)]))
-    print(_("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
-        ratio=_times(ratios[-1]), **names))
-    print(_("Measured on {device}, {threads} thread(s); the clock: {clock}.").format(
-        device=d.device, threads=d.threads, clock=_(CLOCKS[d.clock])))
+    names = dict(
+        first=split(first.micro_batch_size, first.accum_steps),
+        last=split(last.micro_batch_size, last.accum_steps),
+        batch=d.effective_batch,
+    )
+    print(
+        _("Time per effective batch of {batch} samples, micro-batch × accum_steps (against {first}):").format(**names)
+    )
+    print(
+        _lines(
+            [split(s.micro_batch_size, s.accum_steps) for s in d.steps],
+            [f"{_ms(s.seconds)}  ({_times(r)})" for s, r in zip(d.steps, ratios, strict=True)],
+        )
+    )
+    print(
+        _("The same {batch} samples per optimizer step: {last} takes {ratio} the time of {first}.").format(
+            ratio=_times(ratios[-1]), **names
+        )
+    )
+    print(
+        _("Measured on {device}, {threads} thread(s); the clock: {clock}.").format(
+            device=d.device, threads=d.threads, clock=_(CLOCKS[d.clock])
+        )
+    )
     return ratios
 
 
@@ -70,37 +89,79 @@ def passes(decomposition: TimeDecomposition) -> plots.Plot:
     d = _check(decomposition)
     values = dict(fixed=_ms(d.overhead_seconds), per_sample=_ms(d.seconds_per_sample))
     print(_("One forward and backward pass, by micro-batch size: measured, and the fitted fixed cost + arithmetic:"))
-    print(_lines([str(p.micro_batch_size) for p in d.passes],
-                 [_("{measured}; line: {fixed} + {arithmetic} = {fitted}").format(
-                     measured=_ms(p.seconds), fixed=_ms(d.overhead_seconds),
-                     arithmetic=_ms(d.seconds_per_sample * p.micro_batch_size),
-                     fitted=_ms(d.pass_seconds(p.micro_batch_size))) for p in d.passes]))
-    print(_("Fitted: a pass costs {fixed} whatever its size, plus {per_sample} for each sample; the line misses the "
-            "measured passes by at most {miss}.").format(miss=_ms(max(abs(p.residual) for p in d.passes)), **values))
+    print(
+        _lines(
+            [str(p.micro_batch_size) for p in d.passes],
+            [
+                _("{measured}; line: {fixed} + {arithmetic} = {fitted}").format(
+                    measured=_ms(p.seconds),
+                    fixed=_ms(d.overhead_seconds),
+                    arithmetic=_ms(d.seconds_per_sample * p.micro_batch_size),
+                    fitted=_ms(d.pass_seconds(p.micro_batch_size)),
+                )
+                for p in d.passes
+            ],
+        )
+    )
+    print(
+        _(
+            "Fitted: a pass costs {fixed} whatever its size, plus {per_sample} for each sample; the line misses the "
+            "measured passes by at most {miss}."
+        ).format(miss=_ms(max(abs(p.residual) for p in d.passes)), **values)
+    )
     print()
-    print(_("One effective batch, micro-batch × accum_steps: fixed costs + arithmetic + optimizer step and zeroing = "
-            "predicted (measured):"))
-    print(_lines([split(s.micro_batch_size, s.accum_steps) for s in d.steps],
-                 [_("{fixed} + {arithmetic} + {optimizer} = {predicted} ({measured})").format(
-                     fixed=_ms(s.overhead_seconds), arithmetic=_ms(s.compute_seconds),
-                     optimizer=_ms(d.optimizer_seconds),
-                     predicted=_ms(s.predicted_seconds), measured=_ms(s.seconds)) for s in d.steps]))
-    print(_("Every split does the same arithmetic: each sample passes through the same layers. What grows is the "
+    print(
+        _(
+            "One effective batch, micro-batch × accum_steps: fixed costs + arithmetic + optimizer step and zeroing = "
+            "predicted (measured):"
+        )
+    )
+    print(
+        _lines(
+            [split(s.micro_batch_size, s.accum_steps) for s in d.steps],
+            [
+                _("{fixed} + {arithmetic} + {optimizer} = {predicted} ({measured})").format(
+                    fixed=_ms(s.overhead_seconds),
+                    arithmetic=_ms(s.compute_seconds),
+                    optimizer=_ms(d.optimizer_seconds),
+                    predicted=_ms(s.predicted_seconds),
+                    measured=_ms(s.seconds),
+                )
+                for s in d.steps
+            ],
+        )
+    )
+    print(
+        _(
+            "Every split does the same arithmetic: each sample passes through the same layers. What grows is the "
             "fixed cost, paid once per pass: {first_fixed} for {first_passes} pass, {last_fixed} for "
-            "{last_passes}.").format(first_fixed=_ms(d.steps[0].overhead_seconds),
-                                     first_passes=d.steps[0].accum_steps, last_fixed=_ms(d.steps[-1].overhead_seconds),
-                                     last_passes=d.steps[-1].accum_steps))
+            "{last_passes}."
+        ).format(
+            first_fixed=_ms(d.steps[0].overhead_seconds),
+            first_passes=d.steps[0].accum_steps,
+            last_fixed=_ms(d.steps[-1].overhead_seconds),
+            last_passes=d.steps[-1].accum_steps,
+        )
+    )
     sizes = [p.micro_batch_size for p in d.passes]
     line = [0, *sizes]
     title = _("One pass costs {fixed} plus {per_sample} per sample").format(**values)
-    alt = _("Measured median time of one forward and backward pass at micro-batch sizes {sizes}: {measured}. The "
-            "fitted straight line starts at {fixed} at size 0 (the fixed cost of a pass) and rises by {per_sample} "
-            "per sample.").format(sizes=", ".join(map(str, sizes)),
-                                  measured=", ".join(_ms(p.seconds) for p in d.passes), **values)
-    plot = plots.lines({_("measured"): (sizes, [p.seconds * 1e3 for p in d.passes]),
-                        _("fixed cost + arithmetic"): (line, [d.pass_seconds(m) * 1e3 for m in line]),
-                        _("fixed cost"): ([0, sizes[-1]], [d.overhead_seconds * 1e3] * 2)},
-                       _("micro-batch size (samples)"), _("time of one pass (ms)"), title, alt)
+    alt = _(
+        "Measured median time of one forward and backward pass at micro-batch sizes {sizes}: {measured}. The "
+        "fitted straight line starts at {fixed} at size 0 (the fixed cost of a pass) and rises by {per_sample} "
+        "per sample."
+    ).format(sizes=", ".join(map(str, sizes)), measured=", ".join(_ms(p.seconds) for p in d.passes), **values)
+    plot = plots.lines(
+        {
+            _("measured"): (sizes, [p.seconds * 1e3 for p in d.passes]),
+            _("fixed cost + arithmetic"): (line, [d.pass_seconds(m) * 1e3 for m in line]),
+            _("fixed cost"): ([0, sizes[-1]], [d.overhead_seconds * 1e3] * 2),
+        },
+        _("micro-batch size (samples)"),
+        _("time of one pass (ms)"),
+        title,
+        alt,
+    )
     plot.figure.axes[0].set_ylim(bottom=0)  # the fixed cost is the height at size 0
     return figure(plot)
 
@@ -115,50 +176,94 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
     Every decomposition must split the same effective batch in the same accum_steps.
     """
     if len(decompositions) < 2:
-        raise ValueError(f"decompositions must hold two or more models (label -> TimeDecomposition), got "
-                         f"{len(decompositions)}")
+        raise ValueError(
+            f"decompositions must hold two or more models (label -> TimeDecomposition), got {len(decompositions)}"
+        )
     for label, d in decompositions.items():
         _check(d, f"decompositions[{label!r}]")
     shapes = {(d.effective_batch, tuple(s.accum_steps for s in d.steps)) for d in decompositions.values()}
     if len(shapes) != 1:
         raise ValueError(f"decompositions must split the same effective batch the same ways, got {sorted(shapes)}")
-    (batch, splits), = shapes
+    ((batch, splits),) = shapes
     first = next(iter(decompositions.values()))
     labels = [split(s.micro_batch_size, s.accum_steps) for s in first.steps]
     ratios = {label: [s.seconds / d.steps[0].seconds for s in d.steps] for label, d in decompositions.items()}
-    print(_lines(list(decompositions), [
-        _("a pass of {small} samples takes {small_time}, of {large} samples {large_time} ({pass_ratio}); {last} takes "
-          "{ratio} the time of {first}").format(
-            small=d.passes[0].micro_batch_size, small_time=_ms(d.passes[0].seconds),
-            large=d.passes[-1].micro_batch_size, large_time=_ms(d.passes[-1].seconds),
-            pass_ratio=_times(d.passes[-1].seconds / d.passes[0].seconds), last=labels[-1],
-            ratio=_times(ratios[label][-1]), first=labels[0]) for label, d in decompositions.items()]))
+    print(
+        _lines(
+            list(decompositions),
+            [
+                _(
+                    "a pass of {small} samples takes {small_time}, of {large} samples {large_time} ({pass_ratio}); "
+                    "{last} takes "
+                    "{ratio} the time of {first}"
+                ).format(
+                    small=d.passes[0].micro_batch_size,
+                    small_time=_ms(d.passes[0].seconds),
+                    large=d.passes[-1].micro_batch_size,
+                    large_time=_ms(d.passes[-1].seconds),
+                    pass_ratio=_times(d.passes[-1].seconds / d.passes[0].seconds),
+                    last=labels[-1],
+                    ratio=_times(ratios[label][-1]),
+                    first=labels[0],
+                )
+                for label, d in decompositions.items()
+            ],
+        )
+    )
+
     def growth(d: TimeDecomposition) -> float:  # how much a pass grows from the smallest to the largest micro-batch
         return d.passes[-1].seconds / d.passes[0].seconds
 
     (small_label, small), *others = decompositions.items()
     for label, d in others:
-        values = dict(label=label, other=small_label, smallest=d.passes[0].micro_batch_size,
-                      largest=d.passes[-1].micro_batch_size, growth=_times(growth(d)),
-                      other_growth=_times(growth(small)))
+        values = dict(
+            label=label,
+            other=small_label,
+            smallest=d.passes[0].micro_batch_size,
+            largest=d.passes[-1].micro_batch_size,
+            growth=_times(growth(d)),
+            other_growth=_times(growth(small)),
+        )
         if growth(d) > growth(small) and ratios[label][-1] < ratios[small_label][-1]:
-            print(_("From {smallest} to {largest} samples a pass of {label} takes {growth} the time, one of {other} "
+            print(
+                _(
+                    "From {smallest} to {largest} samples a pass of {label} takes {growth} the time, one of {other} "
                     "{other_growth}: more of its time is arithmetic per sample, and splitting its batch adds a "
-                    "smaller share of time.").format(**values))
+                    "smaller share of time."
+                ).format(**values)
+            )
         else:
-            print(_("From {smallest} to {largest} samples a pass of {label} takes {growth} the time, one of {other} "
+            print(
+                _(
+                    "From {smallest} to {largest} samples a pass of {label} takes {growth} the time, one of {other} "
                     "{other_growth}: here either its time is not more arithmetic per sample, or splitting its "
-                    "batch does not add a smaller share of time.").format(**values))
+                    "batch does not add a smaller share of time."
+                ).format(**values)
+            )
     title = _("Time per effective batch of {batch} against one batch: {last} costs {ratios}").format(
-        batch=batch, last=labels[-1],
-        ratios=", ".join(_("{ratio} for {label}").format(ratio=_times(r[-1]), label=label)
-                         for label, r in ratios.items()))
-    alt = _("Lines of the time per effective batch of {batch} samples against one batch, for micro-batch × "
-            "accum_steps {splits}: {series}.").format(
-        batch=batch, splits=", ".join(labels),
-        series="; ".join(f"{label} {', '.join(_times(r) for r in rs)}" for label, rs in ratios.items()))
-    figure(plots.lines({label: (list(splits), rs) for label, rs in ratios.items()}, _("accum_steps"),
-                       _("time per effective batch (relative to one batch)"), title, alt))
+        batch=batch,
+        last=labels[-1],
+        ratios=", ".join(
+            _("{ratio} for {label}").format(ratio=_times(r[-1]), label=label) for label, r in ratios.items()
+        ),
+    )
+    alt = _(
+        "Lines of the time per effective batch of {batch} samples against one batch, for micro-batch × "
+        "accum_steps {splits}: {series}."
+    ).format(
+        batch=batch,
+        splits=", ".join(labels),
+        series="; ".join(f"{label} {', '.join(_times(r) for r in rs)}" for label, rs in ratios.items()),
+    )
+    figure(
+        plots.lines(
+            {label: (list(splits), rs) for label, rs in ratios.items()},
+            _("accum_steps"),
+            _("time per effective batch (relative to one batch)"),
+            title,
+            alt,
+        )
+    )
     return ratios
 
 
@@ -183,27 +288,55 @@ def cost(decomposition: TimeDecomposition) -> list[float]:
     micro-batch; returns the ratios (time of each split / time of the first)."""
     d = _check(decomposition)
     if len(d.steps) < 3 or d.steps[0].accum_steps != 1:
-        raise ValueError(f"decomposition must time one batch (accum_steps 1, first) and two or more splits of it, "
-                         f"got accum_steps {[s.accum_steps for s in d.steps]}")
+        raise ValueError(
+            f"decomposition must time one batch (accum_steps 1, first) and two or more splits of it, "
+            f"got accum_steps {[s.accum_steps for s in d.steps]}"
+        )
     ratios = [s.seconds / d.steps[0].seconds for s in d.steps]
     first, large, small = d.steps[0], d.steps[1], d.steps[-1]
-    print(_("Against {first} ({seconds}), {large} takes {large_verdict}, {small} {small_verdict}.").format(
-        first=split(first.micro_batch_size, first.accum_steps), seconds=_ms(first.seconds),
-        large=split(large.micro_batch_size, large.accum_steps), large_verdict=_how_long(ratios[1]),
-        small=split(small.micro_batch_size, small.accum_steps), small_verdict=_how_long(ratios[-1])))
-    values = dict(fixed=_ms(d.overhead_seconds), per_sample=_ms(d.seconds_per_sample),
-                  small=small.micro_batch_size, large=large.micro_batch_size)
+    print(
+        _("Against {first} ({seconds}), {large} takes {large_verdict}, {small} {small_verdict}.").format(
+            first=split(first.micro_batch_size, first.accum_steps),
+            seconds=_ms(first.seconds),
+            large=split(large.micro_batch_size, large.accum_steps),
+            large_verdict=_how_long(ratios[1]),
+            small=split(small.micro_batch_size, small.accum_steps),
+            small_verdict=_how_long(ratios[-1]),
+        )
+    )
+    values = dict(
+        fixed=_ms(d.overhead_seconds),
+        per_sample=_ms(d.seconds_per_sample),
+        small=small.micro_batch_size,
+        large=large.micro_batch_size,
+    )
     fixed_small, fixed_large = (d.overhead_share(s.micro_batch_size) > 0.5 for s in (small, large))
     if fixed_small and not fixed_large:
-        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} samples, mostly "
-                "arithmetic at {large}. Small micro-batches underuse the hardware.").format(**values))
+        print(
+            _(
+                "A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} samples, mostly "
+                "arithmetic at {large}. Small micro-batches underuse the hardware."
+            ).format(**values)
+        )
     elif fixed_small:
-        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} and at {large} "
-                "samples. Micro-batches this small underuse the hardware.").format(**values))
+        print(
+            _(
+                "A pass costs {fixed} plus {per_sample} per sample: mostly fixed cost at {small} and at {large} "
+                "samples. Micro-batches this small underuse the hardware."
+            ).format(**values)
+        )
     elif not fixed_large:
-        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} and at {large} "
-                "samples, so the fixed cost adds little.").format(**values))
+        print(
+            _(
+                "A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} and at {large} "
+                "samples, so the fixed cost adds little."
+            ).format(**values)
+        )
     else:
-        print(_("A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} samples, mostly "
-                "fixed cost at {large}.").format(**values))
+        print(
+            _(
+                "A pass costs {fixed} plus {per_sample} per sample: mostly arithmetic at {small} samples, mostly "
+                "fixed cost at {large}."
+            ).format(**values)
+        )
     return ratios

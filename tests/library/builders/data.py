@@ -1,4 +1,5 @@
 """Seeded data for the library's tests: digit-like 8x8 images in ten classes, and padded token sequences."""
+
 import functools
 
 import torch
