@@ -9,9 +9,10 @@ language of everything a learner reads.
 """
 
 from .i18n import language, set_language
-from .cycle import CycleOptions, CycleResult, Inputs, NonFiniteError, accumulate_and_step
+from .cycle import CycleResult, Inputs, NonFiniteError, accumulate_and_step
 from .gaps import gradient_gap, parameter_gap
 from .loop import train
+from .options import CycleOptions
 from .records import History, StepRecord, StopTraining
 from .memory import FitPlan, MemoryReport, OutOfMemory, fit_batch, measure_step
 from .timing import TimingReport, time_config

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from . import cycle, sharded
 from .i18n import _
+from .options import CycleOptions
 from .tracker import CATEGORIES, CATEGORY_DEFINITIONS, LiveTensorBytes, _model_tensors, optimizer_state_tensors
 
 TRACKER = "live tensor storages (TorchDispatchMode)"
@@ -121,9 +122,7 @@ def _leaves(batch) -> list[torch.Tensor]:
     return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
 
 
-def _named_cycle(
-    model, optimizer, batches, loss_weights, tracker: LiveTensorBytes, options: cycle.CycleOptions
-) -> None:
+def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorBytes, options: CycleOptions) -> None:
     """One cycle of `batches` with `loss_weights` (train's cycle: `cycle._cycle`, with `options`) under `tracker`,
     naming what each new storage holds as the step goes."""
     hooks, model_ = [], model

@@ -16,10 +16,11 @@ from typing import Callable
 
 import torch
 
-from . import _validate, cycle
+from . import _validate
 from .budget import OutOfMemory, cuda_budget
 from .i18n import _
 from .measured_step import MemoryReport, _leaves, explained_failure
+from .options import CycleOptions
 from .tracing import _measure_cycle
 from .tracker import CATEGORIES, step_peak
 
@@ -69,7 +70,7 @@ def resolve_device(model: torch.nn.Module, device) -> torch.device:
 
 
 def _check_step_inputs(model, x, y, optimizer, accum_steps) -> int:
-    """Validate the arguments every step measurement shares (loss_fn: when its `cycle.CycleOptions` is built, with
+    """Validate the arguments every step measurement shares (loss_fn: when its `CycleOptions` is built, with
     train's message); return accum_steps."""
     _validate.trainable_parameters("model", model)
     _validate.samples("x", x, "y", y)
@@ -141,12 +142,12 @@ def measure_step(
 # the cycle's options measure_step takes as keywords: every CycleOptions field but loss_fn (its own parameter) and
 # a run's objects (the scaler, the scheduler)
 _MEASURED_OPTIONS = tuple(
-    f.name for f in dataclasses.fields(cycle.CycleOptions) if f.name != "loss_fn" and not f.metadata["run_state"]
+    f.name for f in dataclasses.fields(CycleOptions) if f.name != "loss_fn" and not f.metadata["run_state"]
 )
 
 
-def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:
-    """A measurement's `cycle.CycleOptions` (checked there): loss_fn (default cross-entropy) and the keywords of
+def _step_options(loss_fn, cycle_options: dict) -> CycleOptions:
+    """A measurement's `CycleOptions` (checked there): loss_fn (default cross-entropy) and the keywords of
     _MEASURED_OPTIONS."""
     unknown = sorted(set(cycle_options) - set(_MEASURED_OPTIONS))
     if unknown:
@@ -155,9 +156,7 @@ def _step_options(loss_fn, cycle_options: dict) -> cycle.CycleOptions:
                 names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
             )
         )
-    return cycle.CycleOptions(
-        loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn, **cycle_options
-    )
+    return CycleOptions(loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn, **cycle_options)
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,7 +168,7 @@ def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[tor
 
 
 def _step_peak(
-    model, optimizer, x, y, options: cycle.CycleOptions, accum_steps: int, device: torch.device | None = None
+    model, optimizer, x, y, options: CycleOptions, accum_steps: int, device: torch.device | None = None
 ) -> MemoryReport:
     """The fake-mode report of a step of accum_steps passes of (x, y), measured with min(accum_steps, 2) passes.
 
@@ -201,12 +200,12 @@ def check_fits(
     accum_steps: int,
     budget_bytes: int,
     loss_fn: Callable | None = None,
-    options: cycle.CycleOptions | None = None,
+    options: CycleOptions | None = None,
     device=None,
 ) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
 
-    Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `cycle.CycleOptions`
+    Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `CycleOptions`
     train runs its cycles with; its scheduler and scaler are left out) or, without them, loss_fn (default
     cross-entropy) and the cycle's defaults; returns the MemoryReport of that step. device: where the step will
     run (default: where the model is); a fake copy of the model is traced there (on CUDA each block counted as the
@@ -216,7 +215,7 @@ def check_fits(
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
     if options is None:
         options = _step_options(loss_fn, {})
-    elif not isinstance(options, cycle.CycleOptions):
+    elif not isinstance(options, CycleOptions):
         raise TypeError(
             _(
                 "options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
@@ -231,13 +230,13 @@ def check_fits(
     return report
 
 
-def measured_cycle_peak(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> int:
+def measured_cycle_peak(model, optimizer, batches, loss_weights, options: CycleOptions) -> int:
     """The peak bytes of the cycle of `batches` with `loss_weights`, as `measure_step` measures a step (the heavier
     of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer."""
     return _traced_cycle(model, optimizer, batches, loss_weights, options).peak
 
 
-def _traced_cycle(model, optimizer, batches, loss_weights, options: cycle.CycleOptions) -> MemoryReport:
+def _traced_cycle(model, optimizer, batches, loss_weights, options: CycleOptions) -> MemoryReport:
     """The report of the cycle of `batches` (any shapes), traced under FakeTensorMode where the model is."""
     sizes = [len(leaves[0]) for leaves in map(_leaves, batches) if leaves and leaves[0].dim()]
     return _measure_cycle(
@@ -253,7 +252,7 @@ def _traced_cycle(model, optimizer, batches, loss_weights, options: cycle.CycleO
 
 
 def check_cycle_fits(
-    model, optimizer, batches, loss_weights, *, options: cycle.CycleOptions, budget_bytes: int, what: str, advice: str
+    model, optimizer, batches, loss_weights, *, options: CycleOptions, budget_bytes: int, what: str, advice: str
 ) -> MemoryReport:
     """Raise OutOfMemory (needing `what`, with `advice`) when the cycle of `batches` ((x, y) pairs as
     `cycle.accumulate_and_step` takes them, any shapes) with `loss_weights` needs more than `budget_bytes`.

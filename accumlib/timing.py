@@ -39,6 +39,7 @@ from . import _validate, cycle, memory
 from .i18n import _
 from .loop import train
 from .measured_step import explained_failure
+from .options import CycleOptions
 
 THREAD_CPU = "CPU time of the computing thread (time.thread_time)"
 WALL = "wall time (time.perf_counter)"
@@ -297,7 +298,7 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
     accum_steps, seconds of the cycle's work outside the passes: setting .grad aside, the gradient norm, the one
     host read and optimizer.step), timed rounds only."""
     splits = list(batches)
-    options = cycle.CycleOptions(loss_fn=loss_fn)  # the cycle's defaults, as train's
+    options = CycleOptions(loss_fn=loss_fn)  # the cycle's defaults, as train's
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clock_now = time.thread_time if clock == THREAD_CPU else time.perf_counter
     passes: dict[int, list[float]] = {len(batches[k][0][0]): [] for k in splits}

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import (
 from . import cycle, sharded
 from .i18n import _
 from .measured_step import ALLOCATOR, FAKE, TRACKER, MemoryReport, _clone_optimizer, _measure, _on
+from .options import CycleOptions
 from .tracker import _no_collection
 
 
@@ -32,7 +33,7 @@ def _measure_cycle(
     optimizer,
     batches,
     loss_weights,
-    options: cycle.CycleOptions,
+    options: CycleOptions,
     micro_batch_size: int,
     fake: bool,
     device: torch.device,
@@ -67,7 +68,7 @@ def _measure_copy(
     optimizer,
     batches,
     loss_weights,
-    options: cycle.CycleOptions,
+    options: CycleOptions,
     micro_batch_size: int,
     fake: bool,
     device: torch.device,
@@ -126,7 +127,7 @@ def _measured_sharded(
     optimizer,
     batches,
     loss_weights,
-    options: cycle.CycleOptions,
+    options: CycleOptions,
     micro_batch_size: int,
     fake: bool,
     explain: Callable,
