@@ -30,14 +30,16 @@ from torch.utils.data import Dataset
 from . import checkpoint as checkpoints, devices, memory, sharded
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
 from .cycle import CycleOptions, NonFiniteError, _check_amp, _cycle
+from .batches import _Cycle, _as_pair
 from .cycle_checks import _check_model, _check_optimizer
 from .failures import _told
 from .i18n import _, ngettext
 from .interrupts import STEP
+from .loader import _Loader
 from .loss_weights import _cycle_terms, _loss_weights, _of_batch
 from .records import History, StepRecord, StopTraining
 from .restore import _ModesKept
-from .source import _Cycle, _Indexed, _Loader, _as_pair, _source
+from .source import _Indexed, _source
 
 
 def train(

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ._validate import as_real
 from .failures import _told
 from .i18n import _
-from .source import _Cycle
+from .batches import _Cycle
 
 
 def _loss_weights(

@@ -409,30 +409,6 @@ def test_a_model_without_loss_and_no_loss_fn_is_told_what_to_do():
     assert accumlib.parameter_gap(model, before) == 0.0
 
 
-def test_a_distributed_sampler_gets_its_epoch():
-    """train calls set_epoch(epoch) on a loader's sampler that has it (a DistributedSampler's new order)."""
-    epochs = []
-
-    class Sampler(torch.utils.data.Sampler):
-        def __init__(self):
-            self.epoch = None
-
-        def set_epoch(self, epoch):
-            epochs.append(epoch)
-
-        def __iter__(self):
-            return iter(range(6))
-
-        def __len__(self):
-            return 6
-
-    X, y = torch.randn(6, 6), torch.zeros(6, dtype=torch.long)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=2, sampler=Sampler())
-    model = nn.Linear(6, 3)
-    accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, epochs=3)
-    assert epochs == [0, 1, 2]
-
-
 WORKER = """
 import gc, sys
 import torch, torch.distributed as dist
@@ -560,30 +536,6 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     # failure flag) once, the failure flags before the backward that all-reduces (2), and the loss (1); a short
     # cycle (fewer than accum_steps batches on every process) ends the epoch without another
     assert result["sizes"] == [2] + [7, 4, 2, 1] * 4
-
-
-def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
-    """No GPU here: fake CUDA tensors (FakeTensorMode) moved to the CPU, the way a loader's batch is moved to the
-    device, through dicts, lists, tuples and a namedtuple; what is not a tensor stays as it is."""
-    import collections
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from accumlib import source
-
-    Pair = collections.namedtuple("Pair", "a b")
-    with FakeTensorMode():
-
-        def cuda(*shape):
-            return torch.ones(*shape, device="cuda")
-
-        batch = {"input_ids": cuda(2, 3), "nested": [cuda(2), (cuda(2, 1), "text")], "pair": Pair(cuda(2), 3)}
-        moved = source._to(batch, torch.device("cpu"))
-    assert moved.keys() == batch.keys() and isinstance(moved["nested"], list) and isinstance(moved["pair"], Pair)
-    assert moved["nested"][1][1] == "text" and moved["pair"].b == 3
-    tensors = list(source._tensors(moved))
-    assert len(tensors) == 4 and all(t.device.type == "cpu" for t in tensors)
-    assert [t.shape for t in tensors] == [t.shape for t in source._tensors(batch)]
 
 
 def test_memory_is_measured_once_per_layout_of_a_loader_s_batches():

@@ -1,5 +1,6 @@
 """accumlib.source: where a cycle comes from. (X, y) tensors and a Dataset give the same cycles; each epoch's
-order covers every sample once, shared out over processes with padding of weight 0; a batch's form is checked."""
+order covers every sample once, shared out over processes with padding of weight 0 (a batch's form:
+test_batches.py; a loader's cycles: test_loader.py)."""
 
 import pytest
 import torch
@@ -51,18 +52,3 @@ def test_every_sample_is_in_exactly_one_micro_batch_of_one_process_per_epoch(wor
     for cycles in zip(*plans, strict=True):  # and of micro-batches in each, padding included
         assert len({len(sizes) for _e, _s, _i, sizes in cycles}) == 1
         assert sum(sum(sizes) for _e, _s, _i, sizes in cycles) == cycles[0][1]  # the cycle's samples, all processes
-
-
-def test_a_batch_that_is_no_pair_or_dict_is_refused_naming_it():
-    with pytest.raises(TypeError, match=r"^batch 3 must be \(x, y\), \(inputs, y\) .* got 'text' of type str"):
-        source._check_batch("text", "batch 3")
-    assert source._check_batch((torch.zeros(5, 2), torch.zeros(5)), "batch") == 5
-    assert source._check_batch({"input_ids": torch.zeros(3, 7)}, "batch") == 3
-
-
-def test_a_batch_becomes_what_the_cycle_takes():
-    x, y = torch.zeros(2, 3), torch.ones(2)
-    assert source._as_pair((x, y)) == (x, y)
-    inputs, target = source._as_pair({"input_ids": x})
-    assert inputs == accumlib.Inputs((), {"input_ids": x}) and target == {"input_ids": x}
-    assert source._as_pair([(x, x), y])[0] == accumlib.Inputs((x, x), {})
