@@ -79,9 +79,11 @@ STOPS = ("Cannot copy out of meta tensor", "cannot be called on meta tensors", R
 def on_meta(monkeypatch, run):
     """run(meta) with train's refusal of the meta device lifted; return the devices every module's forward pass saw
     (its tensor inputs and its own parameters). A device mismatch fails the test; a host read ends the run."""
-    from accumlib import batches, loop, source
+    from accumlib import batches, run_checks, source
 
-    monkeypatch.setattr(loop, "_device", lambda device: torch.device(device) if device is not None else devices.pick())
+    monkeypatch.setattr(
+        run_checks, "_device", lambda device: torch.device(device) if device is not None else devices.pick()
+    )
     monkeypatch.setattr(source, "_refuse_meta", lambda batch: None)
     monkeypatch.setattr(batches, "_refuse_meta", lambda batch: None)
     seen = []

@@ -138,7 +138,7 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
     # spy records where the traced copy and its micro-batches are, and answers with a peak over the budget.
     import dataclasses
 
-    from accumlib import loop, memory, tracing
+    from accumlib import memory, run_checks, tracing
 
     net = torch.nn.Sequential(
         torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 64)
@@ -163,7 +163,7 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
         return dataclasses.replace(report, peak=2**40)
 
     monkeypatch.setattr(tracing, "_measure", spy)
-    monkeypatch.setattr(loop, "_device", torch.device)  # a machine with a GPU (this CPU build cannot hold one)
+    monkeypatch.setattr(run_checks, "_device", torch.device)  # a machine with a GPU (this CPU build cannot hold one)
     with pytest.raises(memory.OutOfMemory, match="the budget is 1,048,576 bytes"):
         accumlib.train(net, (X, Y), opt, accum_steps=2, micro_batch_size=4, device="cuda", memory_budget=2**20)
     assert seen == [({"cuda"}, {"cuda"}, len(list(net.parameters())), True)]  # traced where it would train
@@ -176,14 +176,14 @@ def test_amp_bf16_on_a_gpu_without_native_bf16_is_refused_before_anything_runs(m
     # A T4 (compute capability 7.5) only emulates bf16: train(amp="bf16") there is refused by name, with what is
     # valid, before any forward pass, weight or optimizer state changes. The GPU is a stand-in: this CPU build has
     # none, so train's device check and supports_bf16 are patched; the refusal is all that runs.
-    from accumlib import cycle, devices as library_devices, loop
+    from accumlib import cycle, devices as library_devices, run_checks
 
     net = torch.nn.Linear(64, 10)
     opt = torch.optim.Adam(net.parameters())
     state = {name: t.clone() for name, t in net.state_dict().items()}
     seen, asked = [], []
     net.register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
-    monkeypatch.setattr(loop, "_device", torch.device)
+    monkeypatch.setattr(run_checks, "_device", torch.device)
     monkeypatch.setattr(library_devices, "supports_bf16", lambda d: asked.append(d) or False)  # a T4
     with pytest.raises(
         ValueError,

@@ -14,17 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow  # each test builds or installs a wheel (pip, a venv): seconds to minutes
+SLOW = pytest.mark.slow  # each test but the last builds or installs a wheel (pip, a venv): seconds to minutes
 ROOT = Path(__file__).resolve().parents[2]
 LESSON_STACK = ("matplotlib", "ipywidgets", "jsonschema", "sklearn")
 
 
+@SLOW
 def test_import_accumlib_imports_none_of_the_lesson_stack():
     code = f"import sys, accumlib; print([m for m in {LESSON_STACK!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
 
+@SLOW
 def test_no_library_module_imports_lesson_code():
     """Every module of the library (accumlib/*.py) imported: no accumlib.lessons module comes with it (the lessons'
     experiments, BatchNorm's and DDP's, live there and the library never reaches up to them)."""
@@ -66,6 +68,7 @@ def wheel(tmp_path_factory) -> Path:
     return next(dist.glob("accumlib-*.whl"))
 
 
+@SLOW
 def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = {
@@ -105,6 +108,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
     assert urls["Repository"].startswith("https://github.com/") and {"Homepage", "Issues"} <= set(urls)
 
 
+@SLOW
 def test_the_sdist_carries_every_file_its_tests_need(tmp_path):
     """The source distribution holds every tracked file but the CI workflows and git's own files: the tests, the
     notebooks nbval checks, the tools, translations and site sources they build from (MANIFEST.in)."""
@@ -131,6 +135,7 @@ def test_the_sdist_carries_every_file_its_tests_need(tmp_path):
     assert not any(name.startswith(".github/") for name in shipped)
 
 
+@SLOW
 def test_the_installed_wheel_imports_on_its_own_with_its_data(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run(
@@ -166,6 +171,7 @@ os.path.isdir = lambda path: True if str(path) == "/content" else _isdir(path)
 """
 
 
+@SLOW
 @pytest.mark.parametrize("platform", [True, False])
 def test_the_notebooks_first_cell_installs_accumlib_on_colab_and_nothing_elsewhere(wheel, tmp_path, platform):
     """tools/platform_cell.py's cell in a fresh venv that has the platform's packages (torch, matplotlib,
@@ -334,7 +340,7 @@ def text_of(outputs) -> str:
     )
 
 
-@pytest.mark.slow
+@SLOW
 def test_on_a_colab_stand_in_the_install_cell_keeps_its_packages_and_lesson_0_a_dashboard_and_the_quiz_run(
     colab, wheel
 ):
@@ -367,3 +373,16 @@ def test_on_a_colab_stand_in_the_install_cell_keeps_its_packages_and_lesson_0_a_
     assert "accum_steps=16" in text_of(redrawn)
     assert text_of(graded).strip() == "True"
     assert "matplotlib 3.10.0" in text_of(hindi) and "pip install" in text_of(hindi)
+
+
+MAX_LINES = 450  # issue 29: a module a newcomer reads in one sitting
+
+
+def test_no_library_module_is_longer_than_450_lines():
+    """Every module of the library (accumlib/**/*.py but accumlib/lessons) as `ruff format` leaves it: at most 450
+    lines, so a room of the house holds one concern."""
+    package = ROOT / "accumlib"
+    modules = [p for p in package.rglob("*.py") if "lessons" not in p.relative_to(package).parts]
+    assert len(modules) > 20  # the library's modules were found
+    long = {str(p.relative_to(ROOT)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"modules over {MAX_LINES} lines: {long}"
