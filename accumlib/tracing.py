@@ -161,7 +161,7 @@ def _measured_sharded(
     batches = _on(batches, lambda t: t.to(device, copy=True))
     cuda = device if device.type == "cuda" else None
     try:
-        with torch.random.fork_rng(devices=[device] if cuda else []), _no_collection():
+        with torch.random.fork_rng(devices=[device] if cuda else []), _no_collection(collect_first=True):
             for p in params:
                 p.grad = None
             report = _measure(

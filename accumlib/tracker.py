@@ -235,12 +235,15 @@ def step_peak(device: torch.device, params, optimizer):
 
 
 @contextlib.contextmanager
-def _no_collection():
-    """Context manager: Python's garbage collector collects first and then not until the block ends, so that no
-    storage of before (held in a reference cycle) is freed inside it at a moment of the collector's: a block's CPU
-    peak is the same from run to run."""
+def _no_collection(collect_first: bool = False):
+    """Context manager: Python's garbage collector collects nothing until the block ends, so that no storage of
+    before (held in a reference cycle) is freed inside it at a moment of the collector's: a block's CPU peak is the
+    same from run to run. collect_first: collect once before the block (some 70 ms in a lesson's kernel), so that
+    what was garbage is freed before the peak is counted rather than after (FSDP2's step, whose peak every process
+    must agree on)."""
     collecting = gc.isenabled()
-    gc.collect()
+    if collect_first:
+        gc.collect()
     gc.disable()
     try:
         yield
