@@ -73,7 +73,11 @@ class _Running:
         step = self.step
         step.runs -= 1
         if not step.runs:
+            previous = step.previous
             step.uninstall()
+            if not step.held and step.pending is not None:  # a SIGINT that came while this block gave it back
+                pending, step.pending = step.pending, None
+                _deliver(previous, *pending)
 
 
 _MAIN_THREAD = threading.main_thread().ident  # only the main thread receives signals
@@ -132,7 +136,9 @@ class _Step(threading.local):
         self.previous = None
 
     def hold(self, signum, frame) -> None:
-        if self.held:
+        # inside a unit, or inside this module's own bookkeeping (a KeyboardInterrupt raised there would leave the
+        # handler installed or the counts wrong): it waits, and the block that is ending delivers it
+        if self.held or _in_bookkeeping(frame):
             self.pending = (signum, frame)
         else:  # between the steps of a run: at once, as the displaced handler would
             _deliver(self.previous, signum, frame)
@@ -145,6 +151,18 @@ class _Step(threading.local):
         pending, self.pending = self.pending, None
         if pending is not None:
             _deliver(previous, *pending)
+
+
+def _in_bookkeeping(frame) -> bool:
+    """Whether a signal that landed in `frame` came while this module counts or swaps handlers (one of its frames on
+    the stack; the handler it delivers to, under `_deliver`, is not this module's)."""
+    while frame is not None:
+        if frame.f_code is _deliver.__code__:
+            return False
+        if frame.f_code.co_filename == __file__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _deliver(handler, signum, frame) -> None:
