@@ -179,6 +179,7 @@ def main() -> None:
             f"{len(history)} steps, loss {history[0].loss:.3f} -> {history[-1].loss:.3f} per token; "
             f"every process holds the same weights: {'yes' if same else 'NO'}"
         )
+    dist.barrier()  # every process done with every collective before any closes its connections
     dist.destroy_process_group()
 
 

@@ -94,6 +94,7 @@ def main() -> None:
             f"{', SyncBatchNorm' if args.sync_bn else ''}): {len(history)} steps, loss {history[0].loss:.3f} -> "
             f"{history[-1].loss:.3f}; held-out accuracy {right.item() / 300:.1%} of 300 digits"
         )
+    dist.barrier()  # every process done with every collective before any closes its connections
     dist.destroy_process_group()
 
 
