@@ -107,18 +107,8 @@ def _measure_copy(
         # copies: a slice would count its whole dataset otherwise
         batches = _on(batches, lambda t: t.to(device, copy=True))
         copied = copy.deepcopy(model).to(device)
-        cuda = device if device.type == "cuda" else None
-        return _measure(
-            copied,
-            _clone_optimizer(optimizer, model, copied),
-            batches,
-            loss_weights,
-            ALLOCATOR if cuda else TRACKER,
-            torch.cuda.get_device_name(device) if cuda else "cpu",
-            options,
-            micro_batch_size,
-            explain,
-            cuda=cuda,
+        return _real_measure(
+            model, copied, optimizer, batches, loss_weights, options, micro_batch_size, explain, device
         )
 
 
@@ -159,22 +149,15 @@ def _measured_sharded(
     grads = [p.grad for p in params]
     device = sharded.local(params[0]).device
     batches = _on(batches, lambda t: t.to(device, copy=True))
-    cuda = device if device.type == "cuda" else None
     try:
-        with torch.random.fork_rng(devices=[device] if cuda else []), _no_collection(collect_first=True):
+        with (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            _no_collection(collect_first=True),
+        ):
             for p in params:
                 p.grad = None
-            report = _measure(
-                model,
-                _clone_optimizer(optimizer, model, model),
-                batches,
-                loss_weights,
-                ALLOCATOR if cuda else TRACKER,
-                torch.cuda.get_device_name(device) if cuda else "cpu",
-                options,
-                micro_batch_size,
-                explain,
-                cuda=cuda,
+            report = _real_measure(
+                model, model, optimizer, batches, loss_weights, options, micro_batch_size, explain, device
             )
         busiest = torch.tensor([report.peak], dtype=torch.float64, device=device)
         torch.distributed.all_reduce(busiest, torch.distributed.ReduceOp.MAX)  # the same answer on every process
@@ -218,6 +201,26 @@ def _library_file(filename: str) -> bool:
 
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+def _real_measure(
+    model, target, optimizer, batches, loss_weights, options, micro_batch_size, explain, device
+) -> MemoryReport:
+    """`_measure` of a real step of `target` (a copy of `model`, or FSDP2's model itself) with a copy of `optimizer`
+    on `device`: the caching allocator's peak on CUDA, the CPU tracker's elsewhere."""
+    cuda = device if device.type == "cuda" else None
+    return _measure(
+        target,
+        _clone_optimizer(optimizer, model, target),
+        batches,
+        loss_weights,
+        ALLOCATOR if cuda else TRACKER,
+        torch.cuda.get_device_name(device) if cuda else "cpu",
+        options,
+        micro_batch_size,
+        explain,
+        cuda=cuda,
+    )
 
 
 def _fake_measure(model, batches, loss_weights, optimizer, device, options, micro_batch_size, explain) -> MemoryReport:
