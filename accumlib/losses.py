@@ -39,9 +39,19 @@ def _scalar_loss(loss) -> torch.Tensor:
 
 def _own_loss(output, target):
     """The loss without loss_fn: cross_entropy(output, target) for a tensor output (logits), else the model's own
-    (a `.loss` attribute or a "loss" key)."""
+    (a `.loss` attribute or a "loss" key); either refused naming it when it has no gradient."""
     if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
-        return torch.nn.functional.cross_entropy(output, target)
+        loss = torch.nn.functional.cross_entropy(output, target)
+        if not loss.requires_grad:  # named as the default loss: the user gave no loss_fn to blame
+            raise ValueError(
+                _(
+                    "the default loss (cross-entropy of the model's output; no loss_fn was given) has no gradient "
+                    "(requires_grad=False): the model computed its output outside its parameters' graph (under "
+                    "torch.no_grad() or with .detach()), or every parameter is frozen (requires_grad=False: an "
+                    "on_step that freezes the model does this)"
+                )
+            )
+        return loss
     mapping = isinstance(output, Mapping)
     loss = output.get("loss") if mapping else getattr(output, "loss", None)
     if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient

@@ -1,11 +1,13 @@
 """accumlib.losses: the loss a micro-batch backpropagates, loss_fn's or the model's own, refused by name unless it
 is a floating-point scalar with a gradient."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import accumlib
 from accumlib import losses
 
 OUTPUT = torch.randn(4, 3, requires_grad=True)
@@ -46,3 +48,36 @@ def test_loss_fn_must_return_a_scalar_with_a_gradient():
         losses._scalar_loss(1.0)
     with pytest.raises(ValueError, match=r"^loss_fn returned a tensor without a gradient"):
         losses._scalar_loss(OUTPUT.detach().sum())
+
+
+DEFAULT_WITHOUT_GRADIENT = (
+    "the default loss (cross-entropy of the model's output; no loss_fn was given) has no gradient (requires_grad=False)"
+)
+
+
+def test_the_default_loss_without_a_gradient_is_named_as_the_default_not_as_loss_fn():
+    with pytest.raises(ValueError) as info:
+        losses._own_loss(OUTPUT.detach(), TARGET)
+    assert str(info.value).startswith(DEFAULT_WITHOUT_GRADIENT) and "frozen" in str(info.value)
+
+
+def test_a_model_frozen_by_on_step_is_refused_naming_the_default_loss_with_step_1_kept():
+    """No loss_fn: an on_step that freezes every parameter makes step 2's cross-entropy gradient-free; the refusal
+    names the default loss and the freezing (not loss_fn, which the user never gave), step 1's record travels with
+    it and the weights are as step 1 left them."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3, dtype=torch.float64)
+    x = torch.randn(8, 6, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    after_step_1 = []
+
+    def freeze(record):
+        after_step_1.append(copy.deepcopy(model.state_dict()))
+        model.requires_grad_(False)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as refused:
+        accumlib.train(model, (x, y), optimizer, micro_batch_size=4, accum_steps=1, on_step=freeze, device="cpu")
+    assert str(refused.value).startswith(DEFAULT_WITHOUT_GRADIENT) and "on_step that freezes" in str(refused.value)
+    assert [r.step for r in refused.value.history] == [1]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in after_step_1[0].items())
