@@ -108,7 +108,15 @@ def _count_target(count: Callable, batch):
 
 
 def _count_pair(count: Callable, batch):
-    return count(batch) if isinstance(batch, Mapping) else count(*batch)
+    """The old form, count(x, y), for an (x, y) or (inputs, y) batch only: a dict batch has no pair to give it."""
+    if isinstance(batch, Mapping):
+        raise TypeError(
+            _(
+                "count takes two arguments, count(x, y), the old form for (x, y) batches, but the data gives dict "
+                "batches: count gets the batch itself, count(batch), as loss_fn gets it; got {count!r}"
+            ).format(count=count)
+        )
+    return count(*batch)
 
 
 def _of_batch(count: Callable) -> Callable:

@@ -37,6 +37,10 @@ def test_count_gets_the_target_and_the_old_two_argument_form_warns():
     with pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated"):
         pair = loss_weights._of_batch(lambda x, y: len(x) + len(y))
     assert pair(("ab", "c")) == 3
+    with pytest.raises(
+        TypeError, match=r"^count takes two arguments, count\(x, y\), the old form for \(x, y\) batches, "
+    ):
+        pair({"labels": "c"})  # a dict batch: the old form cannot apply, said instead of the lambda's own TypeError
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss_weights._of_batch(len)  # a builtin takes the one rule, silently

@@ -909,6 +909,23 @@ def test_the_old_count_of_x_and_y_still_works_with_a_deprecation_warning():
     assert accumlib.parameter_gap(old, run(lambda labels: (labels[:, 1:] != IGNORE).sum())) == 0
 
 
+def test_the_old_count_of_x_and_y_with_dict_batches_is_refused_by_name_with_nothing_changed():
+    """A dict batch is no (x, y) pair: count(x, y) is refused saying count gets the batch (not the lambda's own
+    "missing 1 required positional argument"), before the first step changes anything."""
+    model = TinyCausalLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = copy.deepcopy(model.state_dict())
+    with (
+        pytest.warns(DeprecationWarning, match=r"count\(x, y\) is deprecated"),
+        pytest.raises(TypeError, match=r"^count takes two arguments, count\(x, y\), .* count\(batch\)") as refused,
+    ):
+        accumlib.train(
+            model, BATCHES[:2], optimizer, accum_steps=2, normalize="count", count=lambda x, y: len(y), device="cpu"
+        )
+    assert refused.value.history.records == []
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values(), strict=True))
+
+
 FAILING_WORKER = (
     WORKER_START
     + """\
