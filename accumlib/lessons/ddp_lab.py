@@ -579,8 +579,8 @@ def _read_job(job: Path) -> list:
     pickled = (job / "job.pt").read_bytes()
     key = os.environ.get(_KEY, "")
     signature = (job / "job.sig").read_text() if (job / "job.sig").exists() else ""
-    try:
-        valid = hmac.compare_digest(_signature(key, pickled), signature)
+    try:  # launch()'s keys are 32 random bytes: no key (or a short one) signs nothing, else anyone could sign
+        valid = len(bytes.fromhex(key)) == 32 and hmac.compare_digest(_signature(key, pickled), signature)
     except ValueError:  # a key that is no hex
         valid = False
     if not valid:

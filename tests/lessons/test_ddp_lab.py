@@ -305,17 +305,31 @@ class Payload:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case", ["no signature", "another key's signature", "no key", "changed after signing", "signed with the job's key"]
+    "case",
+    [
+        "no signature",
+        "another key's signature",
+        "no key",
+        "no key, signed with the empty key",
+        "a short key, signed with it",
+        "changed after signing",
+        "signed with the job's key",
+    ],
 )
 def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_path, case):
     """`python -m accumlib.lessons.ddp_lab FOLDER` unpickles a job.pt only when it carries the signature of the key
-    launch() gives its own processes (an HMAC of the file): a planted folder's pickle never runs."""
+    launch() gives its own processes (an HMAC of the file, a key of 32 random bytes): a planted folder's pickle never
+    runs, also when it is signed with the key a process without one would use (none) or with a short key."""
     import hmac
 
     job, marker = tmp_path / "job", tmp_path / "ran.txt"
     job.mkdir()
     torch.save([Payload(marker)], job / "job.pt")
     ours, theirs = "ab" * 32, "cd" * 32
+    if case == "no key, signed with the empty key":
+        ours = ""  # anyone can compute an HMAC with an empty key
+    elif case == "a short key, signed with it":
+        ours = "ab"
     pickled = (job / "job.pt").read_bytes()
     env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(ddp_lab.__file__).parents[2])}
     env.pop(ddp_lab._KEY, None)
@@ -325,7 +339,7 @@ def test_a_folder_launch_did_not_make_is_refused_and_its_pickle_never_runs(tmp_p
                 bytes.fromhex(theirs if case == "another key's signature" else ours), pickled, "sha256"
             ).hexdigest()
         )
-    if case != "no key":
+    if not case.startswith("no key"):
         env[ddp_lab._KEY] = ours
     if case == "changed after signing":
         (job / "job.pt").write_bytes(pickled + b"\0")
