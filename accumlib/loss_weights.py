@@ -94,6 +94,14 @@ def _cycle_terms(cycle: _Cycle, count: Callable, device: torch.device, ddp: bool
                 "{step} (epoch {epoch})"
             ).format(step=step + 1, epoch=cycle.epoch)
         )
+    if total == math.inf:  # finite counts whose sum float64 cannot hold: every weight would be 0, the cycle "empty"
+        raise ValueError(
+            _(
+                "count's loss terms for step {step} (epoch {epoch}) add up to more than the largest float64 "
+                "({largest:g}), over all processes: the micro-batches' weights (each count over the total) would "
+                "all be 0; valid: counts whose sum is finite"
+            ).format(step=step + 1, epoch=cycle.epoch, largest=torch.finfo(torch.float64).max)
+        )
     # raw() is the real micro-batches (0-row batches of a loader included), in order, before any padding
     return values + [0.0] * (len(cycle.sizes) - len(values)), total
 

@@ -1,10 +1,12 @@
 """accumlib.loss_weights: each micro-batch's share of its cycle (the last-cycle rule) and count's calling rule."""
 
+import copy
 import warnings
 
 import pytest
 import torch
 
+import accumlib
 from accumlib import loss_weights
 
 
@@ -44,3 +46,22 @@ def test_count_gets_the_target_and_the_old_two_argument_form_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss_weights._of_batch(len)  # a builtin takes the one rule, silently
+
+
+def test_counts_whose_sum_float64_cannot_hold_are_refused_by_name_before_the_cycle_changes_anything():
+    """Three micro-batches of 1e308 terms each: every count is finite, their total is not; refused naming count
+    and the step (before: every weight count / inf = 0, and the cycle recorded as one with nothing to learn)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3, dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    x, y = torch.randn(12, 6, dtype=torch.float64), torch.tensor([0, 1, 2] * 4)
+    batches = list(zip(x.split(4), y.split(4), strict=True))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(
+        ValueError, match=r"^count's loss terms for step 1 \(epoch 0\) add up to more than the largest "
+    ):
+        accumlib.train(
+            model, batches, optimizer, accum_steps=3, normalize="count", count=lambda target: 1e308, device="cpu"
+        )
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values(), strict=True))
+    assert not optimizer.state and all(p.grad is None for p in model.parameters())
