@@ -188,8 +188,9 @@ def assert_fsdp2_collectives(results: dict) -> None:
 def test_memory_per_process_under_fsdp2(tmp_path):
     """measure_step of an FSDP2 model reports what one process holds, as a real step measures it: the peak train
     records for a step with Adam's state (to a collective's buffers), this process's shards of the weights
-    and of Adam's state; below DDP's, whose every process holds everything; memory_budget refuses a budget
-    below that peak before any weight changes, and trains above it, saying that a real step measured it."""
+    and of Adam's state; below DDP's, whose every process holds everything (and whose measure_step is its real
+    step's peak, byte for byte); memory_budget refuses a budget below that peak before any weight changes, and
+    trains above it, saying that a real step measured it."""
     found = standalone(tmp_path, "fsdp2", "memory")["memory"]
     # a process's peak can move on a busy CPU (58,240 bytes seen under load, cause not yet found; gloo's thread
     # frees no counted storage since tracker._collective): at most the largest unit's whole gradient, the first
@@ -202,6 +203,9 @@ def test_memory_per_process_under_fsdp2(tmp_path):
         assert report.parameters >= found[name]["shards"]  # the shards, and what is gathered at the peak
         assert report.optimizer_state == found[name]["state"]  # Adam's state: this process's shards only
         assert sum(report.categories().values()) == report.peak
+    # DDP: measure_step traces the module without collectives and adds DDP's gradient bucket; a real step's tracked
+    # peak is the same, byte for byte (no collective buffer moves it: DDP all-reduces the bucket in place)
+    assert found["ddp"]["report"].peak == found["ddp"]["train"][1]
     whole = sum(p.numel() * 4 for p in job.wide().parameters())
     assert found["fsdp2"]["shards"] == whole // 2  # each of the 2 processes holds half of the weights
     assert found["fsdp2"]["report"].peak < found["ddp"]["train"][1]

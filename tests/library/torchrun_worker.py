@@ -186,10 +186,10 @@ def memory() -> dict:
             ddp_no_sync=no_sync,
         )
         found[name] = {"train": [r.peak_memory_bytes for r in history]}
+        report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3, ddp_no_sync=no_sync)
+        found[name]["report"] = report  # DDP: traced on its module, its gradient bucket added; FSDP2: a real step
         if how == "fsdp2":
-            report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3, ddp_no_sync=no_sync)
             found[name].update(
-                report=report,
                 shards=sum(p.to_local().nbytes for p in model.parameters()),
                 state=sum(sharded_bytes(v) for state in optimizer.state.values() for v in state.values()),
             )
