@@ -94,7 +94,7 @@ def one_process(name: str):
     optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=job.LR)
     history = accumlib.train(
         model,
-        job.tensors(),
+        job.tensors(name == "nonfinite"),
         optimizer,
         micro_batch_size=4,
         accum_steps=3,
@@ -135,11 +135,13 @@ def assert_like_one_process(result: dict, name: str) -> None:
     else:
         reference, expected = one_process(name)
         for key in ("samples", "samples_seen", "loss", "grad_norm", "lr", "skipped"):
-            assert [r[key] for r in records] == pytest.approx([r[key] for r in expected], abs=TOLERANCE), key
+            # a skipped step records NaN
+            expected_values = pytest.approx([r[key] for r in expected], abs=TOLERANCE, nan_ok=True)
+            assert [r[key] for r in records] == expected_values, key
     assert accumlib.parameter_gap(state, reference) <= TOLERANCE
 
 
-SCENARIOS = ("tensors", "clipped", "tokens", "uneven")
+SCENARIOS = ("tensors", "clipped", "tokens", "uneven", "nonfinite")
 
 
 @pytest.mark.parametrize("how", ["ddp", "fsdp2"])
@@ -147,7 +149,8 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     """2 processes under torchrun equal one process in float64: (X, y) tensors sharded by train (the last, short
     step's micro-batches differ between the processes, one pads), Adam with the gradient clipped over all shards
     (every step), and each process's own loader of dict batches, token-count normalised (a DistributedSampler's
-    shuffled shares; then one process with 5 batches, the other with 3)."""
+    shuffled shares; then one process with 5 batches, the other with 3); a NaN sample on one process skips that
+    step on every process, as on one."""
     results = standalone(tmp_path, how, *SCENARIOS, *(("unsharded", "every", "sub-mesh") if how == "fsdp2" else ()))
     for name in SCENARIOS:
         assert_like_one_process(results[name], name)
@@ -155,6 +158,8 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     # rank 0: batches of 2, 2, 2, 2, 2 sequences; rank 1: 2, 2, 1 (and a padding batch in the last 2 steps)
     assert [r["samples"] for r in results["uneven"]["records"]] == [8, 5, 2] * job.EPOCHS
     assert min(r["grad_norm"] for r in results["clipped"]["records"]) > job.CLIP  # clipping took part in every step
+    # a NaN sample on one process: that step skipped on both (once per epoch), the weights as one process's
+    assert sum(r["skipped"] for r in results["nonfinite"]["records"]) == job.EPOCHS
     if how == "fsdp2":  # set_reshard_after_backward(False): kept whole between micro-batches, resharded for the step
         assert_like_one_process(results["unsharded"], "tensors")
         assert_like_one_process(results["every"], "tensors")  # ddp_no_sync=False: a reduce-scatter per micro-batch

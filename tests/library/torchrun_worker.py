@@ -34,14 +34,15 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
 
 
-def tensors() -> tuple[torch.Tensor, torch.Tensor]:
+def tensors(nonfinite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """29 samples: with micro-batches of 2, 3 per step and 2 processes, steps of 12, 12 and 5 samples; the last
-    shared 3 and 2: micro-batches of 2 and 1 on rank 0, of 2 and a padding one (weight 0) on rank 1."""
+    shared 3 and 2: micro-batches of 2 and 1 on rank 0, of 2 and a padding one (weight 0) on rank 1. nonfinite:
+    sample 7 is NaN, on one process a step of each epoch (the step is skipped on every process, as on one)."""
     generator = torch.Generator().manual_seed(1)
-    return (
-        torch.randn(29, 5, dtype=torch.float64, generator=generator),
-        torch.randint(0, 3, (29,), generator=generator),
-    )
+    X, y = torch.randn(29, 5, dtype=torch.float64, generator=generator), torch.randint(0, 3, (29,), generator=generator)
+    if nonfinite:
+        X[7] = float("nan")
+    return X, y
 
 
 def token_shards(rank: int, world: int, epoch: int, uneven: bool) -> list[dict]:
@@ -119,14 +120,14 @@ def scenario(name: str, how: str) -> dict:
     def count(record):
         steps.append({kind: calls[kind] - before[kind] - sum(step[kind] for step in steps) for kind in calls})
 
-    if name in ("tensors", "clipped", "unsharded", "every"):
+    if name in ("tensors", "clipped", "unsharded", "every", "nonfinite"):
         model = wrap(mlp(), how)
         if name == "unsharded":
             model.set_reshard_after_backward(False)  # parameters kept whole between a step's micro-batches
         optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=LR)
         history = accumlib.train(
             model,
-            tensors(),
+            tensors(name == "nonfinite"),
             optimizer,
             micro_batch_size=2,
             accum_steps=3,
