@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_pipeline: the t
 import test_pipeline as lm
 
 import accumlib
+from accumlib.timing import HostReads
 
 SEED, LR, EPOCHS = 4, 0.5, 2
 CLIP = 0.05  # below every step's gradient norm here: every step is clipped (the test checks that it is)
@@ -114,30 +115,33 @@ for _name in COUNTED:
 
 
 def scenario(name: str, how: str) -> dict:
-    """Train one scenario on this process; the result rank 0 saves, with FSDP2's collectives in each step."""
-    steps, before = [], dict(calls)
+    """Train one scenario on this process; the result rank 0 saves, with FSDP2's collectives and the host reads
+    (tensor scenarios) in each step."""
+    steps, before, reads = [], dict(calls), HostReads()
 
     def count(record):
-        steps.append({kind: calls[kind] - before[kind] - sum(step[kind] for step in steps) for kind in calls})
+        step = {kind: calls[kind] - before[kind] - sum(step[kind] for step in steps) for kind in calls}
+        steps.append({**step, "host reads": reads.count - sum(step["host reads"] for step in steps)})
 
     if name in ("tensors", "clipped", "unsharded", "every", "nonfinite"):
         model = wrap(mlp(), how)
         if name == "unsharded":
             model.set_reshard_after_backward(False)  # parameters kept whole between a step's micro-batches
         optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=LR)
-        history = accumlib.train(
-            model,
-            tensors(name == "nonfinite"),
-            optimizer,
-            micro_batch_size=2,
-            accum_steps=3,
-            epochs=EPOCHS,
-            seed=SEED,
-            device="cpu",
-            clip_grad_norm=CLIP if name == "clipped" else None,
-            ddp_no_sync=name != "every",
-            on_step=count,
-        )
+        with reads:
+            history = accumlib.train(
+                model,
+                tensors(name == "nonfinite"),
+                optimizer,
+                micro_batch_size=2,
+                accum_steps=3,
+                epochs=EPOCHS,
+                seed=SEED,
+                device="cpu",
+                clip_grad_norm=CLIP if name == "clipped" else None,
+                ddp_no_sync=name != "every",
+                on_step=count,
+            )
     else:  # "tokens", "uneven": each process's loader its own, the model's own mean loss weighted by its tokens
         model = wrap(lm.TinyCausalLM(), how)
         history = accumlib.train(
