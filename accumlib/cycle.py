@@ -218,10 +218,12 @@ def _runs(loss_weights: Sequence[float], sync) -> _Runs:
     loss (NaN, a mean over nothing) cannot reach the cycle's. Under DDP every process runs at least its last
     micro-batch (the all-reduce is in its backward), and without no_sync() every one, a weight-0 one seeded with 0."""
     nothing = [not isinstance(w, torch.Tensor) and w == 0 for w in loss_weights]
+    last = len(nothing) - 1
+    while last >= 0 and nothing[last]:
+        last -= 1
+    if last < 0:  # nothing to learn here; but the others' all-reduce needs this process's last one
+        last = None if sync is None else len(nothing) - 1
     every = sync is not None and (not sync.no_sync or sync.fsdp)
-    last = max((i for i, zero in enumerate(nothing) if not zero), default=None)
-    if last is None and sync is not None:  # nothing to learn here, but the others' all-reduce needs this process
-        last = len(nothing) - 1
     return _Runs(nothing, every, last, len(nothing) - 1 if every else last)
 
 
