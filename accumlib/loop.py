@@ -240,7 +240,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 started = time.perf_counter()
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
                     if measure:
-                        with memory.step_peak(device, run.params, optimizer) as peak:
+                        with memory.step_peak(model, optimizer, device) as peak:
                             result = _cycle(model, optimizer, cycle.micro_batches, weights, options)
                         peaks[layout] = peak.bytes
                     else:
