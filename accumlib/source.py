@@ -19,10 +19,10 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import checkpoint as checkpoints
 from .batches import _Cycle, _check_batch, _MicroBatches, _Producer, _refuse_meta
 from .i18n import _
 from .loader import _Loader
+from .random_states import random_states_kept
 
 
 def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes) -> _Producer:
@@ -97,7 +97,7 @@ class _Samples:
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
             if self.n:
-                with checkpoints.random_states_kept():  # a Dataset that augments draws nothing the run would draw
+                with random_states_kept():  # a Dataset that augments draws nothing the run would draw
                     _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
@@ -159,7 +159,7 @@ class _Indexed(_Producer):
     def example(self):
         """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors.
         Fetched under its own random state: a Dataset that augments randomly draws for the run as without it."""
-        with checkpoints.random_states_kept():
+        with random_states_kept():
             x, y = self.samples.fetch(list(range(self.micro)))
         return (x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else None
 
