@@ -327,15 +327,10 @@ def _check_fits(
             "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)",
             n,
         ).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
+        advice = source.advice()  # how to make this data's micro-batches smaller
         try:
             memory.check_cycle_fits(
-                model,
-                optimizer,
-                *cycle.real(weights),
-                options=options,
-                budget_bytes=budget,
-                what=what,
-                advice=source.advice(),
+                model, optimizer, *cycle.real(weights), options=options, budget_bytes=budget, what=what, advice=advice
             )
             fitted.add(cycle.layout)
         except Exception as error:  # under DDP the others learn of it below
