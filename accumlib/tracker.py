@@ -19,10 +19,11 @@ import weakref
 from typing import Iterable
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from . import budget, cycle, sharded
+from . import budget, phases, sharded
 from .budget import allocation_bytes
 
 # What each category holds (one line each); the order is that of the stacked bars: first what the model fixes,
@@ -45,9 +46,9 @@ CATEGORY_DEFINITIONS = {
     "activation gradients": "gradients with respect to the activations, which backward() computes layer by "
     "layer on its way to the parameters; proportional to the micro-batch",
     "other": "everything else alive at the peak: results of the forward pass that backward() does not need "
-    "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
-    "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
-    "rounding and workspaces",
+    "(the loss, the logits while they live), the 1 that backward() starts from, with accumulation the step's "
+    "loss summed so far, the copy of BatchNorm's running statistics that a skipped step puts back; on CUDA also "
+    "the allocator's rounding and workspaces",
 }
 CATEGORIES = tuple(CATEGORY_DEFINITIONS)
 
@@ -104,6 +105,10 @@ class LiveTensorBytes(TorchDispatchMode):
             totals[record.category] += record.nbytes
         return totals
 
+    def now(self) -> str | None:
+        """The part of the step running: "backward" while autograd runs a backward(), else the phase last set."""
+        return "backward" if phases.in_backward() else self.phase
+
     def _track(self, t: torch.Tensor, category: str, final: bool) -> None:
         storage = sharded.local(t).untyped_storage()  # an FSDP2 DTensor: the shard this process holds
         key = id(storage)
@@ -112,7 +117,7 @@ class LiveTensorBytes(TorchDispatchMode):
         record = self._live[key] = _Storage(allocation_bytes(storage.nbytes(), t.device), category, final)
         self.current += record.nbytes
         if self.current > self.peak:
-            self.peak, self.peak_phase = self.current, self.phase
+            self.peak, self.peak_phase = self.current, self.now()
             self._at_peak = list(self._live.values())  # the records themselves: later tags still apply
         self._finalizers.append(weakref.finalize(storage, self._free, key))
 
@@ -134,7 +139,7 @@ class LiveTensorBytes(TorchDispatchMode):
         # a new record: one alive at the peak keeps the bytes it had then
         self._live[id(storage)] = _Storage(nbytes, record.category, record.final)
         if self.current > self.peak:
-            self.peak, self.peak_phase = self.current, self.phase
+            self.peak, self.peak_phase = self.current, self.now()
             self._at_peak = list(self._live.values())
 
     def __enter__(self):
@@ -145,7 +150,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = _collective(func, args, kwargs) if func.namespace == "c10d" else func(*args, **kwargs)
-        category = _CREATED_IN.get(self.phase, "other")
+        category = _CREATED_IN.get(self.now(), "other")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._track(t, category, final=False)
@@ -168,7 +173,8 @@ def _collective(func, args, kwargs):
     with it the peak, by up to a collective's buffer). With copies the backend holds only uncounted ones; each
     counted storage is freed where this thread drops it, as it is on CUDA, where the caching allocator frees a block
     on its stream's order. The copies are made inside the mode's dispatch and so are not counted, as the step itself
-    does not make them; the collective's values are the same."""
+    does not make them; the collective's values are the same. The Work returned gives the caller's tensors back
+    from its future too (DDP's reducer reads the all-reduced bucket there: a copy it kept was counted then)."""
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id of the caller's tensor: (it, its copy)
 
     def copy_of(t):
@@ -185,8 +191,36 @@ def _collective(func, args, kwargs):
     with torch.no_grad():
         for original, copy in copies.values():
             original.copy_(copy)
-    back = {id(copy): original for original, copy in copies.values()}
-    return tree_map(lambda leaf: back.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf, out)
+    back = {_bytes_of(copy): (original, copy) for original, copy in copies.values()}
+    return tree_map(lambda leaf: _the_callers(leaf, back), out)
+
+
+def _bytes_of(t: torch.Tensor):
+    """What tells `t`'s bytes apart from another tensor's: its storage's address (itself, for no bytes)."""
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else id(t)
+
+
+def _the_callers(leaf, back: dict):
+    """A leaf of a collective's result with the caller's tensors for the copies (`back`: a copy's `_bytes_of`:
+    (the caller's tensor, its copy)): a copy, a view of one (gloo's all-gather: its future's chunks), and a c10d
+    Work (boxed), whose future then gives the caller's tensors."""
+    if isinstance(leaf, torch.Tensor):
+        original, copy = back.get(_bytes_of(leaf), (leaf, leaf))
+        if leaf is copy or copy.stride() != original.stride():
+            return original if leaf is copy else leaf
+        offset = original.storage_offset() + leaf.storage_offset() - copy.storage_offset()
+        return original.as_strided(leaf.shape, leaf.stride(), offset)  # the same view of the caller's tensor
+    if not hasattr(leaf, "wait"):
+        return leaf
+    work = dist.Work.unbox(leaf)
+    try:
+        value = work.get_future().value()
+    except RuntimeError:  # a Work without a future (gloo's reduce-scatter): nothing reads the copies from it
+        return leaf
+    done = torch.futures.Future()
+    done.set_result(tree_map(lambda inner: _the_callers(inner, back), value))
+    return torch._C._distributed_c10d._create_work_from_future(done).boxed()
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -203,11 +237,12 @@ class _Peak:
 
 
 @contextlib.contextmanager
-def step_peak(device: torch.device, params, optimizer):
-    """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included; on the
-    CPU the model's other parameters and its buffers too, adopted as each `accumulate_and_step` in the block starts;
-    on CUDA the allocator's peak over what the block did not hold, so those few buffers are left out there)."""
+def step_peak(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+    """Context manager: `.bytes` is the peak bytes of the block's steps of `model` (its parameters, gradients and
+    the optimizer's state included; on the CPU the model's frozen parameters and its buffers too; on CUDA the
+    allocator's peak over what the block did not hold, so those few buffers are left out there)."""
     result = _Peak()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if device.type == "cuda":  # the allocator's peak of the block, less what was allocated before it and is not the
         # step's (the data, other models, cuBLAS's workspace, taken first), as check_fits traces it
         budget._take_workspaces(device)
@@ -224,12 +259,8 @@ def step_peak(device: torch.device, params, optimizer):
     else:
         tracker = LiveTensorBytes()
         tracker.track(_persistent_tensors(params, optimizer))
-
-        def watch(phase: str, model=None) -> None:
-            if phase == "start":  # what the model holds besides the optimizer's parameters, as measure_step counts it
-                tracker.track(_model_tensors(model), "parameters")
-
-        with tracker, cycle.watched(watch), _no_collection():
+        tracker.track(_model_tensors(model), "parameters")  # what the model holds besides, as measure_step counts it
+        with tracker, _no_collection():
             yield result
         result.bytes = tracker.peak
 
