@@ -358,10 +358,15 @@ DEVANAGARI = re.compile(r"[\u0900-\u097F]")
 NUKTA = "\u093c"
 
 
+ENGLISH_NOTE = re.compile(r"\s*\([^()]*\)$")  # "digits (the course's 8×8 images ...)": a note for the glossary's users
+NOT_LISTED = "not in the word list"  # in a row's note: a transliteration (सेल, cell) or an everyday word (समय, time)
+
+
 def word_list_terms(rows: list[dict[str, str]]) -> list[tuple[str, str]]:
     """(Hindi, English) for the glossary rows a learner would look up, sorted by the Hindi: those whose Hindi is
-    (partly) Devanagari, leaving out conventions (an English column in brackets, "… मिला") and rows that are only
-    about spelling (every avoided form is the Hindi without its nukta: ज़्यादा, not ज्यादा)."""
+    (partly) Devanagari, leaving out conventions (an English column in brackets, "… मिला"), rows that are only
+    about spelling (every avoided form is the Hindi without its nukta: ज़्यादा, not ज्यादा) and rows whose note says
+    NOT_LISTED; the English without its note in brackets (the English words to search for)."""
     terms = []
     for row in rows:
         hindi, english = row["hindi"].strip(), row["english"].strip()
@@ -369,9 +374,9 @@ def word_list_terms(rows: list[dict[str, str]]) -> list[tuple[str, str]]:
         spellings = {form.strip().replace(NUKTA, "") for form in hindi.split("/")}
         if not DEVANAGARI.search(hindi) or english.startswith("(") or hindi.startswith("…"):
             continue
-        if avoid and avoid <= spellings:
+        if (avoid and avoid <= spellings) or NOT_LISTED in (row.get("note") or ""):
             continue
-        terms.append((hindi, english))
+        terms.append((hindi, ENGLISH_NOTE.sub("", english)))
     return sorted(terms, key=lambda term: (not DEVANAGARI.match(term[0]), term))  # Devanagari first, in its order
 
 

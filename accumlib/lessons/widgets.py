@@ -162,7 +162,11 @@ def _integer_from_to(name: str, value, low: int, high: int, note: str = "") -> i
     ValueError naming `name` and the valid range otherwise."""
     number = as_integer(value)
     if number is None or not low <= number <= high:
-        raise ValueError(f"{name} must be an integer from {low} to {high}{note}, got {value!r}")
+        raise ValueError(
+            _("{name} must be an integer from {low} to {high}{note}, got {value!r}").format(
+                name=name, low=low, high=high, note=note, value=value
+            )
+        )
     return number
 
 
@@ -216,11 +220,17 @@ class Dashboard:
                 or len(set(tasks)) != len(list(tasks))
             ):
                 raise ValueError(
-                    f"tasks must be distinct task numbers from 1 to {len(every)} (or None for all), got {tasks!r}"
+                    _("tasks must be distinct task numbers from 1 to {count} (or None for all), got {tasks!r}").format(
+                        count=len(every), tasks=tasks
+                    )
                 )
             self.tasks = tuple(every[n - 1] for n in tasks)
         if as_integer(micro_batch_size) not in MICRO_BATCH_SIZES:  # a NumPy integer too; never True or 8.0
-            raise ValueError(f"micro_batch_size must be one of {MICRO_BATCH_SIZES}, got {micro_batch_size!r}")
+            raise ValueError(
+                _("micro_batch_size must be one of {sizes}, got {value!r}").format(
+                    sizes=MICRO_BATCH_SIZES, value=micro_batch_size
+                )
+            )
         micro_batch_size = as_integer(micro_batch_size)
         accum_steps = _integer_from_to("accum_steps", accum_steps, 1, MAX_ACCUM_STEPS)
         self.seed = non_negative_int("seed", seed)
@@ -401,12 +411,18 @@ class Dashboard:
         if thread is not None:
             thread.join(timeout)
             if thread.is_alive():
-                raise TimeoutError(f"the dashboard's runs were still going after timeout={timeout} seconds")
+                raise TimeoutError(
+                    _("the dashboard's runs were still going after timeout={timeout} seconds").format(timeout=timeout)
+                )
         failed = [run for run in self.runs[self._reported :] if run.outcome == "failed"]
         self._reported = len(self.runs)
         if failed:
             raise RuntimeError(
-                f"{len(failed)} dashboard run(s) failed, first with settings {failed[0].settings}: {failed[0].error!r}"
+                ngettext(
+                    "{count} dashboard run failed, with settings {settings}: {error!r}",
+                    "{count} dashboard runs failed, the first with settings {settings}: {error!r}",
+                    len(failed),
+                ).format(count=len(failed), settings=failed[0].settings, error=failed[0].error)
             ) from failed[0].error
 
     def show(self) -> None:
@@ -503,7 +519,11 @@ class LossDashboard(Dashboard):
         **kwargs,
     ):
         samples = _integer_from_to(
-            "samples", samples, max(MICRO_BATCH_SIZES), data.DIGITS, " (from the largest micro-batch to all the digits)"
+            "samples",
+            samples,
+            max(MICRO_BATCH_SIZES),
+            data.DIGITS,
+            _(" (from the largest micro-batch to all the digits)"),
         )
         self.samples, self.epochs = samples, positive_int("epochs", epochs)
         self.lr, self.redraw_seconds = positive_number("lr", lr), positive_number("redraw_seconds", redraw_seconds)
@@ -763,7 +783,9 @@ class MemoryDashboard(Dashboard):
 
     def __init__(self, *, budget_mib: float = 0.5, **kwargs):
         if isinstance(budget_mib, bool) or budget_mib not in CARD_MIB:
-            raise ValueError(f"budget_mib must be a multiple of 0.25 from 0.25 to 4, got {budget_mib!r}")
+            raise ValueError(
+                _("budget_mib must be a multiple of 0.25 from 0.25 to 4, got {value!r}").format(value=budget_mib)
+            )
         self.budget = w.FloatSlider(
             value=budget_mib,
             min=CARD_MIB[0],
@@ -942,7 +964,7 @@ class BatchNormDashboard(Dashboard):
             samples,
             max(MICRO_BATCH_SIZES),
             data.DIGITS - self.HELD_OUT,
-            f" (the digits that leave {self.HELD_OUT} held out)",
+            _(" (the digits that leave {held_out} held out)").format(held_out=self.HELD_OUT),
         )
         self.samples = samples
         super().__init__(**kwargs)

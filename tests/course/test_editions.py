@@ -316,7 +316,10 @@ def test_the_last_lesson_ends_with_the_glossary_as_a_word_list():
     intro, _, table = cell.source.partition("\n| ")
     assert not untranslated(intro) and devanagari_share(intro) > MOSTLY, intro
     rows = [tuple(part.strip() for part in re.split(r"(?<!\\)\|", line)[1:-1]) for line in table.splitlines()[2:]]
-    glossary = {(row["hindi"].strip(), row["english"].strip()) for row in editions.glossary()}
+    # the glossary's rows, the English without its note in brackets
+    glossary = {
+        (row["hindi"].strip(), editions.ENGLISH_NOTE.sub("", row["english"].strip())) for row in editions.glossary()
+    }
     assert set(rows) <= glossary, f"rows that are not the glossary's: {sorted(set(rows) - glossary)}"
     # every term the lessons give with its English on first use is there (the English column of its row)
     listed = {hindi_term for hindi_term, _ in rows}
@@ -671,6 +674,17 @@ def test_the_word_list_takes_terms_not_spellings_or_conventions_and_only_ends_th
         )
     ]
     assert editions.word_list_terms(rows) == [("उतार-चढ़ाव", "noise"), ("क | ख", "a | b"), ("माध्यिका", "median")]
+    # Hindi review, lesson 10 (low): the list gave English notes a Hindi reader cannot use ("digits (the course's 8×8
+    # images of handwritten digits)") and padded itself with transliterations and everyday words (सेल, समय)
+    rows = [
+        {"english": "digits (the course's 8×8 images of handwritten digits)", "hindi": "अंक", "avoid": "", "note": ""},
+        {"english": "cell (notebook)", "hindi": "सेल", "avoid": "", "note": "a transliteration: not in the word list"},
+        {"english": "time", "hindi": "समय", "avoid": "", "note": "an everyday word: not in the word list"},
+    ]
+    assert editions.word_list_terms(rows) == [("अंक", "digits")]
+    shown = editions.word_list_terms(editions.glossary())
+    assert not [english for _, english in shown if "(" in english], shown
+    assert not {hindi for hindi, _ in shown} & {"सेल", "डिवाइस", "डॉकस्ट्रिंग", "समय", "सही", "मापना"}, shown
     assert editions.cell_text("क | ख") == "क \\| ख"
     assert editions.edition(NEW, translated("x", {}), LANGUAGE).cells[-1].id != editions.WORD_LIST_ID
     last = editions.edition(NEW, translated(editions.WORD_LIST_LESSON, {}), LANGUAGE)

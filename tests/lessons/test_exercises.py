@@ -477,6 +477,51 @@ def test_a_loss_cut_off_from_the_model_is_not_told_that_no_backward_ran():
     assert no_backward.names == ["empty-step"] and "no backward() ran before it" in no_backward.text
 
 
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_a_loop_that_takes_too_few_micro_batches_is_told_in_words_that_fit_one_epoch(language):
+    # the lessons review (1.4): lesson 0's `pass` was told "... took 0 micro-batches from the loader, but 1 passes
+    # over it give 16"; over several epochs the message counts the passes (lesson 4's problems)
+    body_pass = cell(f"def accumulate({LOOP_ARGS}):\n    pass\n", "accumulate")
+    one = cell(FIRST.replace("optimizer.zero_grad()\n", "optimizer.zero_grad()\n        break\n"), "accumulate")
+    accumlib.set_language(language)
+    try:
+        verdicts = [exercises.first_loop.verdict(answer) for answer in (body_pass, one)]
+    finally:
+        accumlib.set_language("en")
+    assert [v.names for v in verdicts] == [["micro-batch-count"]] * 2, [v.text for v in verdicts]
+    expected = {
+        "en": ["took 0 micro-batches from the loader, but one pass over it gives 16", "took 1 micro-batch from the"],
+        "hi": ["पर loader को एक बार पूरा पढ़ने पर 16 micro-batches", "loader से 1 micro-batch लिया"],
+    }[language]
+    for verdict, words in zip(verdicts, expected, strict=True):
+        assert words in verdict.text and "1 passes" not in verdict.text and "1 बार" not in verdict.text, verdict.text
+
+
+MANUAL_UPDATE = "with torch.no_grad():\n    for p in model.parameters():\n        p -= 0.01 * p.grad\n"
+DECAY = "with torch.no_grad():\n    for p in model.parameters():\n        p.mul_(0.9)  # a weight decay of its own\n"
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("after each step", "before optimizer step 2"),
+        ("after the loop", "after the last optimizer step"),
+    ],
+)
+@pytest.mark.parametrize("exercise", ["first_loop", "the_loop"])
+def test_an_update_of_the_weights_of_its_own_is_named_as_such(exercise, where, words):
+    # the lessons review (1.4): an extra manual update was told "The gradient at step 2 is not made of the
+    # micro-batches' gradients" (the weights it changed made the next gradients different)
+    loop = FIRST if exercise == "first_loop" else LOOP
+    if where == "after each step":
+        loop = loop.replace("optimizer.step()\n", "optimizer.step()\n" + textwrap.indent(MANUAL_UPDATE, " " * 12))
+    else:
+        loop = loop.replace("\n\n\nprint(", "\n" + textwrap.indent(DECAY, " " * 4) + "\n\nprint(")
+    verdict = getattr(exercises, exercise).verdict(cell(loop, "accumulate"))
+    assert verdict.names == ["weights-changed"], verdict.text
+    assert words in verdict.text and "only optimizer.step() may change them" in verdict.text, verdict.text
+
+
 def test_an_input_in_another_dtype_is_explained_from_the_dtypes():
     # torch 2.13 says "mat1 and mat2 must have the same dtype"; the check reads the dtypes, not the message
     result = exercises.the_loop.verdict(defined(LOOP.replace("model(x)", "model(x.float())"), "accumulate"))

@@ -718,6 +718,46 @@ def test_the_instructor_exports_one_csv_line_per_learner(score_file, tmp_path, m
         quiz.scores(save=3)
 
 
+def test_the_quizs_own_refusals_and_its_score_file_warning_speak_the_course_language(course_language, tmp_path):
+    """Hindi review (section 4): the quiz API's errors were English in Hindi mode; beyond quiz.check's, those of a
+    Quiz's answers and runs, of quiz.scores() (lesson 10's cell) and the warning on a score file it cannot read."""
+    graded = quiz.Quiz(["when-to-step", "effective-batch", "predict-no-division-adam"], "en", seed=0)
+    course_language("hi")
+    refusals = [
+        (lambda: graded.answer("no-such-question", "a"), ValueError, "'no-such-question'"),
+        (lambda: graded.answer("when-to-step", "z"), ValueError, "'z'"),
+        (lambda: graded.answer("effective-batch", "32"), TypeError, "'32'"),
+        (lambda: graded.answer("effective-batch", float("nan")), ValueError, "nan"),
+        (lambda: graded.run_check("when-to-step"), ValueError, "when-to-step"),
+        (lambda: graded.run_check("predict-no-division-adam"), ValueError, "predict-no-division-adam"),
+        (lambda: graded.question(3), TypeError, "3"),
+        (lambda: quiz.Quiz(seed=1.5), TypeError, "1.5"),
+        (lambda: quiz.Quiz(store="scores.json"), TypeError, "scores.json"),
+        (lambda: quiz.scores(tmp_path / "nowhere.json"), FileNotFoundError, "nowhere.json"),
+        (lambda: quiz.scores(save=3), TypeError, "3"),
+        (lambda: quiz.ScoreFile(3), TypeError, "3"),
+    ]
+
+    def words(message: str, value: str = "") -> str:  # the message without the values it quotes (ids, paths)
+        for quoted in [str(tmp_path), value, *sorted(BY_ID, key=len, reverse=True)]:
+            message = message.replace(quoted, "")
+        return re.sub(r"'[^']*'", "", message)  # the option ids, as repr() quotes them
+
+    for make, error, value in refusals:
+        with pytest.raises(error) as refused:
+            make()
+        message = str(refused.value)
+        assert hindi.DEVANAGARI.search(message) and not hindi.untranslated(words(message, value)), message
+        assert value in message, message
+    broken = tmp_path / "broken" / "accumlib-scores.json"
+    broken.parent.mkdir()
+    broken.write_text('{"notes": "mine"}', encoding="utf-8")  # JSON, but not a score file
+    with pytest.warns(UserWarning) as warned:
+        quiz.ScoreFile(broken).read()
+    message = str(warned[0].message)
+    assert hindi.DEVANAGARI.search(message) and not hindi.untranslated(words(message)), message
+
+
 def test_the_quiz_refuses_in_the_course_language(course_language):
     """Hindi review: quiz.check(lesson=0), which a lesson-0 learner may type, answered in English in Hindi mode."""
     course_language("hi")

@@ -398,6 +398,31 @@ def test_every_control_has_a_label_and_bad_arguments_are_refused():
         widgets.BatchNormDashboard(samples=1500)
 
 
+REFUSALS = {  # Hindi review (section 4): the dashboards' argument errors were English in Hindi mode
+    "micro_batch_size": (lambda: widgets.LossDashboard(micro_batch_size=5), "micro_batch_size", "5"),
+    "tasks": (lambda: widgets.LossDashboard(tasks=[2, 2]), "tasks", "[2, 2]"),
+    "accum_steps": (lambda: widgets.LossDashboard(accum_steps=0), "accum_steps", "0"),
+    "samples (loss)": (lambda: widgets.LossDashboard(samples=10), "samples", "10"),
+    "samples (batchnorm)": (lambda: widgets.BatchNormDashboard(samples=1500), "samples", "1500"),
+    "budget_mib": (lambda: widgets.MemoryDashboard(budget_mib=10), "budget_mib", "10"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_dashboards_refusals_speak_the_course_language(case):
+    """In Hindi mode a dashboard refuses a bad argument in Hindi, naming the parameter and the value it got."""
+    make, name, value = REFUSALS[case]
+    i18n.set_language("hi")
+    try:
+        with pytest.raises(ValueError) as refused:
+            make()
+    finally:
+        i18n.set_language("en")
+    message = str(refused.value)
+    assert re.search(r"[\u0900-\u097F]", message) and not untranslated(message), message
+    assert name in message and value in message, message
+
+
 def test_models_built_in_parallel_threads_get_their_seeded_weights():
     from accumlib.lessons import models
 

@@ -129,7 +129,9 @@ class RecordingSGD(torch.optim.SGD):
 
     def step(self, closure=None):
         self._recording.on_step()
-        return super().step(closure)
+        result = super().step(closure)
+        self._recording.left = self._recording.weights()  # what the optimizer made of them
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._recording.zeros.append((len(self._recording.forwards), len(self._recording.steps)))
@@ -218,6 +220,9 @@ class Recording:
         self.dtype_mismatch: tuple[int, torch.dtype] | None = None  # (model call, input dtype): the first input not
         # in the model's dtype
         self.autocast_devices = ("cpu",) + (("cuda",) if amp and lesson_device_type() == "cuda" else ())
+        self.left = self.weights()  # the weights as the last optimizer step left them (at first: the initial ones)
+        self.weights_changed: int | None = None  # the optimizer step (from 1) before which the learner's code changed
+        # the weights itself (len(steps) + 1: after the last step); None while only optimizer.step() changed them
         self.module.register_forward_pre_hook(self._on_forward)
         self.module.register_forward_hook(self._after_forward)
         self.model = RecordingDDP(self.module, self) if ddp else self.module
@@ -287,7 +292,24 @@ class Recording:
             torch.Tensor.backward, torch.autograd.backward = tensor_backward, autograd_backward
             torch.amp.GradScaler.scale = scale
 
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.module.parameters()]
+
+    def _note_weights(self) -> None:
+        """Note the first place where the weights are no longer as the last optimizer step left them (a NaN where
+        the optimizer left a NaN counts as unchanged)."""
+        now = list(self.module.parameters())
+        if self.weights_changed is None and (
+            len(now) != len(self.left)
+            or any(
+                a.shape != b.shape or not bool(((a == b) | (a.isnan() & b.isnan())).all())
+                for a, b in zip(now, self.left, strict=True)  # the lengths are equal: compared above
+            )
+        ):
+            self.weights_changed = len(self.steps) + 1
+
     def on_step(self) -> None:
+        self._note_weights()
         grads = [
             p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
             for p in self.module.parameters()
@@ -306,6 +328,7 @@ class Recording:
             self.error = (
                 error if self.dtype_mismatch is None else DtypeMismatch(*self.dtype_mismatch, self.problem.model_dtype)
             )
+        self._note_weights()  # after the last step too
         return self
 
 
@@ -558,16 +581,26 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
     expected = len(ref.sizes)
     if fp.handed_out != expected or -1 in rec.forwards:
         if fp.handed_out != expected:
+            one_epoch = ngettext(
+                "Your loop took {count} micro-batch from the loader, but one pass over it gives {expected}: use every "
+                "micro-batch once.",
+                "Your loop took {count} micro-batches from the loader, but one pass over it gives {expected}: use "
+                "every micro-batch once.",
+                fp.handed_out,
+            )
+            epochs = ngettext(
+                "Your loop took {count} micro-batch from the loader, but {epochs} passes over it give {expected}: "
+                "use every micro-batch of every epoch once.",
+                "Your loop took {count} micro-batches from the loader, but {epochs} passes over it give "
+                "{expected}: "
+                "use every micro-batch of every epoch once.",
+                fp.handed_out,
+            )
             findings.add(
                 "micro-batch-count",
-                ngettext(
-                    "Your loop took {count} micro-batch from the loader, but {epochs} passes over it give {expected}: "
-                    "use every micro-batch of every epoch once.",
-                    "Your loop took {count} micro-batches from the loader, but {epochs} passes over it give "
-                    "{expected}: "
-                    "use every micro-batch of every epoch once.",
-                    fp.handed_out,
-                ).format(count=fp.handed_out, expected=expected, epochs=rec.problem.epochs),
+                (one_epoch if rec.problem.epochs == 1 else epochs).format(
+                    count=fp.handed_out, expected=expected, epochs=rec.problem.epochs
+                ),
             )
         if -1 in rec.forwards:
             findings.add(
@@ -578,6 +611,20 @@ def loop_findings(fp: Fingerprint, *, contributions: bool = True, weights: bool 
                     "it comes."
                 ).format(call=rec.forwards.index(-1) + 1),
             )
+        return findings.list()
+    if rec.weights_changed is not None:  # every gradient after it is taken at other weights: nothing else is read
+        if rec.weights_changed <= len(rec.steps):
+            message = _(
+                "Your code changed the weights itself before optimizer step {step}: only optimizer.step() may change "
+                "them (an update of your own, such as `p -= lr * p.grad`, applies the gradient a second time, and "
+                "every later gradient is taken at other weights)."
+            ).format(step=rec.weights_changed)
+        else:
+            message = _(
+                "Your code changed the weights itself after the last optimizer step: only optimizer.step() may "
+                "change them."
+            )
+        findings.add("weights-changed", message)
         return findings.list()
     if not fp.readings:
         findings.add("no-step", _("optimizer.step() is never called, so the weights never change."))

@@ -225,9 +225,9 @@ class Quiz:
     ):
         self.language = language
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, str))):
-            raise TypeError(f"seed must be an int or a string (the learner's seed), got {seed!r}")
+            raise TypeError(_("seed must be an int or a string (the learner's seed), got {value!r}").format(value=seed))
         if store is not None and not isinstance(store, ScoreFile):
-            raise TypeError(f"store must be a quiz.ScoreFile or None, got {store!r}")
+            raise TypeError(_("store must be a quiz.ScoreFile or None, got {value!r}").format(value=store))
         self.questions = select(ids, lesson)
         self.store = store
         self.seed = learner_seed(store) if seed is None else seed
@@ -261,11 +261,19 @@ class Quiz:
 
     def question(self, qid) -> dict:
         if not isinstance(qid, str):
-            raise TypeError(f"qid must be a question id (a string), got {qid!r} ({type(qid).__name__})")
+            raise TypeError(
+                _("qid must be a question id (a string), got {value!r} ({kind})").format(
+                    value=qid, kind=type(qid).__name__
+                )
+            )
         for q in self.questions:
             if q["id"] == qid:
                 return q
-        raise ValueError(f"qid: {qid!r} is not in this quiz; valid: {', '.join(q['id'] for q in self.questions)}")
+        raise ValueError(
+            _("qid: {qid!r} is not in this quiz; valid: {valid}").format(
+                qid=qid, valid=", ".join(q["id"] for q in self.questions)
+            )
+        )
 
     def answer(self, qid: str, value) -> Feedback:
         """Grade `value` and record the attempt: an option id (a string such as "b") for a choice or predict
@@ -286,10 +294,14 @@ class Quiz:
         if q["kind"] == "number":
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(
-                    f"value: question {q['id']!r} needs a number (int or float), got {value!r} ({type(value).__name__})"
+                    _("value: question {qid!r} needs a number (int or float), got {value!r} ({kind})").format(
+                        qid=q["id"], value=value, kind=type(value).__name__
+                    )
                 )
             if not math.isfinite(value):
-                raise ValueError(f"value: question {q['id']!r} needs a finite number, got {value!r}")
+                raise ValueError(
+                    _("value: question {qid!r} needs a finite number, got {value!r}").format(qid=q["id"], value=value)
+                )
             if value == q["answer"]:
                 return True, q["explanation"]
             known = {cause["answer"]: cause["feedback"] for cause in q.get("known_wrong", [])}
@@ -297,8 +309,9 @@ class Quiz:
         options = {o["id"]: o for o in q["options"]}
         if not isinstance(value, str) or value not in options:
             raise (ValueError if isinstance(value, str) else TypeError)(
-                f"value: question {q['id']!r} takes one option id, one of {', '.join(map(repr, options))}; "
-                f"got {value!r}"
+                _("value: question {qid!r} takes one option id, one of {options}; got {value!r}").format(
+                    qid=q["id"], options=", ".join(map(repr, options)), value=value
+                )
             )
         return (True, q["explanation"]) if value == q["answer"] else (False, options[value]["feedback"])
 
@@ -324,9 +337,13 @@ class Quiz:
         return what it measured, in the quiz's language."""
         q = self.question(qid)
         if q["kind"] != "predict":
-            raise ValueError(f"qid: {qid!r} is a {q['kind']!r} question; only 'predict' questions have a run")
+            raise ValueError(
+                _("qid: {qid!r} is a {kind!r} question; only 'predict' questions have a run").format(
+                    qid=qid, kind=q["kind"]
+                )
+            )
         if not self.attempts[qid]:
-            raise ValueError(f"qid: answer {qid!r} before running it (predict, then run it)")
+            raise ValueError(_("qid: answer {qid!r} before running it (predict, then run it)").format(qid=qid))
         experiment, message = RUNS[q["run"]]
         return self.text(message).format(**experiment())
 
@@ -567,10 +584,12 @@ def scores(*paths, save=None) -> str:
     files = [ScoreFile(path) for path in paths] or [ScoreFile()]
     missing = [str(file.path) for file in files if paths and not file.path.is_file()]
     if missing:
-        raise FileNotFoundError(f"paths: no score file at {', '.join(missing)}")
+        raise FileNotFoundError(_("paths: no score file at {paths}").format(paths=", ".join(missing)))
     text = to_csv(_score_rows(_bank()["questions"], Quiz._grade, *files))
     if save is not None:
         if not isinstance(save, (str, os.PathLike)):
-            raise TypeError(f"save must be a file path (str or os.PathLike) or None, got {save!r}")
+            raise TypeError(
+                _("save must be a file path (str or os.PathLike) or None, got {value!r}").format(value=save)
+            )
         Path(save).write_text(text, encoding="utf-8")
     return text

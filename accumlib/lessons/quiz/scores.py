@@ -22,6 +22,8 @@ import random
 import warnings
 from pathlib import Path
 
+from ...i18n import _
+
 FILENAME = "accumlib-scores.json"
 FORMAT = 1
 PROCESS_SEED = str(random.SystemRandom().getrandbits(32))  # drawn once per process
@@ -40,7 +42,9 @@ class ScoreFile:
 
     def __init__(self, path=None):
         if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a file path (str or os.PathLike) or None, got {path!r}")
+            raise TypeError(
+                _("path must be a file path (str or os.PathLike) or None, got {value!r}").format(value=path)
+            )
         self.path = Path(path) if path is not None else default_path()
         self.broken = False  # set when the file exists but is not a score file: then nothing is written to it
 
@@ -60,12 +64,14 @@ class ScoreFile:
                     for a in data["learners"].values()
                 )
             ):
-                raise ValueError(f"not a format-{FORMAT} score file")
+                raise ValueError(_("not a format-{format} score file").format(format=FORMAT))
         except ValueError as error:
             if not self.broken:
                 warnings.warn(
-                    f"{self.path}: the quiz cannot read this score file ({error}); it leaves it as it is "
-                    f"and keeps your answers in memory only. Move the file away to start a new one.",
+                    _(
+                        "{path}: the quiz cannot read this score file ({error}); it leaves it as it is and keeps your "
+                        "answers in memory only. Move the file away to start a new one."
+                    ).format(path=self.path, error=error),
                     stacklevel=3,
                 )
             self.broken = True
