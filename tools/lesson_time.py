@@ -29,9 +29,11 @@ The method is the one of the course review (/work/shared/reviews/lessons.md, sec
 - a dashboard task: TASK_MINUTES each. A dashboard is a code cell whose stored plain-text output lists its tasks
   under "Try this:" as "1. ...", "2. ...".
 - a quick-check question: QUESTION_MINUTES each, PREDICT_MINUTES for a "predict, then run" question. The questions
-  are the ids that the quiz cell's stored plain-text output lists ("Quiz (English), 4 question(s): a, b, c, d"),
-  or else those its `quiz.check(...)` call names (ids, `lesson=N`, or every question); their kinds come from the
-  question bank (accumlib/lessons/quiz/questions.json). A dashboard or quiz cell that cannot be counted raises.
+  are those the quiz cell's calls ask: `quiz.predict(qid)`, and `quiz.check(...)` (ids, `lesson=N`, or every
+  question) as the quiz itself selects them (a lesson's check leaves out the predict questions it asked before);
+  their kinds come from the question bank (accumlib/lessons/quiz/questions.json). The stored output is not read:
+  it shows the count and the questions' numbers, not their ids. A dashboard or quiz cell that cannot be counted
+  raises.
 - an exercise: a code cell tagged `exercise`, calling `exercises.<name>.check(...)`. It takes EXERCISE_MINUTES_PER_LINE
   for each line of the exercise's solution that the learner must write or change, found by comparing the stored
   cell with `exercises.<name>.solution_code` line by line, comments and blank lines left out, indentation kept
@@ -89,7 +91,6 @@ METHOD = {
 TAG = "lesson-time"  # tag and id of the time cell
 FENCED = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 TASK = re.compile(r"^\d+\. ", re.M)
-QUIZ = re.compile(r"^(?:Quiz|The whole quiz) \([^)]*\), \d+ questions?(?:\(s\))?: (.*)$", re.M)
 CHECK = re.compile(r"exercises\.(\w+)\.check\(")
 
 # The time cell, in each language; {parts} is a list of the parts joined by the language's own "and".
@@ -198,32 +199,35 @@ def dashboard_tasks(cell) -> int:
     return len(TASK.findall(text.split("Try this:", 1)[1])) if "Try this:" in text else 0
 
 
-def quiz_ids(cell, bank: list[dict]) -> list[str]:
-    """The question ids a quiz cell asks: those its stored plain-text output lists, else those its `quiz.check(...)`
-    call names (ids, `lesson=N`, or none: every question). A quiz cell whose questions cannot be told raises."""
-    found = QUIZ.search(plain_outputs(cell))
-    if found:
-        return [qid.strip() for qid in found.group(1).split(",")]
+def quiz_ids(cell) -> list[str]:
+    """The question ids a quiz cell asks, from its calls: `quiz.check(...)` (ids, `lesson=N`, or none: every question),
+    resolved by the quiz itself (`accumlib.lessons.quiz.select`: a lesson's check leaves out its predict questions),
+    and `quiz.predict(qid)`. A quiz cell whose questions cannot be told from its source raises."""
     calls = [
         node
         for node in ast.walk(ast.parse(cell.source))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "check"
+        and node.func.attr in ("check", "predict")
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == "quiz"
     ]
     if not calls:
         return []
+    from accumlib.lessons import quiz  # the quiz's own selection; imported only when a lesson has a quiz
+
     ids: list[str] = []
     for call in calls:
         named = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
         lesson = next(
             (kw.value.value for kw in call.keywords if kw.arg == "lesson" and isinstance(kw.value, ast.Constant)), None
         )
-        if len(named) != len(call.args) or any(kw.arg not in ("lesson", "language") for kw in call.keywords):
+        countable = len(named) == len(call.args) and all(
+            kw.arg == "language" or (kw.arg == "lesson" and isinstance(kw.value, ast.Constant)) for kw in call.keywords
+        )
+        if not countable or (call.func.attr == "predict" and len(named) != 1):
             raise ValueError(f"a quiz cell whose questions cannot be counted: {cell.source!r}")
-        ids += named or [q["id"] for q in bank if lesson is None or q["lesson"] == lesson]
+        ids += named if call.func.attr == "predict" else [q["id"] for q in quiz.select(named or None, lesson=lesson)]
     return ids
 
 
@@ -270,8 +274,7 @@ def exercise_lines(cell) -> dict[str, int]:
 def measure(name: str, notebook=None) -> LessonTime:
     """Count a stored English lesson and compute its time."""
     notebook = notebook if notebook is not None else editions.read_notebook(editions.english_path(name))
-    bank = question_bank()
-    kinds = {q["id"]: q["kind"] for q in bank}
+    kinds = {q["id"]: q["kind"] for q in question_bank()}
     prose = printed = code = tasks = questions = predict = 0
     exercises: dict[str, int] = {}
     for cell in notebook.cells:
@@ -289,7 +292,7 @@ def measure(name: str, notebook=None) -> LessonTime:
                     f"{name}: a dashboard cell whose stored output lists no tasks under 'Try this:' "
                     f"(run the notebook, or teach tools/lesson_time.py its new output): {cell.source!r}"
                 )
-            for qid in quiz_ids(cell, bank):
+            for qid in quiz_ids(cell):
                 questions += 1
                 predict += kinds.get(qid) == "predict"
             if "exercise" in cell.metadata.get("tags", []):

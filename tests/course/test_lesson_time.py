@@ -80,12 +80,13 @@ def test_prose_printed_code_tasks_and_questions_are_counted_as_the_method_says()
                 "display_data",
             ),
         ),
+        code('quiz.predict("predict-no-division-adam")'),
         code(
-            "quiz.check(lesson=2)",
+            'quiz.check("grad-adds-up")',
             result(
                 {
                     "application/vnd.jupyter.widget-view+json": {},
-                    "text/plain": "Quiz (English), 2 question(s): grad-adds-up, predict-no-division-adam",
+                    "text/plain": "Quiz (English), 1 question:\n1. After three micro-batches …",
                 }
             ),
         ),
@@ -93,9 +94,9 @@ def test_prose_printed_code_tasks_and_questions_are_counted_as_the_method_says()
     t = lesson_time.measure("x", nb)
     # prose: "# Title" (2) + 4 + "end" (1); the fenced block is code (2 lines), the time cell nothing; a table's
     # words count as printed words (tables became HTML displays: left out, four lessons lost a minute they take)
-    assert (t.prose_words, t.code_lines, t.printed_words) == (7, 2 + 2 + 1 + 1 + 1 + 1, 3 + 5 + 6)
+    assert (t.prose_words, t.code_lines, t.printed_words) == (7, 2 + 2 + 1 + 1 + 1 + 1 + 1, 3 + 5 + 6)
     assert (t.dashboard_tasks, t.questions, t.predict_questions, t.exercise_lines) == (3, 2, 1, {})
-    reading = 7 / lesson_time.PROSE_WPM + 14 / lesson_time.PRINTED_WPM + 8 / lesson_time.CODE_LPM
+    reading = 7 / lesson_time.PROSE_WPM + 14 / lesson_time.PRINTED_WPM + 9 / lesson_time.CODE_LPM
     assert t.reading_minutes == pytest.approx(reading, abs=1e-3)
     # start 1, three tasks of 2, one question of 1 and one predict question of 2
     assert t.total_minutes == pytest.approx(reading + 1 + 6 + 1 + 2, abs=1e-3)
@@ -183,17 +184,26 @@ def test_every_lesson_states_its_time_at_its_top_in_both_editions(name, times):
         assert entry.string == lesson_time.time_text(t, language), f"{name} ({language}): {FIX} {name}"
 
 
-def test_a_quiz_cell_is_counted_from_its_call_when_its_output_does_not_say_and_an_uncountable_cell_raises():
+def test_a_quiz_cell_is_counted_from_its_calls_as_the_quiz_selects_and_an_uncountable_cell_raises():
+    from accumlib.lessons import quiz
+
     bank = lesson_time.question_bank()
-    lesson_3 = [q["id"] for q in bank if q["lesson"] == 3]
-    assert lesson_time.quiz_ids(code("quiz.check(lesson=3)"), bank) == lesson_3
-    assert lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order")'), bank) == [
+    # a lesson's check leaves out the predict questions the lesson asked before (quiz.select)
+    lesson_2 = [q["id"] for q in bank if q["lesson"] == 2 and q["kind"] != "predict"]
+    assert lesson_time.quiz_ids(code("quiz.check(lesson=2)")) == lesson_2 == [q["id"] for q in quiz.select(lesson=2)]
+    assert len(lesson_2) < sum(q["lesson"] == 2 for q in bank)
+    assert lesson_time.quiz_ids(code('quiz.check("when-to-step", "loop-order", language="hi")')) == [
         "when-to-step",
         "loop-order",
     ]
-    assert len(lesson_time.quiz_ids(code("quiz.check()"), bank)) == len(bank)
-    assert lesson_time.quiz_ids(code("print(1)"), bank) == []
-    with pytest.raises(ValueError, match="cannot be counted"):
-        lesson_time.quiz_ids(code("quiz.check(*mine)"), bank)
+    assert lesson_time.quiz_ids(code('quiz.predict("what-memory-shrinks")  # answer first')) == ["what-memory-shrinks"]
+    assert len(lesson_time.quiz_ids(code("quiz.check()"))) == len(bank)
+    assert lesson_time.quiz_ids(code("print(1)")) == []
+    # the stored output is not what is counted: it names no ids (hindi.md X-9)
+    cell = code("quiz.check(lesson=3)", result({"text/plain": "Quiz (English), 9 questions:\n1. …"}))
+    assert lesson_time.quiz_ids(cell) == [q["id"] for q in quiz.select(lesson=3)]
+    for source in ("quiz.check(*mine)", "quiz.predict()", "quiz.check(lesson=n)"):
+        with pytest.raises(ValueError, match="cannot be counted"):
+            lesson_time.quiz_ids(code(source))
     with pytest.raises(ValueError, match="lists no tasks"):
         lesson_time.measure("x", notebook(code("widgets.LossDashboard().show()")))

@@ -333,7 +333,7 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
     course_language("en")
     assert quiz.check("when-to-step").language.value == "en"
     assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == (
-        "Quiz (English), 1 question(s): when-to-step\n"
+        "Quiz (English), 1 question:\n"
         "1. You accumulate over 4 micro-batches and count them …\n"
         "Score: 0 of 1 right at the first try, 0 of 1 in the end"
     )
@@ -343,6 +343,25 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
     prompt = hindi_check.quiz.text(BY_ID["when-to-step"]["prompt"])
     assert prompt != BY_ID["when-to-step"]["prompt"] and lines[1] == "1. " + quiz.prompt_start(prompt)
     assert lines[1].startswith("1. आप ") and lines[1].endswith(" …")
+
+
+@pytest.mark.parametrize("language", ["en", "hi"])
+def test_a_quiz_text_view_gives_the_count_and_numbers_never_the_banks_ids(language):
+    # hindi.md X-9: the summary listed the ids (choose-micro-batch, barely-helps), internal names a learner cannot use
+    widgets = [quiz.check(lesson=n, language=language) for n in quiz.LESSONS]
+    widgets += [quiz.predict(q["id"], language=language) for q in quiz.bank()["questions"] if q["kind"] == "predict"]
+    widgets += [quiz.QuizWidget(language=language), quiz.check("when-to-step", "loop-order", language=language)]
+    for widget in widgets:
+        text = widget._repr_mimebundle_()["text/plain"]
+        lines = text.splitlines()
+        count = len(widget.quiz.questions)
+        noun = "प्रश्न" if language == "hi" else "question" if count == 1 else "questions"
+        assert lines[0].endswith(f", {count} {noun}:")
+        assert lines[1 : count + 1] == [
+            f"{n}. {quiz.prompt_start(widget.quiz.text(q['prompt']))}" for n, q in enumerate(widget.quiz.questions, 1)
+        ]
+        named = [q["id"] for q in widget.quiz.questions if q["id"] in text]
+        assert not named, f"the text view names the ids {named}: {text!r}"
 
 
 def test_the_whole_quiz_is_called_the_whole_quiz_and_a_lesson_check_a_quick_check():

@@ -66,10 +66,9 @@ UI = {
     "choose_first": N_("Choose an answer first."),
     "not_a_number": N_("Type a number, for example 12."),
     "run_after_answer": N_("Answer first: predict, then run it."),
-    "summary": N_("Quiz ({language}), {count} question(s): {ids}"),
     # the whole quiz (every question of the course) is not one lesson's quick check
     "whole_title": N_("The whole quiz"),
-    "whole_summary": N_("The whole quiz ({language}), {count} questions: {ids}"),
+    "whole_summary": N_("The whole quiz ({language}), {count} questions:"),
     "score": N_("Score: {first} of {total} right at the first try, {correct} of {total} in the end"),
     "final_title": N_("End-of-course check"),
     "predict_title": N_("Predict first"),
@@ -520,15 +519,17 @@ class QuizWidget:
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = view_bundle(self.widget, include, exclude)
-        ids = ", ".join(q["id"] for q in self.quiz.questions)
-        summary = self.quiz.ui(
-            "whole_summary" if self.whole else "summary",
-            language=LANGUAGES[self.quiz.language],
-            count=len(self.quiz.questions),
-            ids=ids,
+        count, name = len(self.quiz.questions), LANGUAGES[self.quiz.language]
+        # the count and the numbered questions below it, never the bank's ids (internal names a learner cannot use)
+        summary = (
+            self.quiz.ui("whole_summary", language=name, count=count)
+            if self.whole
+            else catalogue(self.quiz.language)
+            .ngettext("Quiz ({language}), {count} question:", "Quiz ({language}), {count} questions:", count)
+            .format(language=name, count=count)
         )
         # each question by its number and the first words of its prompt, in the quiz's language: a text-only view
-        # (GitHub, nbviewer, a printout) then says what is asked, not only the ids
+        # (GitHub, nbviewer, a printout) then says what is asked
         asked = [
             f"{number}. {prompt_start(self.quiz.text(q['prompt']))}" for number, q in enumerate(self.quiz.questions, 1)
         ]
