@@ -1,5 +1,5 @@
-"""How long each lesson takes a beginner, computed from the stored English notebooks: the one place that holds the
-method, and `lesson_times.json` beside this file the one place that holds the numbers.
+"""How long each lesson takes a beginner, computed from the stored notebooks of each edition: the one place that holds
+the method, and `lesson_times.json` beside this file the one place that holds the numbers.
 
     python tools/lesson_time.py            # the table: counts and minutes per lesson (nothing written)
     python tools/lesson_time.py write      # refresh everything below, for every lesson
@@ -11,6 +11,11 @@ notebooks/hi (tools/editions.py build: stored outputs are kept, since no code ce
 method and every lesson's numbers in tools/lesson_times.json and rewrites the time columns of docs/lessons.md's lesson
 table and of INSTRUCTORS.md. tests/course/test_lesson_time.py recomputes all of it from the notebooks and fails when
 anything is stale.
+
+Each edition states its own time: the Hindi time cell is not a translation of the English minutes but the method
+applied to the Hindi notebook (its prose, its printed words, its dashboards' tasks under their Hindi heading), which
+reads longer than the English. Left out of an edition's count, besides the set-up cell: its language cell (the
+start) and the word list that ends its last lesson (a reference to look terms up in, not read through).
 
 The method is the one of the course review (/work/shared/reviews/lessons.md, section 3), made countable:
 
@@ -193,10 +198,13 @@ def plain_outputs(cell) -> str:
     return "\n".join(o.data.get("text/plain", "") for o in cell.outputs if "data" in o)
 
 
-def dashboard_tasks(cell) -> int:
-    """Tasks a dashboard lists under "Try this:" in its stored plain-text output."""
+def dashboard_tasks(cell, language: str = "en") -> int:
+    """Tasks a dashboard lists under "Try this:" (in the edition's language) in its stored plain-text output."""
+    from accumlib.i18n import catalogue  # the dashboard's own heading, as the edition shows it
+
+    marker = catalogue(language).gettext("Try this:")
     text = plain_outputs(cell)
-    return len(TASK.findall(text.split("Try this:", 1)[1])) if "Try this:" in text else 0
+    return len(TASK.findall(text.split(marker, 1)[1])) if marker in text else 0
 
 
 def quiz_ids(cell) -> list[str]:
@@ -271,23 +279,27 @@ def exercise_lines(cell) -> dict[str, int]:
     }
 
 
-def measure(name: str, notebook=None) -> LessonTime:
-    """Count a stored English lesson and compute its time."""
-    notebook = notebook if notebook is not None else editions.read_notebook(editions.english_path(name))
+def edition_path(name: str, language: str) -> Path:
+    return editions.english_path(name) if language == "en" else editions.edition_path(name, language)
+
+
+def measure(name: str, notebook=None, language: str = "en") -> LessonTime:
+    """Count a stored lesson of an edition (default: the English one) and compute its time."""
+    notebook = notebook if notebook is not None else editions.read_notebook(edition_path(name, language))
     kinds = {q["id"]: q["kind"] for q in question_bank()}
     prose = printed = code = tasks = questions = predict = 0
     exercises: dict[str, int] = {}
     for cell in notebook.cells:
-        if cell.get("id") in (editions.PLATFORM_CELL, editions.LANGUAGE_TAG):
-            continue  # the Colab/Kaggle set-up and an edition's language cell: part of the start (see the method)
+        if cell.get("id") in (editions.PLATFORM_CELL, editions.LANGUAGE_TAG, editions.WORD_LIST_ID):
+            continue  # the set-up and an edition's language cell (the start) and its word list (see the method)
         if cell.cell_type == "markdown" and not is_time_cell(cell):
             prose += prose_words(cell)
             code += fenced_lines(cell)
         elif cell.cell_type == "code":
             code += code_lines(cell)
             printed += printed_words(cell)
-            tasks += dashboard_tasks(cell)
-            if re.search(r"Dashboard\(.*\)\.show\(\)", cell.source) and not dashboard_tasks(cell):
+            tasks += dashboard_tasks(cell, language)
+            if re.search(r"Dashboard\(.*\)\.show\(\)", cell.source) and not dashboard_tasks(cell, language):
                 raise ValueError(
                     f"{name}: a dashboard cell whose stored output lists no tasks under 'Try this:' "
                     f"(run the notebook, or teach tools/lesson_time.py its new output): {cell.source!r}"
@@ -316,22 +328,33 @@ def lesson_names() -> list[str]:
     return [name for name in editions.lessons() if re.match(r"\d\d_", name)]
 
 
-def measure_all() -> list[LessonTime]:
-    return [measure(name) for name in lesson_names()]
+def measure_all(language: str = "en") -> list[LessonTime]:
+    return [measure(name, language=language) for name in lesson_names()]
+
+
+def measure_editions() -> dict[str, list[LessonTime]]:
+    """Every lesson of every edition, each measured on its own words: English first."""
+    return {language: measure_all(language) for language in ("en", *editions.LANGUAGES)}
 
 
 # --- what is stored and written --------------------------------------------------------------------------------------
 
 
-def stored_form(times: list[LessonTime]) -> dict:
+def stored_form(by_language: dict[str, list[LessonTime]]) -> dict:
+    """The method, the English lessons' numbers ("lessons") and each translated edition's ("editions")."""
+
+    def lessons(times):
+        return {t.lesson: {**asdict(t), "minutes": t.minutes, "parts": t.parts} for t in times}
+
     return {
         "method": METHOD,
-        "lessons": {t.lesson: {**asdict(t), "minutes": t.minutes, "parts": t.parts} for t in times},
+        "lessons": lessons(by_language["en"]),
+        "editions": {language: lessons(times) for language, times in by_language.items() if language != "en"},
     }
 
 
-def store_bytes(times: list[LessonTime]) -> bytes:
-    return (json.dumps(stored_form(times), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+def store_bytes(by_language: dict[str, list[LessonTime]]) -> bytes:
+    return (json.dumps(stored_form(by_language), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def time_text(t: LessonTime, language: str) -> str:
@@ -365,16 +388,17 @@ def time_cell(notebook):
     return next((c for c in notebook.cells if is_time_cell(c)), None)
 
 
-def write_time_cell(name: str, t: LessonTime) -> None:
-    """Put the time cell into the English lesson and its Hindi translation into the lesson's PO file."""
+def write_time_cell(name: str, by_language: dict[str, LessonTime]) -> None:
+    """Put the time cell into the English lesson, and into the lesson's PO file of each translated edition the time
+    measured on that edition (its own words: a Hindi lesson reads longer or shorter than the English one)."""
     path = editions.english_path(name)
-    english = with_time_cell(editions.read_notebook(path), t)
+    english = with_time_cell(editions.read_notebook(path), by_language["en"])
     editions._write_if_changed(path, editions.notebook_bytes(english))
     for language in editions.LANGUAGES:
         old = editions.translation(name, language)
         catalog = editions.updated(editions.template(english, name), old, language)
         message = next(m for m in catalog if m.id and m.context == TAG)
-        message.string = time_text(t, language)
+        message.string = time_text(by_language[language], language)
         message.flags.discard("fuzzy")
         message.previous_id = ()
         editions._write_if_changed(editions.po_path(name, language), editions.po_bytes(catalog))
@@ -430,19 +454,23 @@ def method_text() -> str:
         "and widgets count through their printed findings, tasks and questions. The counts come from the stored "
         "notebooks (`python tools/lesson_time.py` prints them; the module's docstring defines each count); "
         "`tests/course/test_lesson_time.py` recomputes them and fails when this table, the README's or a lesson's "
-        "own time line is stale."
+        "own time line is stale. Each edition is measured on its own words and states its own time (the "
+        "translated editions' totals are in the columns after the English one; the other columns are English)."
     )
 
 
-def instructors_table(times: list[LessonTime]) -> str:
+def instructors_table(by_language: dict[str, list[LessonTime]]) -> str:
+    others = [language for language in by_language if language != "en"]
     lines = [
         method_text(),
         "",
-        "| lesson | total | reading | dashboard tasks | exercise | quick check | prose words "
-        "| printed words | code lines |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| lesson | total | "
+        + "".join(f"{language} edition | " for language in others)
+        + "reading | dashboard tasks | exercise | quick check | prose words | printed words | code lines |",
+        "|---|---|" + "---|" * len(others) + "---|---|---|---|---|---|---|",
     ]
-    for t in times:
+    minutes = {language: {t.lesson: t.minutes for t in times} for language, times in by_language.items()}
+    for t in by_language["en"]:
         p = t.parts
         exercise = (
             ", ".join(
@@ -462,36 +490,42 @@ def instructors_table(times: list[LessonTime]) -> str:
         )
         tasks = f"{t.dashboard_tasks}: {p['dashboard']} min" if t.dashboard_tasks else "-"
         lines.append(
-            f"| {t.lesson} | **{t.minutes} min** | {p['reading']} min ({t.reading_minutes:.1f}) | {tasks} | "
+            f"| {t.lesson} | **{t.minutes} min** | "
+            + "".join(f"{minutes[language][t.lesson]} min | " for language in others)
+            + f"{p['reading']} min ({t.reading_minutes:.1f}) | {tasks} | "
             f"{exercise} | {quiz} | {t.prose_words} | {t.printed_words} | {t.code_lines} |"
         )
     return "\n".join(lines)
 
 
-def refreshed_instructors(text: str, times: list[LessonTime]) -> str:
+def refreshed_instructors(text: str, by_language: dict[str, list[LessonTime]]) -> str:
     head, rest = text.split(INSTRUCTORS_START, 1)
     _, tail = rest.split(INSTRUCTORS_END, 1)
-    return f"{head}{INSTRUCTORS_START}\n{instructors_table(times)}\n{INSTRUCTORS_END}{tail}"
+    return f"{head}{INSTRUCTORS_START}\n{instructors_table(by_language)}\n{INSTRUCTORS_END}{tail}"
 
 
 def write(names: list[str] | None = None) -> list[str]:
     """Refresh the time cells of `names` (default: every lesson), then the stored numbers and both tables."""
-    times = measure_all()
-    by_name = {t.lesson: t for t in times}
-    unknown = sorted(set(names or ()) - set(by_name))
+    unknown = sorted(set(names or ()) - set(lesson_names()))
     if unknown:
-        raise SystemExit(f"unknown lesson(s) {unknown}; the lessons: {', '.join(by_name)}")
+        raise SystemExit(f"unknown lesson(s) {unknown}; the lessons: {', '.join(lesson_names())}")
     done = []
-    for name in names or list(by_name):
-        write_time_cell(name, by_name[name])
-        done.append(f"notebooks/en/{name}.ipynb and translations/lessons/hi/{name}.po: {by_name[name].minutes} min")
+    for language in editions.LANGUAGES:  # the editions as their PO files say now: each is measured on its own words
+        done += editions.build(language)
+    by_language = measure_editions()
+    by_name = {language: {t.lesson: t for t in times} for language, times in by_language.items()}
+    for name in names or lesson_names():
+        write_time_cell(name, {language: times[name] for language, times in by_name.items()})
+        minutes = ", ".join(f"{language} {times[name].minutes}" for language, times in by_name.items())
+        done.append(f"notebooks/en/{name}.ipynb and translations/lessons/*/{name}.po: {minutes} min")
     for language in editions.LANGUAGES:
         done += editions.build(language)
-    times = measure_all()  # the same numbers: the time cell is not counted
-    editions._write_if_changed(STORE, store_bytes(times))
+    by_language = measure_editions()  # the same numbers: the time cell is not counted
+    times = by_language["en"]
+    editions._write_if_changed(STORE, store_bytes(by_language))
     editions._write_if_changed(README, refreshed_readme(README.read_text(encoding="utf-8"), times).encode("utf-8"))
     editions._write_if_changed(
-        INSTRUCTORS, refreshed_instructors(INSTRUCTORS.read_text(encoding="utf-8"), times).encode("utf-8")
+        INSTRUCTORS, refreshed_instructors(INSTRUCTORS.read_text(encoding="utf-8"), by_language).encode("utf-8")
     )
     done.append(f"{STORE.relative_to(ROOT)}, docs/lessons.md, INSTRUCTORS.md: {len(times)} lessons")
     return done
@@ -507,7 +541,7 @@ def main() -> int:
         return 0
     if args.lessons:
         parser.error("lessons are given only to write")
-    print(instructors_table(measure_all()))
+    print(instructors_table(measure_editions()))
     return 0
 
 

@@ -9,6 +9,8 @@ measured time printed.
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -24,8 +26,13 @@ FIX = "run python tools/lesson_time.py write"
 
 
 @pytest.fixture(scope="module")
-def times() -> list[lesson_time.LessonTime]:
-    return lesson_time.measure_all()
+def by_language() -> dict[str, list[lesson_time.LessonTime]]:
+    return lesson_time.measure_editions()
+
+
+@pytest.fixture(scope="module")
+def times(by_language) -> list[lesson_time.LessonTime]:
+    return by_language["en"]
 
 
 # --- the counting rules, on small notebooks ---------------------------------------------------------------------
@@ -129,16 +136,17 @@ def test_half_a_minute_rounds_up_and_the_parts_add_up_to_the_total():
 # --- the committed course -----------------------------------------------------------------------------------------
 
 
-def test_the_stored_numbers_are_those_of_the_notebooks(times):
+def test_the_stored_numbers_are_those_of_the_notebooks(by_language):
     stored = json.loads(lesson_time.STORE.read_text(encoding="utf-8"))
-    fresh = json.loads(lesson_time.store_bytes(times))
+    fresh = json.loads(lesson_time.store_bytes(by_language))
     assert stored["method"] == fresh["method"], f"the method changed: {FIX}"
-    stale = [
-        name
-        for name in sorted(set(stored["lessons"]) | set(fresh["lessons"]))
-        if stored["lessons"].get(name) != fresh["lessons"].get(name)
-    ]
-    assert not stale, f"stale numbers in {lesson_time.STORE.relative_to(ROOT)} for {stale}: {FIX}"
+    assert set(fresh["editions"]) == set(editions.LANGUAGES) == set(stored.get("editions", {})), FIX
+    for where, old, new in [("lessons", stored["lessons"], fresh["lessons"])] + [
+        (f"editions/{language}", stored["editions"][language], fresh["editions"][language])
+        for language in editions.LANGUAGES
+    ]:
+        stale = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        assert not stale, f"stale numbers in {lesson_time.STORE.relative_to(ROOT)} ({where}) for {stale}: {FIX}"
 
 
 def test_lesson_zero_takes_ten_minutes_or_less(times):
@@ -160,17 +168,17 @@ def test_lesson_zero_takes_ten_minutes_or_less(times):
         assert edition.minutes <= 10, f"{zero.lesson} ({language}) takes {edition.total_minutes:.2f} minutes"
 
 
-def test_the_readme_and_instructors_tables_are_current(times):
+def test_the_readme_and_instructors_tables_are_current(times, by_language):
     readme = lesson_time.README.read_text(encoding="utf-8")
     assert lesson_time.refreshed_readme(readme, times) == readme, f"docs/lessons.md's lesson table is stale: {FIX}"
     assert set(lesson_time.table_rows(readme)) == {t.lesson for t in times}, "docs/lessons.md's table lacks a lesson"
     instructors = lesson_time.INSTRUCTORS.read_text(encoding="utf-8")
-    assert lesson_time.refreshed_instructors(instructors, times) == instructors, f"INSTRUCTORS.md's times: {FIX}"
+    assert lesson_time.refreshed_instructors(instructors, by_language) == instructors, f"INSTRUCTORS.md's times: {FIX}"
 
 
 @pytest.mark.parametrize("name", lesson_time.lesson_names())
-def test_every_lesson_states_its_time_at_its_top_in_both_editions(name, times):
-    t = next(t for t in times if t.lesson == name)
+def test_every_lesson_states_its_own_editions_measured_time_at_its_top(name, by_language):
+    t = next(t for t in by_language["en"] if t.lesson == name)
     english = editions.read_notebook(editions.english_path(name))
     cell = lesson_time.time_cell(english)
     title = next(i for i, c in enumerate(english.cells) if c.cell_type == "markdown")  # after the Colab set-up cell
@@ -181,7 +189,16 @@ def test_every_lesson_states_its_time_at_its_top_in_both_editions(name, times):
     for language in editions.LANGUAGES:
         entry = next((m for m in editions.translation(name, language) if m.id and m.context == lesson_time.TAG), None)
         assert entry is not None and entry.id == cell.source and not entry.fuzzy, f"{name} ({language}): {FIX} {name}"
-        assert entry.string == lesson_time.time_text(t, language), f"{name} ({language}): {FIX} {name}"
+        # the edition's own time, measured on its own words, not the English minutes in its words
+        own = lesson_time.measure(name, language=language)
+        assert own == next(t for t in by_language[language] if t.lesson == name)
+        assert entry.string == lesson_time.time_text(own, language), f"{name} ({language}): {FIX} {name}"
+        stated = lesson_time.time_cell(editions.read_notebook(editions.edition_path(name, language))).source
+        assert stated == entry.string, f"{name} ({language}): notebooks/{language} is not built from its PO: {FIX}"
+        total = re.search(r"\*\*\D*(\d+)\D*\*\*", stated)
+        assert total and int(total.group(1)) == own.minutes == math.floor(own.total_minutes + 0.5), (
+            f"{name} ({language}) states {stated!r}, measures {own.total_minutes:.2f} min: {FIX} {name}"
+        )
 
 
 def test_a_quiz_cell_is_counted_from_its_calls_as_the_quiz_selects_and_an_uncountable_cell_raises():
