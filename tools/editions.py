@@ -10,28 +10,32 @@
 A translation file is a gettext PO catalogue (read and written with Babel), one entry per markdown cell of the
 English notebook, in cell order: msgctxt is the cell's id, msgid the English cell's text, msgstr its translation.
 A code cell with comments has an entry too (msgctxt its id): msgid its comments, one `#` line each in the order they
-come, msgstr their translations, line for line; nothing else of a code cell is translated.
+come, msgstr their translations, line for line. A string literal the cell passes straight to print() is a line of
+that entry too, where it comes, written as a one-line Python string in double quotes (the Colab/Kaggle set-up cell's
+messages: it runs before accumlib, and so its catalogue, is installed); nothing else of a code cell is translated.
 `update` adds new cells empty, marks an entry whose English changed `fuzzy` and keeps the English it translated as
 the previous msgid (`#| msgid`, as GNU msgmerge --previous writes it, so PO editors show what changed), and drops
 deleted cells (a translation whose cell moved to another lesson, or was re-created with the same text, follows it).
 
-A generated notebook is the English one with every markdown cell and every code comment translated, the rest of every
-code and raw cell unchanged (tests/course/test_editions.py compares the code's tokens without its comments), and one
+A generated notebook is the English one with every markdown cell, code comment and printed string translated, the rest
+of every code and raw cell unchanged (tests/course/test_editions.py compares the code's tokens without them), and one
 code cell on top, tagged `language`, that calls `accumlib.set_language(...)`. A cell whose translation is missing, fuzzy
-or stale keeps its English text (gettext's rule: never show a translation of text
-that has changed); `status` and tests/course/test_editions.py name every such cell. The last lesson of an edition
-ends with one more markdown cell, its word list (id `word-list`): every term of translations/glossary.tsv in the
-edition's language with its English, generated at build time. Relative links between lessons stay
-within the edition, since both editions keep the same file names.
+or stale keeps its English text (gettext's rule: never show a translation of text that has changed); `status` and
+tests/course/test_editions.py name every such cell. The last lesson of an edition ends with one more markdown cell, its
+word list (id `word-list`): every term of translations/glossary.tsv in the edition's language with its English,
+generated at build time. Relative links between lessons stay within the edition, since both editions keep the same file
+names.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import csv
 import difflib
 import io
+import json
 import re
 import sys
 import tokenize
@@ -97,9 +101,13 @@ def cell_label(path: Path, index: int, cell) -> str:
     return f"{path.relative_to(ROOT)} cell {index + 1} (id {cell.id}, {first!r})"
 
 
-# --- code comments ----------------------------------------------------------------------------------------------
+# --- code comments and printed text ---------------------------------------------------------------------------
 
 CODE_NOTE = "the comments of a code cell, one per line: translate each line, keep its '#' and the number of lines"
+PRINT_NOTE = (
+    "a line in double quotes is a text the cell prints (a Python string passed to print()): translate what is "
+    "inside the quotes and keep them, so that the line stays a Python string"
+)
 
 
 def comments(source: str) -> list[tokenize.TokenInfo]:
@@ -110,37 +118,97 @@ def comments(source: str) -> list[tokenize.TokenInfo]:
         return []
 
 
+def _offset(rows: list[str], row: int, column: int, in_bytes: bool = False) -> int:
+    """The character offset in the source of (row, column): 1-based row; a column in characters (tokenize) or in
+    UTF-8 bytes (ast)."""
+    line = rows[row - 1] if row <= len(rows) else ""
+    return sum(len(r) for r in rows[: row - 1]) + (
+        len(line.encode("utf-8")[:column].decode("utf-8")) if in_bytes else column
+    )
+
+
+def printed_strings(source: str) -> list[ast.Constant]:
+    """The string literals a code cell passes straight to print(), in source order: text the cell shows, translated
+    with its comments (the Colab/Kaggle set-up cell's messages: it runs before accumlib, and its catalogue, can be
+    imported). None for a cell Python cannot parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = [
+        arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+        for arg in node.args
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    ]
+    return sorted(found, key=lambda node: (node.lineno, node.col_offset))
+
+
+def pieces(source: str) -> list[tuple[int, int, str]]:
+    """(start, end, English line) of what is translated in a code cell, in source order: each comment (its text, from
+    '#') and each printed string (its text as a one-line Python string, double-quoted)."""
+    rows = source.splitlines(keepends=True)
+    found = [(_offset(rows, *token.start), _offset(rows, *token.end), token.string) for token in comments(source)] + [
+        (
+            _offset(rows, node.lineno, node.col_offset, in_bytes=True),
+            _offset(rows, node.end_lineno, node.end_col_offset, in_bytes=True),
+            json.dumps(node.value, ensure_ascii=False),  # also a Python string literal, on one line
+        )
+        for node in printed_strings(source)
+    ]
+    return sorted(found)
+
+
 def translatable(cell) -> str:
-    """What of a cell is translated: a markdown cell's text, a code cell's comments (one per line), else ""."""
+    """What of a cell is translated: a markdown cell's text, a code cell's comments and printed strings (one per
+    line, in source order), else ""."""
     if cell.cell_type == "markdown":
         return cell.source if cell.source.strip() else ""
     if cell.cell_type == "code":
-        return "\n".join(token.string for token in comments(cell.source))
+        return "\n".join(line for _, _, line in pieces(cell.source))
     return ""
 
 
+def _is_string(line: str) -> bool:
+    try:
+        return line.startswith('"') and isinstance(ast.literal_eval(line), str)
+    except (ValueError, SyntaxError):
+        return False
+
+
+def _replaced(source: str, spans: list[tuple[int, int, str]]) -> str:
+    for start, end, text in sorted(spans, reverse=True):  # from the end, so earlier offsets stay valid
+        source = source[:start] + text + source[end:]
+    return source
+
+
 def with_comments(source: str, translated: str, where: str = "a code cell") -> str:
-    """`source` with its comments replaced, in order, by the lines of `translated` (the PO entry's msgstr)."""
-    tokens, lines = comments(source), translated.split("\n")
-    if len(lines) != len(tokens) or not all(line.startswith("#") for line in lines):
+    """`source` with its comments and printed strings replaced, in order, by the lines of `translated` (the PO
+    entry's msgstr): a comment by a line starting with '#', a printed string by a line that is a Python string."""
+    found, lines = pieces(source), translated.split("\n")
+    kinds = ["#" if english.startswith("#") else '"' for _, _, english in found]
+    fits = len(lines) == len(found) and all(
+        line.startswith("#") if kind == "#" else _is_string(line) for kind, line in zip(kinds, lines, strict=False)
+    )
+    if not fits:
+        strings = kinds.count('"')
         raise ValueError(
-            f"{where}: the translation of its {len(tokens)} comment(s) must be {len(tokens)} line(s), "
-            f"each starting with '#'; got {translated!r}"
+            f"{where}: the translation of its {kinds.count('#')} comment(s)"
+            + (f" and {strings} printed string(s)" if strings else "")
+            + f" must be {len(found)} line(s), in their order, each comment starting with '#'"
+            + (" and each string a Python string in double quotes" if strings else "")
+            + f"; got {translated!r}"
         )
-    rows = source.splitlines(keepends=True)
-    for token, line in reversed(list(zip(tokens, lines, strict=True))):  # from the end, so earlier columns stay valid
-        (row, start), (_, end) = token.start, token.end
-        rows[row - 1] = rows[row - 1][:start] + line + rows[row - 1][end:]
-    return "".join(rows)
+    return _replaced(source, [(start, end, line) for (start, end, _), line in zip(found, lines, strict=True)])
 
 
 def without_comments(source: str) -> str:
-    """A code cell's source with every comment cut out: what must be the same in every edition."""
-    rows = source.splitlines(keepends=True)
-    for token in reversed(comments(source)):
-        (row, start), (_, end) = token.start, token.end
-        rows[row - 1] = rows[row - 1][:start] + rows[row - 1][end:]
-    return "".join(rows)
+    """A code cell's source with every comment cut out and every printed string emptied: what must be the same in
+    every edition."""
+    return _replaced(
+        source, [(start, end, "" if english.startswith("#") else '""') for start, end, english in pieces(source)]
+    )
 
 
 # --- translation files ------------------------------------------------------------------------------------------
@@ -155,7 +223,11 @@ def template(english: nbformat.NotebookNode, name: str) -> Catalog:
                 text,
                 locations=[(f"notebooks/en/{name}.ipynb", None)],
                 context=cell.id,
-                auto_comments=[CODE_NOTE] if cell.cell_type == "code" else [],
+                auto_comments=(
+                    [CODE_NOTE, *([PRINT_NOTE] if printed_strings(cell.source) else [])]
+                    if cell.cell_type == "code"
+                    else []
+                ),
             )
     return catalog
 

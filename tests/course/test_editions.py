@@ -1,10 +1,10 @@
 """The Hindi edition (notebooks/hi) is generated from notebooks/en and translations/lessons/hi/*.po (tools/editions.py).
 
 Per lesson, each test names every cell it fails on: a code cell that differs from its English cell in more than its
-comments (compared token by token, comments left out), a markdown cell or code comment without a translation or with a
-stale or fuzzy one, a translated comment that keeps English words, Hindi text that is not mostly Devanagari, not NFC
-or uses a variant the glossary avoids, a glossary term without its English on its first use, a stored notebook that
-is not what the generator builds or not executed top to bottom.
+comments and printed strings (compared token by token, those left out), a markdown cell or code comment without a
+translation or with a stale or fuzzy one, a translated comment or printed string that keeps English words, Hindi text
+that is not mostly Devanagari, not NFC or uses a variant the glossary avoids, a glossary term without its English on its
+first use, a stored notebook that is not what the generator builds or not executed top to bottom.
 No kernel runs here: nbval runs both editions (`make test`). The last tests check the generator itself.
 """
 
@@ -65,10 +65,11 @@ def report(found: list[str]) -> str:
 
 
 def code_tokens(source: str) -> list[tuple]:
-    """The tokens of a code cell without its comments: each one's type and text, and where it stands (line ends aside,
-    since a comment of another length moves them). Two sources with the same tokens differ in comments only."""
+    """The tokens of a code cell without its comments and with its printed strings emptied (the text the set-up cell
+    prints is translated: tools/editions.py): each one's type and text, and where it stands (line ends aside, since a
+    comment of another length moves them). Two sources with the same tokens differ in comments and printed text only."""
     try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        tokens = list(tokenize.generate_tokens(io.StringIO(editions.without_comments(source)).readline))
     except (tokenize.TokenError, SyntaxError):
         return [source]  # not Python that the tokenizer reads: it must be the same text
     return [
@@ -149,14 +150,17 @@ def prose_problems(hindi_nb, path: Path) -> list[str]:
 
 
 def comment_problems(hindi_nb, path: Path) -> list[str]:
-    """Comments of Hindi code cells that keep English words (glossary terms, names and code aside)."""
+    """Comments and printed strings of Hindi code cells that keep English words (glossary terms, names and code
+    aside)."""
     found = []
     for index, cell in enumerate(hindi_nb.cells):
         if cell.cell_type == "code":
-            for token in editions.comments(cell.source):
-                if english_words := untranslated(token.string.lstrip("#")):
+            texts = [("comment", t.string, t.string.lstrip("#")) for t in editions.comments(cell.source)]
+            texts += [("printed string", n.value, n.value) for n in editions.printed_strings(cell.source)]
+            for what, shown, text in texts:
+                if english_words := untranslated(text):
                     found.append(
-                        f"{editions.cell_label(path, index, cell)}: its comment {token.string!r} keeps "
+                        f"{editions.cell_label(path, index, cell)}: its {what} {shown!r} keeps "
                         f"English words: {sorted(set(english_words))}"
                     )
     return found
@@ -279,7 +283,7 @@ def test_hindi_markdown_is_mostly_devanagari(name):
 
 
 @pytest.mark.parametrize("name", LESSONS)
-def test_code_comments_are_in_hindi(name):
+def test_code_comments_and_printed_text_are_in_hindi(name):
     assert not (found := comment_problems(hindi(name), hindi_path(name))), report(found)
 
 
@@ -644,6 +648,88 @@ def test_code_comments_are_translated_line_for_line_and_nothing_else_changes():
         "missing",
         "missing",
     ]
+
+
+PRINTING = lesson(
+    (
+        "code",
+        "p",
+        'x = 1  # one\nif x:\n    print("a long "\n          "message:", x, "and more")\nprint(f"not {x}", "#x")\n',
+    ),
+)
+
+
+def test_printed_strings_are_translated_with_the_comments_and_the_code_stays():
+    english_text = '# one\n"a long message:"\n"and more"\n"#x"'
+    assert editions.translatable(PRINTING.cells[0]) == english_text
+    assert [m.auto_comments for m in editions.template(PRINTING, "x") if m.id] == [
+        [editions.CODE_NOTE, editions.PRINT_NOTE]
+    ]
+    hindi_text = '# एक\n"एक लंबा संदेश:"\n"और भी \\"कुछ\\""\n"#x"'
+    built = editions.edition(PRINTING, translated("x", {"p": (english_text, hindi_text)}), LANGUAGE)
+    assert built.cells[1].source == (
+        'x = 1  # एक\nif x:\n    print("एक लंबा संदेश:", x, "और भी \\"कुछ\\"")\nprint(f"not {x}", "#x")\n'
+    )
+    printed = io.StringIO()
+    exec(compile(built.cells[1].source, "cell", "exec"), {"print": lambda *a: print(*a, file=printed)})
+    assert printed.getvalue() == 'एक लंबा संदेश: 1 और भी "कुछ"\nnot 1 #x\n'
+    path = editions.edition_path("x", LANGUAGE)
+    assert code_differences(PRINTING, built, path) == []
+    bad = copy.deepcopy(built)
+    bad.cells[1].source = bad.cells[1].source.replace(", x,", ", x + 1,")
+    assert [f.split(": ", 1)[1] for f in code_differences(PRINTING, bad, path)] == [
+        "its code (comments aside) differs from English cell p"
+    ]
+    # a string line that is no Python string, or a comment where a string stands, is refused before anything is built
+    for wrong in ('# एक\n"एक\n"और"\n"#x"', '# एक\nएक\n"और"\n"#x"', '# एक\n# एक\n"और"\n"#x"', '"एक"\n"a"\n"b"\n"#x"'):
+        with pytest.raises(ValueError, match="1 comment\\(s\\) and 3 printed string\\(s\\) must be 4 line"):
+            editions.edition(PRINTING, translated("x", {"p": (english_text, wrong)}), LANGUAGE)
+
+
+def platform_run(source: str, loaded: bool) -> tuple[str, list[list[str]]]:
+    """What the Colab/Kaggle set-up cell prints and runs on a fresh Colab (a stand-in: /content is there, accumlib is
+    not, torch is missing, and already imported when `loaded`), without installing anything."""
+    import importlib.metadata
+    import importlib.util
+    import os
+    import subprocess
+    from unittest import mock
+
+    def version(name):
+        if name == "torch":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return "99.0"
+
+    runs, printed = [], io.StringIO()
+    modules = dict(sys.modules, torch=object()) if loaded else {k: v for k, v in sys.modules.items() if k != "torch"}
+    with (
+        mock.patch.object(os.path, "isdir", lambda path: path == "/content"),
+        mock.patch.object(importlib.util, "find_spec", lambda name: None),
+        mock.patch.object(importlib.metadata, "version", version),
+        mock.patch.object(subprocess, "run", lambda command, check: runs.append(command)),
+        mock.patch.dict(os.environ, {"ACCUMLIB_INSTALL": "accumlib-test"}),
+        mock.patch.dict(sys.modules, modules, clear=True),
+    ):
+        exec(compile(source, "platform-setup", "exec"), {"print": lambda *a: print(*a, file=printed)})
+    return printed.getvalue(), runs
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_the_hindi_set_up_cell_installs_as_the_english_one_and_says_so_in_hindi(name):
+    """The set-up cell runs before accumlib is installed, so its catalogue cannot translate it: the edition's cell
+    carries the Hindi from the lesson's PO file (hindi.md: "installing" and the restart request were English)."""
+    cell = next(c for c in hindi(name).cells if c.get("id") == editions.PLATFORM_CELL)
+    assert hindi(name).cells.index(cell) == 0
+    english_cell = next(c for c in english(name).cells if c.get("id") == editions.PLATFORM_CELL)
+    for loaded in (False, True):
+        shown, runs = platform_run(cell.source, loaded)
+        english_shown, english_runs = platform_run(english_cell.source, loaded)
+        assert runs == english_runs and "accumlib-test" in runs[0] and any("torch>=2.13,<2.14" in r for r in runs)
+        assert english_shown.startswith("installing accumlib-test, torch>=2.13,<2.14\n")
+        assert shown.startswith("इंस्टॉल हो रहे हैं: accumlib-test, torch>=2.13,<2.14\n")
+        assert ("Restart the runtime now" in english_shown) == loaded == ("रनटाइम को दोबारा शुरू करें" in shown)
+        assert not untranslated(shown.replace("accumlib-test, torch>=2.13,<2.14", "")), shown
+        assert len(shown.splitlines()) == len(english_shown.splitlines()) == 1 + loaded
 
 
 def test_stored_outputs_survive_a_change_of_comments_only():
