@@ -28,6 +28,26 @@ def test_unknown_topic_names_the_topics():
         show.not_a_topic  # noqa: B018
 
 
+@pytest.fixture
+def in_hindi():
+    import accumlib
+
+    accumlib.set_language("hi")
+    yield
+    accumlib.set_language("en")
+
+
+def test_a_lessons_refusals_speak_the_course_language(in_hindi):
+    """show's argument errors go through the catalogue (tests/library/test_i18n.py walks show/ for the rest): a
+    Hindi learner reads them in Hindi, with the same values."""
+    with pytest.raises(ValueError, match=r"^`rows`: हर पंक्ति में .* 2 खाने होने चाहिए; पर \[2, 1\] मिले$"):
+        _format.table(["a", "b"], [["1"]])
+    with pytest.raises(ValueError, match=r"^`sizes` में हर micro-batch के samples की गिनती .* पर \[4, 0\] मिला$"):
+        show.last_cycle.weights([4, 0], 2)
+    with pytest.raises(AttributeError, match="विषय ये हैं: large_batch"):
+        show.not_a_topic  # noqa: B018
+
+
 def test_every_table_is_shown_as_html_with_its_text_as_before(capsys, monkeypatch):
     """A measured table is displayed as an HTML table (it wraps to a phone's screen, and Devanagari from a
     proportional fallback font no longer shifts its columns: Hindi review X-7) whose text/plain is the text table,

@@ -141,7 +141,9 @@ def test_set_language_refuses_unknown_codes_and_keeps_the_language(code):
 
 # --- Which language the library speaks (docs/translating.md): every message a user reads goes through the catalogue.
 
-LIBRARY = sorted((ROOT / "accumlib").glob("*.py"))  # the library; accumlib/lessons translates through the same calls
+# the library, and the lessons' findings (accumlib/lessons/show: a lesson's refusals are read by its learner); the
+# rest of accumlib/lessons translates through the same calls, not yet walked here
+LIBRARY = sorted((ROOT / "accumlib").glob("*.py")) + sorted((ROOT / "accumlib" / "lessons" / "show").glob("*.py"))
 CATALOGUE_CALLS = {"_", "ngettext", "pgettext"}
 WORDS = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # two English words: prose, not a name such as "x[0]"
 # Messages left in English on purpose, as (file, function): each is a bug report for accumlib's authors, not

@@ -8,6 +8,8 @@ text formatted from the measured values. They need the `lessons` extra (matplotl
 
 import importlib
 
+from ...i18n import _
+
 MODULES = ("large_batch", "gradients", "loop", "last_cycle", "memory", "time", "batchnorm", "once_per_step", "ddp")
 
 
@@ -15,7 +17,11 @@ def __getattr__(name: str):
     """Import a topic's module on first use (`show.memory`), so a lesson pays only for what it shows."""
     if name in MODULES:
         return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the topics are {', '.join(MODULES)}")
+    raise AttributeError(
+        _("module {module!r} has no attribute {name!r}; the topics are {topics}").format(
+            module=__name__, name=name, topics=", ".join(MODULES)
+        )
+    )
 
 
 def __dir__():

@@ -70,7 +70,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numbers: s
     cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
     columns = len(cells[0])
     if any(len(row) != columns for row in cells):
-        raise ValueError(f"rows: every row must have {columns} cells like the header, got {[len(r) for r in cells]}")
+        raise ValueError(
+            _("rows: every row must have {columns} cells like the header, got {lengths}").format(
+                columns=columns, lengths=[len(r) for r in cells]
+            )
+        )
     widths = [max(width(row[i]) for row in cells) for i in range(columns)]
 
     def numeric(i: int) -> bool:

@@ -36,7 +36,7 @@ def deviation(drift: dict[int, list[LayerDeviation]], batch: int, *, brief: bool
     if len(drift) < 2 or not all(
         isinstance(v, list) and v and all(isinstance(d, LayerDeviation) for d in v) for v in drift.values()
     ):
-        raise TypeError("drift must map two or more micro-batch sizes to batchnorm.micro_batch_deviation results")
+        raise TypeError(_("drift must map two or more micro-batch sizes to batchnorm.micro_batch_deviation results"))
     sizes = sorted(drift)
     layers = _layer_names(drift[sizes[0]])
     header = [_("micro-batch")]
@@ -164,7 +164,9 @@ def micro_batches(result: MicroBatchComparison, precision: str = "float64") -> M
     (`batchnorm_lab.compare_micro_batches`): the confound held equal, a table, and one finding per question."""
     if not isinstance(result, MicroBatchComparison):
         raise TypeError(
-            f"result must be a MicroBatchComparison (batchnorm_lab.compare_micro_batches), got {type(result).__name__}"
+            _("result must be a MicroBatchComparison (batchnorm_lab.compare_micro_batches), got {kind}").format(
+                kind=type(result).__name__
+            )
         )
     rounding = ROUNDING[precision]
     bn, gn = result.batchnorm, result.groupnorm
@@ -363,13 +365,17 @@ def over_seeds(results: dict, precision: str = "float64") -> list[SeedDifference
         or not all(isinstance(r, MicroBatchComparison) for r in results.values())
     ):
         raise TypeError(
-            f"results must be a dict of two or more seeds -> MicroBatchComparison "
-            f"(batchnorm_lab.compare_micro_batches), got {results!r:.200}"
+            _(
+                "results must be a dict of two or more seeds -> MicroBatchComparison "
+                "(batchnorm_lab.compare_micro_batches), got {results!r:.200}"
+            ).format(results=results)
         )
     runs = list(results.values())
     sizes = [o.micro_batch_size for o in runs[0].batchnorm]
     if any([o.micro_batch_size for o in r.batchnorm] != sizes for r in runs):
-        raise ValueError(f"results: every seed must compare the same micro-batch sizes; the first has {sizes}")
+        raise ValueError(
+            _("results: every seed must compare the same micro-batch sizes; the first has {sizes}").format(sizes=sizes)
+        )
     steps = {o.micro_batch_size: o.accum_steps for o in runs[0].batchnorm}
     values = {
         "statistics error": {

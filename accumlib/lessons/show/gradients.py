@@ -38,13 +38,15 @@ def _compared(accumulated: Sequence[torch.Tensor], full_batch: Sequence[torch.Te
         a.shape != f.shape for a, f in zip(accumulated, full_batch, strict=True)
     ):
         raise ValueError(
-            f"accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
-            f"{[tuple(a.shape) for a in accumulated]} and {[tuple(f.shape) for f in full_batch]}"
+            _(
+                "accumulated and full_batch must hold one gradient per parameter with the same shapes; got "
+                "{accumulated} and {full_batch}"
+            ).format(accumulated=[tuple(a.shape) for a in accumulated], full_batch=[tuple(f.shape) for f in full_batch])
         )
     a = torch.cat([g.detach().flatten().double() for g in accumulated])
     f = torch.cat([g.detach().flatten().double() for g in full_batch])
     if not f.abs().max() > 0:
-        raise ValueError("full_batch: the full-batch gradient is zero everywhere; nothing to compare it with")
+        raise ValueError(_("full_batch: the full-batch gradient is zero everywhere; nothing to compare it with"))
     largest_difference, largest_entry = (a - f).abs().max().item(), f.abs().max().item()
     ratio = (a @ f / (f @ f)).item()
     proportional = (a - ratio * f).abs().max().item() <= ROUNDING * max(largest_entry, abs(ratio) * largest_entry)
@@ -102,8 +104,10 @@ def one_cycle(
     accum_steps = positive_int("accum_steps", accum_steps)
     if len(X) != len(y) or len(X) % accum_steps:
         raise ValueError(
-            f"X and y must hold the same number of samples, a multiple of accum_steps={accum_steps}; "
-            f"got {len(X)} and {len(y)}"
+            _(
+                "X and y must hold the same number of samples, a multiple of accum_steps={accum_steps}; got "
+                "{samples_X} and {samples_y}"
+            ).format(accum_steps=accum_steps, samples_X=len(X), samples_y=len(y))
         )
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     model = copy.deepcopy(model).to("cpu", torch.float64)
@@ -156,11 +160,11 @@ def gap_table(gaps: Mapping[int, Mapping[str, float]], full_batch: Sequence[torc
     shows; returns whether every gap without the division is (accum_steps - 1) times that entry, as for an
     accumulated gradient accum_steps times too large."""
     if not gaps or any(set(g) != {"steps", "none"} for g in gaps.values()):
-        raise ValueError("gaps must map each accum_steps to {'steps': gap, 'none': gap} (gradient_gap's normalize)")
+        raise ValueError(_("gaps must map each accum_steps to {'steps': gap, 'none': gap} (gradient_gap's normalize)"))
     largest_entry = max((g.detach().abs().max().item() for g in full_batch), default=0.0)
     if not largest_entry > 0:
         raise ValueError(
-            "full_batch: the full-batch gradient is zero everywhere (or empty): nothing to measure the gaps against"
+            _("full_batch: the full-batch gradient is zero everywhere (or empty): nothing to measure the gaps against")
         )
     bound = ROUNDING * largest_entry  # what float rounding explains; the gaps below it print as "< bound"
     rows = [
@@ -201,7 +205,9 @@ def sgd_and_adam(result: Mapping[str, float]) -> dict[str, float]:
     needed = {"steps", "accum_steps", "sgd", "sgd_moved", "adam", "adam_moved", "sgd_larger_lr"}
     if not needed <= set(result):
         raise ValueError(
-            f"result must be quiz.experiments.no_division_sgd_adam()'s dict; it lacks {sorted(needed - set(result))}"
+            _("result must be quiz.experiments.no_division_sgd_adam()'s dict; it lacks {missing}").format(
+                missing=sorted(needed - set(result))
+            )
         )
     share = {name: result[name] / result[f"{name}_moved"] for name in ("sgd", "adam")}
     print_table(

@@ -48,16 +48,20 @@ def compare_batches(histories: Mapping[int, History]) -> BatchComparison:
     over the last epoch). Prints the two findings (they hold every number a table would), shows the loss per step,
     returns the numbers."""
     if len(histories) != 2:
-        raise ValueError(f"histories must map exactly two batch sizes to their History, got {len(histories)}")
+        raise ValueError(
+            _("histories must map exactly two batch sizes to their History, got {count}").format(count=len(histories))
+        )
     small, large = sorted(histories)
     samples = {size: history[-1].samples_seen for size, history in histories.items()}
     if samples[small] != samples[large]:
         raise ValueError(
-            f"histories: both runs must see the same samples; batches of {small} saw {samples[small]}, "
-            f"batches of {large} saw {samples[large]}"
+            _(
+                "histories: both runs must see the same samples; batches of {small} saw {small_samples}, batches of "
+                "{large} saw {large_samples}"
+            ).format(small=small, small_samples=samples[small], large=large, large_samples=samples[large])
         )
     if any(len(history) < 2 for history in histories.values()):
-        raise ValueError("histories: each run needs at least two optimizer steps to compare them")
+        raise ValueError(_("histories: each run needs at least two optimizer steps to compare them"))
     steps = {size: len(history) for size, history in histories.items()}
     compared = min(steps.values())
     losses = {size: [record.loss for record in history] for size, history in histories.items()}
@@ -143,7 +147,7 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief
     budget in bytes: a table, the finding (which sizes fit, from which size on none does), how the activations and
     the peak grow, and the figure; brief=True (lesson 0): the finding and the figure alone. Returns what it found."""
     if not reports:
-        raise ValueError("reports must hold at least one MemoryReport (one per batch size)")
+        raise ValueError(_("reports must hold at least one MemoryReport (one per batch size)"))
     reports = sorted(reports, key=lambda r: r.micro_batch_size)
     sizes = [r.micro_batch_size for r in reports]
     peaks = [r.peak for r in reports]
@@ -225,9 +229,9 @@ def accumulated(history: History, budget_bytes: int, *, brief: bool = False) -> 
     history must come from `accumlib.train(..., measure_memory=True)`. Returns the groups as (steps, samples per
     step, micro-batches)."""
     if not len(history):
-        raise ValueError("history holds no optimizer step")
+        raise ValueError(_("history holds no optimizer step"))
     if any(record.peak_memory_bytes is None for record in history):
-        raise ValueError("history has no peak memory: train with measure_memory=True")
+        raise ValueError(_("history has no peak memory: train with measure_memory=True"))
     groups: list[list[int]] = []
     for record in history:
         if groups and groups[-1][1:] == [record.samples, record.micro_batches]:

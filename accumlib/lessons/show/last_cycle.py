@@ -28,7 +28,9 @@ def weights(sizes: Sequence[int], accum_steps: int) -> list[list[int]]:
     the last one's weight means. Returns the cycles as lists of micro-batch sizes."""
     sizes = list(sizes)
     if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-        raise ValueError(f"sizes must list the samples of each micro-batch (whole numbers >= 1), got {sizes}")
+        raise ValueError(
+            _("sizes must list the samples of each micro-batch (whole numbers >= 1), got {sizes}").format(sizes=sizes)
+        )
     cycles = [sizes[first : first + accum_steps] for first in range(0, len(sizes), accum_steps)]
     classic = loss_weights(sizes, accum_steps, "divide-by-steps", divide=True)
     weighted = loss_weights(sizes, accum_steps, "weighted", divide=True)
@@ -94,7 +96,11 @@ def last_cycles(
     Returns name -> weight difference ("accumlib.train" for the library's run)."""
     unknown = sorted(set(runs) - set(LAST_CYCLE_CHOICES))
     if unknown:
-        raise ValueError(f"runs: unknown last_cycle values {unknown}; valid: {', '.join(LAST_CYCLE_CHOICES)}")
+        raise ValueError(
+            _("runs: unknown last_cycle values {unknown}; valid: {valid}").format(
+                unknown=unknown, valid=", ".join(LAST_CYCLE_CHOICES)
+            )
+        )
     held = {name: [step.micro_batches for step in steps] for name, (_model, steps) in runs.items()}
     gaps = {name: parameter_gap(model, reference) for name, (model, _steps) in runs.items()}
     model, history = library
@@ -137,7 +143,11 @@ def token_weights(targets: torch.Tensor, micro_batch_size: int, accum_steps: int
     micro = cycle.split(micro_batch_size)
     counts = [int(data.count_tokens(part)) for part in micro]  # read to print
     if 0 in counts:
-        raise ValueError(f"targets: a micro-batch of the first cycle has no token (tokens per micro-batch: {counts})")
+        raise ValueError(
+            _("targets: a micro-batch of the first cycle has no token (tokens per micro-batch: {counts})").format(
+                counts=counts
+            )
+        )
     total = sum(counts)
     by_mean = [len(part) / len(cycle) / n for part, n in zip(micro, counts, strict=True)]
     by_count = [1 / total] * len(micro)
@@ -178,7 +188,11 @@ def tokens(runs: Mapping[str, torch.nn.Module], reference: torch.nn.Module) -> d
     (sum-reduced loss, normalize="count") -> the trained model. Prints the weight differences; returns them."""
     unknown = sorted(set(runs) - set(TOKEN_RUNS))
     if unknown:
-        raise ValueError(f"runs: unknown normalisations {unknown}; valid: {', '.join(TOKEN_RUNS)}")
+        raise ValueError(
+            _("runs: unknown normalisations {unknown}; valid: {valid}").format(
+                unknown=unknown, valid=", ".join(TOKEN_RUNS)
+            )
+        )
     gaps = {name: parameter_gap(model, reference) for name, model in runs.items()}
     print_table(
         [_("loss"), _("weight difference from one batch per cycle")],

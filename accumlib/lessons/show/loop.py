@@ -37,7 +37,7 @@ def same_weights(hand_written: torch.nn.Module, library: torch.nn.Module, histor
     """A hand-written loop's model against the same run with `accumlib.train` (its model and History): the largest
     weight difference, and what the history recorded. Returns that difference."""
     if not len(history):
-        raise ValueError("history holds no optimizer step")
+        raise ValueError(_("history holds no optimizer step"))
     gap = parameter_gap(hand_written, library)
     _say_gap(
         gap,
@@ -88,13 +88,17 @@ def misplaced(
     unknown = sorted(set(runs) - set(MISTAKES))
     if unknown:
         raise ValueError(
-            f"runs: unknown mistakes {unknown}; name each run by its classic_train switch, one of "
-            f"{sorted(MISTAKES)} ('' for none)"
+            _(
+                "runs: unknown mistakes {unknown}; name each run by its classic_train switch, one of {valid} ('' for "
+                "none)"
+            ).format(unknown=unknown, valid=sorted(MISTAKES))
         )
     gaps, rows = {}, []
     for name, (model, steps) in runs.items():
         if not steps:
-            raise ValueError(f"runs[{name!r}]: no optimizer step was recorded; pass on_step=steps.append")
+            raise ValueError(
+                _("runs[{name!r}]: no optimizer step was recorded; pass on_step=steps.append").format(name=name)
+            )
         gaps[name] = parameter_gap(model, reference)
         held = sorted({step.micro_batches for step in steps})
         rows.append(
@@ -160,7 +164,9 @@ def step_schedule(steps_at: Mapping[str, Sequence[int]], micro_batches: int, acc
         steps = list(steps)
         if any(not 0 <= s < micro_batches for s in steps) or steps != sorted(set(steps)):
             raise ValueError(
-                f"steps_at[{condition!r}] must list increasing step values from 0 to {micro_batches - 1}, got {steps}"
+                _("steps_at[{condition!r}] must list increasing step values from 0 to {last}, got {steps}").format(
+                    condition=condition, last=micro_batches - 1, steps=steps
+                )
             )
         held = [now - before for before, now in itertools.pairwise([-1, *steps])]
         left = micro_batches - 1 - steps[-1] if steps else micro_batches

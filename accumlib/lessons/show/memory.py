@@ -84,14 +84,17 @@ def categories(reports: Sequence[MemoryReport]) -> CategoryChanges:
     reports = list(reports)
     if len(reports) < 2 or not all(isinstance(r, MemoryReport) for r in reports):
         raise TypeError(
-            f"reports must be two or more MemoryReports (memory.measure_step), got "
-            f"{[type(r).__name__ for r in reports]}"
+            _("reports must be two or more MemoryReports (memory.measure_step), got {kinds}").format(
+                kinds=[type(r).__name__ for r in reports]
+            )
         )
     batches = {r.micro_batch_size * r.accum_steps for r in reports}
     if len(batches) != 1:
         raise ValueError(
-            f"reports must split one effective batch (micro_batch_size x accum_steps the same in each), "
-            f"got effective batches {sorted(batches)}"
+            _(
+                "reports must split one effective batch (micro_batch_size x accum_steps the same in each), got "
+                "effective batches {batches}"
+            ).format(batches=sorted(batches))
         )
     batch = batches.pop()
     first, last = reports[0], reports[-1]
@@ -238,15 +241,17 @@ def accumulation_effect(pairs: dict[str, tuple[MemoryReport, MemoryReport]]) -> 
     if not pairs or not all(
         isinstance(p, tuple) and len(p) == 2 and all(isinstance(r, MemoryReport) for r in p) for p in pairs.values()
     ):
-        raise TypeError("pairs must map a label to (one-batch MemoryReport, accumulated MemoryReport)")
+        raise TypeError(_("pairs must map a label to (one-batch MemoryReport, accumulated MemoryReport)"))
     shapes = {((a.micro_batch_size, a.accum_steps), (b.micro_batch_size, b.accum_steps)) for a, b in pairs.values()}
     if len(shapes) != 1:
-        raise ValueError(f"pairs must all compare the same two splits, got {sorted(shapes)}")
+        raise ValueError(_("pairs must all compare the same two splits, got {shapes}").format(shapes=sorted(shapes)))
     ((one_split, accumulated_split),) = shapes
     if one_split[0] * one_split[1] != accumulated_split[0] * accumulated_split[1]:
         raise ValueError(
-            f"pairs must compare two splits of one effective batch, got {one_split} and "
-            f"{accumulated_split} (micro_batch_size, accum_steps)"
+            _(
+                "pairs must compare two splits of one effective batch, got {one_split} and {accumulated_split} "
+                "(micro_batch_size, accum_steps)"
+            ).format(one_split=one_split, accumulated_split=accumulated_split)
         )
     effects = {}
     rows = []
@@ -341,7 +346,7 @@ def accumulation_effect(pairs: dict[str, tuple[MemoryReport, MemoryReport]]) -> 
 def plan(fit: FitPlan) -> FitPlan:
     """Say what `memory.fit_batch` planned: the split, its peak, the next larger split and why it is not chosen."""
     if not isinstance(fit, FitPlan):
-        raise TypeError(f"fit must be a FitPlan (memory.fit_batch), got {type(fit).__name__}")
+        raise TypeError(_("fit must be a FitPlan (memory.fit_batch), got {kind}").format(kind=type(fit).__name__))
     values = dict(
         target=fit.target_batch,
         budget=fit.budget_bytes,
@@ -381,7 +386,11 @@ def plan(fit: FitPlan) -> FitPlan:
 def trained(history: History) -> History:
     """Say what `accumlib.train` did with a plan it accepted: steps, micro-batches per step, samples per step."""
     if not isinstance(history, History) or not history.records:
-        raise TypeError(f"history must be the History of a training run with at least one step, got {history!r}")
+        raise TypeError(
+            _("history must be the History of a training run with at least one step, got {history!r}").format(
+                history=history
+            )
+        )
     first = history.records[0]
     print(
         ngettext(

@@ -34,7 +34,9 @@ CLOCKS = {
 def _check(decomposition, name: str = "decomposition") -> TimeDecomposition:
     if not isinstance(decomposition, TimeDecomposition):
         raise TypeError(
-            f"{name} must be a TimeDecomposition (timing.decompose_time), got {type(decomposition).__name__}"
+            _("{name} must be a TimeDecomposition (timing.decompose_time), got {kind}").format(
+                name=name, kind=type(decomposition).__name__
+            )
         )
     return decomposition
 
@@ -177,13 +179,19 @@ def compare(decompositions: dict[str, TimeDecomposition]) -> dict[str, list[floa
     """
     if len(decompositions) < 2:
         raise ValueError(
-            f"decompositions must hold two or more models (label -> TimeDecomposition), got {len(decompositions)}"
+            _("decompositions must hold two or more models (label -> TimeDecomposition), got {count}").format(
+                count=len(decompositions)
+            )
         )
     for label, d in decompositions.items():
         _check(d, f"decompositions[{label!r}]")
     shapes = {(d.effective_batch, tuple(s.accum_steps for s in d.steps)) for d in decompositions.values()}
     if len(shapes) != 1:
-        raise ValueError(f"decompositions must split the same effective batch the same ways, got {sorted(shapes)}")
+        raise ValueError(
+            _("decompositions must split the same effective batch the same ways, got {shapes}").format(
+                shapes=sorted(shapes)
+            )
+        )
     ((batch, splits),) = shapes
     first = next(iter(decompositions.values()))
     labels = [split(s.micro_batch_size, s.accum_steps) for s in first.steps]
@@ -289,8 +297,10 @@ def cost(decomposition: TimeDecomposition) -> list[float]:
     d = _check(decomposition)
     if len(d.steps) < 3 or d.steps[0].accum_steps != 1:
         raise ValueError(
-            f"decomposition must time one batch (accum_steps 1, first) and two or more splits of it, "
-            f"got accum_steps {[s.accum_steps for s in d.steps]}"
+            _(
+                "decomposition must time one batch (accum_steps 1, first) and two or more splits of it, got "
+                "accum_steps {accum_steps}"
+            ).format(accum_steps=[s.accum_steps for s in d.steps])
         )
     ratios = [s.seconds / d.steps[0].seconds for s in d.steps]
     first, large, small = d.steps[0], d.steps[1], d.steps[-1]
