@@ -14,6 +14,7 @@ from importlib import resources
 import torch
 
 from .._validate import positive_int
+from ..i18n import _
 
 PAD = -100  # target value of padding positions; cross_entropy(ignore_index=PAD) skips them
 
@@ -38,7 +39,9 @@ def digits(n: int | None = None, *, flat: bool = False, dtype: torch.dtype = tor
     if n is not None:
         n = positive_int("n", n)
         if n > len(images):
-            raise ValueError(f"n must be between 1 and {len(images)} (the digits dataset size), got {n}")
+            raise ValueError(
+                _("n must be between 1 and {size} (the digits dataset size), got {n}").format(size=len(images), n=n)
+            )
     X = images[:n].to(dtype).unsqueeze(1) / 16
     y = target[:n].long()
     return (X.flatten(1) if flat else X), y
@@ -51,7 +54,7 @@ def token_sequences(n: int = 64, *, max_len: int = 12, vocab: int = 16, seed: in
     """
     n, max_len, vocab = positive_int("n", n), positive_int("max_len", max_len), positive_int("vocab", vocab)
     if max_len < 2:
-        raise ValueError(f"max_len must be at least 2, got {max_len}")
+        raise ValueError(_("max_len must be at least 2, got {max_len}").format(max_len=max_len))
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(1, vocab, (n, max_len + 1), generator=g)
     lengths = torch.randint(2, max_len + 1, (n,), generator=g)

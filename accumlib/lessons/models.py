@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .. import _validate
+from ..i18n import _
 from .data import PAD
 
 
@@ -25,7 +26,9 @@ def _seeded(build):
     def builder(*args, seed: int = 0, dtype: torch.dtype = torch.float32, **kwargs) -> nn.Module:
         _validate.non_negative_int("seed", seed)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}")
+            raise TypeError(
+                _("dtype must be a floating-point torch.dtype such as torch.float32, got {dtype!r}").format(dtype=dtype)
+            )
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return build(*args, **kwargs).to(dtype)
@@ -71,12 +74,18 @@ def cnn(norm: str | None = None, channels: tuple[int, int] = (16, 32), classes: 
     """
     _validate.one_of("norm", norm, (None, "batch", "group"))
     if not isinstance(channels, (tuple, list)) or len(channels) != 2:
-        raise TypeError(f"channels must be a pair of positive integers such as (16, 32), got {channels!r}")
+        raise TypeError(
+            _("channels must be a pair of positive integers such as (16, 32), got {channels!r}").format(
+                channels=channels
+            )
+        )
     c1, c2 = (_validate.positive_int("channels", c) for c in channels)
     _validate.positive_int("classes", classes)
     if norm == "group" and (c1 % 4 or c2 % 4):
         raise ValueError(
-            f"channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), got {channels!r}"
+            _("channels must be multiples of 4 with norm='group' (GroupNorm with 4 groups), got {channels!r}").format(
+                channels=channels
+            )
         )
     return nn.Sequential(
         nn.Conv2d(1, c1, 3, padding=1),

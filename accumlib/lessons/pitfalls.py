@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from .._validate import one_of, positive_int, positive_number
+from ..i18n import _
 
 LAST_CYCLE = ("drop", "leak", "divide-by-steps")  # what classic scripts do with the last, incomplete cycle: all wrong
 LAST_CYCLE_CHOICES = (*LAST_CYCLE, "weighted")  # "weighted": exact, as accumlib.train does it
@@ -57,7 +58,11 @@ class ClassicLog:
 
 def _flag(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
+        raise TypeError(
+            _("{name} must be True or False, got {value!r} of type {type}").format(
+                name=name, value=value, type=type(value).__name__
+            )
+        )
     return value
 
 
@@ -126,7 +131,11 @@ def classic_train(
     accum_steps = positive_int("accum_steps", accum_steps)
     epochs = positive_int("epochs", epochs)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an integer, got {seed!r} of type {type(seed).__name__}")
+        raise TypeError(
+            _("{name} must be an integer, got {value!r} of type {type}").format(
+                name="seed", value=seed, type=type(seed).__name__
+            )
+        )
     one_of("last_cycle", last_cycle, LAST_CYCLE_CHOICES)
     switches = dict(
         divide=divide,
@@ -142,28 +151,34 @@ def classic_train(
         _flag(name, value)
     if zero_at_cycle_start and last_cycle == "leak":
         raise ValueError(
-            "zero_at_cycle_start=True zeroes the gradients at the start of every cycle, the next epoch's "
-            "first one too, so nothing can leak into it: use it with last_cycle 'drop', "
-            "'divide-by-steps' or 'weighted', not 'leak'"
+            _(
+                "zero_at_cycle_start=True zeroes the gradients at the start of every cycle, the next epoch's first one "
+                "too, so nothing can leak into it: use it with last_cycle 'drop', 'divide-by-steps' or 'weighted', not "
+                "'leak'"
+            )
         )
     if clip_grad_norm is not None:
         clip_grad_norm = positive_number("clip_grad_norm", clip_grad_norm)
     if scaler is None and (unscale_per_micro_batch or update_per_micro_batch):
-        raise ValueError("unscale_per_micro_batch and update_per_micro_batch need scaler= (a torch.amp.GradScaler)")
+        raise ValueError(_("unscale_per_micro_batch and update_per_micro_batch need scaler= (a torch.amp.GradScaler)"))
     if on_step is not None and not callable(on_step):
-        raise TypeError(f"on_step must be a function taking one ClassicStep, or None; got {on_step!r}")
+        raise TypeError(
+            _("on_step must be a function taking one ClassicStep, or None; got {on_step!r}").format(on_step=on_step)
+        )
     if not (
         isinstance(data, (tuple, list))
         and len(data) == 2
         and all(isinstance(t, torch.Tensor) for t in data)
         and len(data[0]) == len(data[1]) > 0
     ):
-        raise TypeError("data must be a tuple (X, y) of two tensors with the same number of samples (at least one)")
+        raise TypeError(_("data must be a tuple (X, y) of two tensors with the same number of samples (at least one)"))
     X, y = data
     if micro_batch_size > len(X):
         raise ValueError(
-            f"micro_batch_size={micro_batch_size} is larger than the dataset ({len(X)} samples); "
-            f"valid range: 1 to {len(X)}"
+            _(
+                "micro_batch_size={micro_batch_size} is larger than the dataset ({samples} samples); valid range: 1 to "
+                "{samples}"
+            ).format(micro_batch_size=micro_batch_size, samples=len(X))
         )
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     params = list(model.parameters())

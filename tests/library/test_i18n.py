@@ -141,9 +141,10 @@ def test_set_language_refuses_unknown_codes_and_keeps_the_language(code):
 
 # --- Which language the library speaks (docs/translating.md): every message a user reads goes through the catalogue.
 
-# the library, and the lessons' findings (accumlib/lessons/show: a lesson's refusals are read by its learner); the
-# rest of accumlib/lessons translates through the same calls, not yet walked here
-LIBRARY = sorted((ROOT / "accumlib").glob("*.py")) + sorted((ROOT / "accumlib" / "lessons" / "show").glob("*.py"))
+# the library and the lessons' modules (accumlib/lessons, its findings, exercises and quiz: a learner reads them)
+LIBRARY = sorted((ROOT / "accumlib").rglob("*.py"))
+# .format() arguments written as they are typed or clicked in every language: a shell command, a menu's label
+VERBATIM = {"command", "menu"}
 CATALOGUE_CALLS = {"_", "ngettext", "pgettext"}
 WORDS = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # two English words: prose, not a name such as "x[0]"
 # Messages left in English on purpose, as (file, function): each is a bug report for accumlib's authors, not
@@ -247,7 +248,7 @@ class _Messages(ast.NodeVisitor):
                 return
             if isinstance(func, ast.Attribute) and func.attr in ("format", "join"):
                 self._check(func.value, seen, prose_only or func.attr == "join")
-                for argument in [*node.args, *(k.value for k in node.keywords)]:
+                for argument in [*node.args, *(k.value for k in node.keywords if k.arg not in VERBATIM)]:
                     self._check(argument, seen, True)
             elif isinstance(func, ast.Name) and func.id in self.functions and func.id not in seen:
                 for returned in ast.walk(self.functions[func.id]):  # a helper that words the message

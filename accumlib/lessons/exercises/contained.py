@@ -269,7 +269,7 @@ def _wait(pid, messages, replies, clock: _Clock, check_limit, on_progress) -> di
         if on_progress is not None and report is not None and report != shown[0] and now - shown[1] >= PROGRESS_EVERY:
             shown = (report, now)
             on_progress(report)
-        readable, _, _ = select.select([messages], [], [], 0.05)
+        readable = select.select([messages], [], [], 0.05)[0]
         if not readable:
             continue
         chunk = os.read(messages, 1 << 16)

@@ -32,8 +32,10 @@ def single_process_group():
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             raise RuntimeError(
-                f"a process group of world size {dist.get_world_size()} is already running; the no_sync "
-                f"check needs world size 1 (run it outside distributed training)"
+                _(
+                    "a process group of world size {size} is already running; the no_sync check needs world size 1 "
+                    "(run it outside distributed training)"
+                ).format(size=dist.get_world_size())
             )
         yield
         return

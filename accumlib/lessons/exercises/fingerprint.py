@@ -350,7 +350,7 @@ class DtypeMismatch(TypeError):
 
     def __init__(self, call: int, got: torch.dtype, model: torch.dtype):
         self.call, self.got, self.model = call, got, model
-        super().__init__(f"model call {call} got {got}, the model is {model}")
+        super().__init__(_("model call {call} got {got}, the model is {model}").format(call=call, got=got, model=model))
 
 
 def lesson_device_type() -> str:
@@ -373,7 +373,7 @@ class SignatureMismatch(TypeError):
             self.found = ", ".join(inspect.signature(function).parameters)
         except (TypeError, ValueError):
             self.found = "?"
-        super().__init__(f"{self.name} must take ({self.expected})")
+        super().__init__(_("{name} must take ({expected})").format(name=self.name, expected=self.expected))
 
 
 def frozen_finding(model: torch.nn.Module) -> Finding | None:
