@@ -162,8 +162,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
         memory.check_fits(
             model,
-            optimizer,
             *example,
+            optimizer=optimizer,
             options=options,
             accum_steps=accum_steps,
             budget_bytes=run.memory_budget,
@@ -313,7 +313,8 @@ def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: 
     """The peak bytes of `cycle` as `memory.measure_step` reports a step: the heavier of a run's first step and a
     later one (the optimizer's state alive through the passes, its step count far along), traced under
     FakeTensorMode on copies of the model and of the optimizer (its settings, not its state)."""
-    return memory.measured_cycle_peak(model, optimizer, *_real(cycle, weights), options)
+    batches, weights = _real(cycle, weights)
+    return memory.measured_cycle_peak(model, batches, optimizer, weights, options)
 
 
 def _check_fits(
@@ -348,8 +349,9 @@ def _check_fits(
             else _("use a smaller micro_batch_size and more accum_steps")
         )
         try:
+            batches, kept = _real(cycle, weights)
             memory.check_cycle_fits(
-                model, optimizer, *_real(cycle, weights), options=options, budget_bytes=budget, what=what, advice=advice
+                model, batches, optimizer, kept, options=options, budget_bytes=budget, what=what, advice=advice
             )
             fitted.add(cycle.layout)
         except Exception as error:  # under DDP the others learn of it below

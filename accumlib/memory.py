@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -99,7 +99,7 @@ def measure_step(
     x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`). optimizer: its type
     and settings are copied, for the parameters it holds (for every trainable one if it holds none of this
     model's); default SGD, which keeps no state. Any optimizer torch ships but the closure ones (LBFGS) is taken.
-    loss_fn(model(x), y) -> scalar tensor (default: cross-entropy).
+    loss_fn(model(x), y) -> scalar tensor (default, as in `train`: the model's own loss, else cross-entropy).
     The peak is that of the heavier of the run's first step (in which the optimizer creates its state) and a
     later one (the state kept from before); the categories are those of that step. On CUDA a warm-up step runs first.
     fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed; it also measures a
@@ -147,8 +147,8 @@ _MEASURED_OPTIONS = tuple(
 
 
 def _step_options(loss_fn, cycle_options: dict) -> CycleOptions:
-    """A measurement's `CycleOptions` (checked there): loss_fn (default cross-entropy) and the keywords of
-    _MEASURED_OPTIONS."""
+    """A measurement's `CycleOptions` (checked there): loss_fn (None: train's default, the model's own loss, else
+    cross-entropy) and the keywords of _MEASURED_OPTIONS."""
     unknown = sorted(set(cycle_options) - set(_MEASURED_OPTIONS))
     if unknown:
         raise TypeError(
@@ -156,7 +156,7 @@ def _step_options(loss_fn, cycle_options: dict) -> CycleOptions:
                 names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
             )
         )
-    return CycleOptions(loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn, **cycle_options)
+    return CycleOptions(loss_fn=loss_fn, **cycle_options)
 
 
 def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,25 +191,27 @@ def _step_peak(
     return dataclasses.replace(report, accum_steps=accum_steps)
 
 
+@_validate.new_order
 def check_fits(
-    model,
-    optimizer,
-    x,
-    y,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
     *,
+    optimizer: torch.optim.Optimizer | None = None,
     accum_steps: int,
     budget_bytes: int,
     loss_fn: Callable | None = None,
     options: CycleOptions | None = None,
-    device=None,
+    device: str | torch.device | None = None,
 ) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
 
     Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `CycleOptions`
-    train runs its cycles with; its scheduler and scaler are left out) or, without them, loss_fn (default
-    cross-entropy) and the cycle's defaults; returns the MemoryReport of that step. device: where the step will
-    run (default: where the model is); a fake copy of the model is traced there (on CUDA each block counted as the
-    allocator rounds it) and the model itself does not move, so a refusal leaves it where it was.
+    train runs its cycles with; its scheduler and scaler are left out) or, without them, loss_fn (default as in
+    `measure_step`) and the cycle's defaults; returns the MemoryReport of that step. optimizer: as for
+    `measure_step` (a keyword after the data; default SGD). device: where the step will run (default: where the
+    model is); a fake copy of the model is traced there (on CUDA each block counted as the allocator rounds it) and
+    the model itself does not move, so a refusal leaves it where it was.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
@@ -230,9 +232,18 @@ def check_fits(
     return report
 
 
-def measured_cycle_peak(model, optimizer, batches, loss_weights, options: CycleOptions) -> int:
+def measured_cycle_peak(
+    model: torch.nn.Module,
+    batches: Sequence,
+    optimizer: torch.optim.Optimizer,
+    loss_weights: Sequence[float],
+    options: CycleOptions,
+) -> int:
     """The peak bytes of the cycle of `batches` with `loss_weights`, as `measure_step` measures a step (the heavier
-    of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer."""
+    of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer; the
+    arguments in `accumulate_and_step`'s order."""
+    order = "model, batches, optimizer, loss_weights, options"
+    _validate.not_optimizer("measured_cycle_peak", order, "batches", batches)
     return _traced_cycle(model, optimizer, batches, loss_weights, options).peak
 
 
@@ -252,14 +263,25 @@ def _traced_cycle(model, optimizer, batches, loss_weights, options: CycleOptions
 
 
 def check_cycle_fits(
-    model, optimizer, batches, loss_weights, *, options: CycleOptions, budget_bytes: int, what: str, advice: str
+    model: torch.nn.Module,
+    batches: Sequence,
+    optimizer: torch.optim.Optimizer,
+    loss_weights: Sequence[float],
+    *,
+    options: CycleOptions,
+    budget_bytes: int,
+    what: str,
+    advice: str,
 ) -> MemoryReport:
     """Raise OutOfMemory (needing `what`, with `advice`) when the cycle of `batches` ((x, y) pairs as
-    `cycle.accumulate_and_step` takes them, any shapes) with `loss_weights` needs more than `budget_bytes`.
+    `cycle.accumulate_and_step` takes them, any shapes, in its order) with `loss_weights` needs more than
+    `budget_bytes`.
 
     Traced as `check_fits` traces a step (FakeTensorMode, on copies of the model and optimizer, where the model
     is), every micro-batch as it is: `train` checks a loader's cycles with it, one per layout of batch shapes.
     """
+    order = "model, batches, optimizer, loss_weights, *, options, budget_bytes, what, advice"
+    _validate.not_optimizer("check_cycle_fits", order, "batches", batches)
     report = _traced_cycle(model, optimizer, batches, loss_weights, options)
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, what, advice=advice)

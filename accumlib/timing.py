@@ -247,7 +247,6 @@ def decompose_time(
             )
         )
     _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
-    loss_fn = loss_fn or torch.nn.functional.cross_entropy
     device = _timing_device(model, device)
     model, optimizer = _copy_with_optimizer(model, optimizer_fn)
     model.to(device)
