@@ -37,7 +37,7 @@ def _max_abs_difference(pairs) -> float:
     return torch.stack(gaps).max().item() if gaps else 0.0  # torch's max keeps a NaN (Python's max may drop it)
 
 
-def parameter_gap(model, reference) -> float:
+def parameter_gap(model: torch.nn.Module | dict, reference: torch.nn.Module | dict) -> float:
     """Max |difference| over every parameter and buffer of two models (or state dicts) of the same layout.
 
     NaN when a difference is NaN (a NaN weight is never hidden).

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-def resolve_device(model: torch.nn.Module, device) -> torch.device:
+def resolve_device(model: torch.nn.Module, device: str | torch.device | None) -> torch.device:
     """The device to measure on: `device` ("cpu", "cuda" or a torch.device) or where the model's weights are."""
     if device is None:
         return next(model.parameters()).device
@@ -83,11 +83,11 @@ def measure_step(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    optimizer=None,
+    optimizer: torch.optim.Optimizer | None = None,
     loss_fn: Callable | None = None,
     accum_steps: int = 1,
     fake: bool = False,
-    device=None,
+    device: str | torch.device | None = None,
     **cycle_options,
 ) -> MemoryReport:
     """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
@@ -316,11 +316,11 @@ def _divisors(n: int) -> list[int]:
 
 def fit_batch(
     model: torch.nn.Module,
-    example_batch,
+    example_batch: tuple[torch.Tensor, torch.Tensor],
     target_batch: int,
     budget_bytes: int,
     *,
-    optimizer=None,
+    optimizer: torch.optim.Optimizer | None = None,
     loss_fn: Callable | None = None,
 ) -> FitPlan:
     """Plan (micro_batch_size, accum_steps) for an effective batch of exactly `target_batch` under `budget_bytes`.
