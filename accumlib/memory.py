@@ -90,27 +90,31 @@ def measure_step(
     device: str | torch.device | None = None,
     **cycle_options,
 ) -> MemoryReport:
-    """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
+    """Measure the memory of one of `train`'s steps on a copy of `model`: one `accumulate_and_step` of accum_steps
+    passes of (x, y), each weighted 1/accum_steps; its peak is the one `train(..., measure_memory=True)` records for
+    that step, byte for byte on the CPU.
 
-    The step is `train`'s own: one `accumulate_and_step` of accum_steps passes of (x, y), each weighted
-    1/accum_steps (cycle_options: the `CycleOptions` fields a measurement runs, all but loss_fn and a run's
-    objects, the scaler and the scheduler), so its peak is the one `train(..., measure_memory=True)` records for
-    that step, byte for byte on the CPU (`amp="bf16"`: the step of `train(amp="bf16")`).
-    x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`). optimizer: its type
-    and settings are copied, for the parameters it holds (for every trainable one if it holds none of this
-    model's); default SGD, which keeps no state. Any optimizer torch ships but the closure ones (LBFGS) is taken.
-    loss_fn(model(x), y) -> scalar tensor (default, as in `train`: the model's own loss, else cross-entropy).
-    The peak is that of the heavier of the run's first step (in which the optimizer creates its state) and a
-    later one (the state kept from before); the categories are those of that step. On CUDA a warm-up step runs first.
-    fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed; it also measures a
-    model built on the meta device (weights without data). A forward pass that reads a tensor's value (`if
-    t.sum() > 0`, `.item()`) cannot be traced: a real model is then measured with the CPU tracker (exact for this
-    micro-batch; a warning names the model's line), one on the meta device is refused naming it. device: "cpu" or
-    "cuda" (default: where the model is); on CUDA the peak is the allocator's, over what was allocated before the
-    call: it counts the allocator's rounding of each block and the workspaces the step's libraries take (cuBLAS,
-    cuDNN), not the CUDA context itself (a few hundred MiB outside the allocator), which a real card's budget must
-    leave room for (not run on our CPUs).
-    The model, its gradients, the optimizer and the global random state are left exactly as they were.
+    Args:
+        model: the model measured (a copy; it, its gradients, the optimizer and the global random state are left
+            exactly as they were).
+        x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`).
+        optimizer: its type and settings are copied, for the parameters it holds (every trainable one if it holds
+            none of this model's); default SGD, which keeps no state. Not a closure optimizer (LBFGS).
+        loss_fn: loss_fn(model(x), y) -> scalar tensor; default, as in `train`: the model's own loss, else
+            cross-entropy.
+        accum_steps: passes per step.
+        fake: run under FakeTensorMode: the CPU tracker's bytes, nothing computed; it also measures a model on the
+            meta device. A forward pass that reads a value (`if t.sum() > 0`, `.item()`) cannot be traced: a real
+            model is then measured with the CPU tracker (a warning names the line), one on the meta device refused.
+        device: "cpu" or "cuda" (default: where the model is). On CUDA the peak is the allocator's over what was
+            allocated before the call, with its rounding and the libraries' workspaces (cuBLAS, cuDNN), not the CUDA
+            context (a few hundred MiB), which a real card's budget must leave room for; a warm-up step runs first.
+        cycle_options: the `CycleOptions` fields a measurement runs (all but loss_fn and a run's objects, the
+            scaler and the scheduler); `amp="bf16"` measures the step of `train(amp="bf16")`.
+
+    Returns:
+        A `MemoryReport`: bytes by category and the peak, of the heavier of the run's first step (in which the
+        optimizer creates its state) and a later one (the state kept from before).
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     fake = _validate.boolean("fake", fake)
@@ -204,14 +208,20 @@ def check_fits(
     options: CycleOptions | None = None,
     device: str | torch.device | None = None,
 ) -> MemoryReport:
-    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
+    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`, traced
+    under FakeTensorMode (see `_step_peak`) with `train`'s cycle.
 
-    Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `CycleOptions`
-    train runs its cycles with; its scheduler and scaler are left out) or, without them, loss_fn (default as in
-    `measure_step`) and the cycle's defaults; returns the MemoryReport of that step. optimizer: as for
-    `measure_step` (a keyword after the data; default SGD). device: where the step will run (default: where the
-    model is); a fake copy of the model is traced there (on CUDA each block counted as the allocator rounds it) and
-    the model itself does not move, so a refusal leaves it where it was.
+    Args:
+        model, x, y, optimizer, loss_fn: as for `measure_step`.
+        accum_steps: passes per step.
+        budget_bytes: the bytes a step may take.
+        options: the `CycleOptions` train runs its cycles with (its scheduler and scaler left out), instead of
+            loss_fn and the cycle's defaults.
+        device: where the step will run (default: where the model is); a fake copy is traced there (on CUDA each
+            block as the allocator rounds it) and the model does not move, so a refusal leaves it where it was.
+
+    Returns:
+        The `MemoryReport` of that step.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)

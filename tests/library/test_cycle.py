@@ -267,6 +267,12 @@ def test_accumulate_and_step_in_the_old_order_is_refused_by_name_before_anything
         r"the data, as in train\(model, data, optimizer\); got an optimizer \(SGD\) as micro_batches",
     ):
         accumlib.accumulate_and_step(model, optimizer, SMALL[:2], [0.5, 0.5])
+    accumlib.set_language("hi")
+    try:  # in the learner's language, as every refusal
+        with pytest.raises(TypeError, match="optimizer data के बाद आता है"):
+            accumlib.accumulate_and_step(model, optimizer, SMALL[:2], [0.5, 0.5])
+    finally:
+        accumlib.set_language("en")
     assert same((model.state_dict(), optimizer.state_dict()), before)
     assert all(p.grad is None for p in model.parameters())
     assert not accumlib.accumulate_and_step(model, SMALL[:2], optimizer, [0.5, 0.5]).skipped  # the new order steps

@@ -74,6 +74,12 @@ def test_gradient_gap_in_the_old_order_is_refused_by_name_before_anything_runs()
         keywords = {} if len(old) == 5 else {"accum_steps": 4}
         with pytest.raises(TypeError, match=r"gradient_gap takes \(model, x, y, \*, accum_steps, loss_fn, normalize\)"):
             accumlib.gradient_gap(*old, **keywords)
+    accumlib.set_language("hi")
+    try:  # in the learner's language, as every refusal
+        with pytest.raises(TypeError, match=r"gradient_gap के arguments इस क्रम में हैं: \(model, x, y, \*, accum_steps"):
+            accumlib.gradient_gap(model, loss, X, Y, 4)
+    finally:
+        accumlib.set_language("en")
     assert calls == [] and all(p.grad is None for p in model.parameters())
 
 
