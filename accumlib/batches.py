@@ -1,12 +1,14 @@
-"""A batch as the cycle takes it, for every producer of cycles (`source`'s (X, y) tensors and Datasets, `loader`'s
-batches): its form checked (`_check_batch`: (x, y), (inputs, y) or a dict, its samples counted), its tensors
-(`_tensors`), moved to the device (`_to`) and made (model input, target) (`_as_pair`); `_Cycle`, one optimizer step's
-data as a producer gives it to the loop.
+"""What the loop gets from where its cycles come from: `_Producer`, the one interface it asks (its cycles, their
+number, an example micro-batch, how to make micro-batches smaller, whether a cycle is fetched as it is made), with two
+kinds behind it (`source._Indexed`: (X, y) tensors and Datasets; `loader._Loader`: a loader's batches); `_Cycle`,
+one optimizer step's data; `_MicroBatches`, the one place a micro-batch is moved to the device and made (model input,
+target) (`_as_pair`); and a batch's form, checked (`_check_batch`: (x, y), (inputs, y) or a dict, its samples counted).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import abc
+from collections.abc import Iterator, Mapping
 from typing import Callable, NamedTuple
 
 import torch
@@ -14,17 +16,98 @@ import torch
 from ._validate import Shown
 from .cycle import Inputs
 from .i18n import _
+from .random_states import random_states_kept
 
 
 class _Cycle(NamedTuple):
-    """One optimizer step's data, as the loop gets it from a source."""
+    """One optimizer step's data, as the loop gets it from a `_Producer`."""
 
     epoch: int
-    micro_batches: object  # what accumulate_and_step iterates: (inputs, target) pairs on the device, with len()
+    micro_batches: _MicroBatches  # what accumulate_and_step iterates: (inputs, target) pairs on the device
     sizes: list[int]  # this process's samples per micro-batch (0: a padding micro-batch, weight 0)
     samples: int  # the cycle's samples, all processes together
     layout: tuple  # the micro-batches' shapes: cycles of one layout have the same peak bytes
     raw: Callable  # raw() gives the cycle's real micro-batches as the data gives them (what count is called on)
+
+    def real(self, weights: list[float]) -> tuple[list, list[float]]:
+        """The cycle's real micro-batches, for a trace of it (memory_budget's, measure_memory's).
+
+        Args:
+            weights: the loss weight of each micro-batch, padding included.
+
+        Returns:
+            The micro-batches as pairs, not moved (a trace moves its copies), without DDP's padding, and their
+            weights. Fetched again under their own random state: a Dataset that draws leaves the run's draws as
+            they were.
+        """
+        with random_states_kept():
+            batches = [_as_pair(batch) for batch in self.raw()]  # a loader's 0-row batches too, in order
+        # strict=False: raw() stops before the padding micro-batches (size 0) that end sizes under DDP
+        return (
+            [batch for batch, size in zip(batches, self.sizes, strict=False) if size],
+            [weight for weight, size in zip(weights, self.sizes, strict=True) if size],
+        )
+
+
+class _Producer(abc.ABC):
+    """Where a run's cycles come from, all the loop and the checkpoint ask of the data.
+
+    Args:
+        accum_steps: micro-batches per cycle.
+        world, rank: the processes and this one's rank (a cycle's share per process, padded to the busiest's).
+        device: where the micro-batches go.
+        notes: the run's notes, for what the data makes of the run (one short step per epoch, say).
+    """
+
+    fetches_ahead = False  # a cycle's batches fetched as the cycle is made, drawing from the run's random states
+
+    def __init__(self, accum_steps: int, world: int, rank: int, device: torch.device, notes: list[str]):
+        self.accum_steps, self.world, self.rank, self.device, self.notes = accum_steps, world, rank, device, notes
+
+    def check_epochs(self, epochs: int | None) -> None:  # noqa: B027 - data read again and again takes any
+        """Refuses, naming it, a number of `epochs` the data cannot give."""
+
+    @abc.abstractmethod
+    def steps(self, epochs: int | None) -> int | None:
+        """Returns: the run's optimizer steps over `epochs`, or None when they are not known before the run."""
+
+    def example(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Returns: a full micro-batch (x, y) of tensors, for memory_budget's check before the run, or None: then
+        each cycle is checked as it comes."""
+        return None
+
+    @abc.abstractmethod
+    def cycles(self, epochs: int | None) -> Iterator[_Cycle]:
+        """Returns: the run's cycles over `epochs` (None: without end), in order."""
+
+    @abc.abstractmethod
+    def advice(self) -> str:
+        """Returns: how to make a micro-batch smaller, in the words memory_budget's refusal ends with."""
+
+
+class _MicroBatches:
+    """A cycle's micro-batches, as accumulate_and_step iterates them: each fetched, moved to the device and made
+    (model input, target) as the loop reaches it.
+
+    Args:
+        items: what `fetch` takes, one per micro-batch (padding included).
+        fetch: a micro-batch from its item; None: the items are the batches (a loader's, held).
+        device: where each batch is moved; None: `fetch` gives (x, y) pairs on the device, taken as they are.
+    """
+
+    __slots__ = ("items", "fetch", "device")
+
+    def __init__(self, items: list, fetch: Callable | None, device: torch.device | None):
+        self.items, self.fetch, self.device = items, fetch, device
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        batches = iter(self.items) if self.fetch is None else map(self.fetch, self.items)
+        if self.device is None:
+            return batches
+        return (_as_pair(_to(batch, self.device)) for batch in batches)
 
 
 def _tensors(value):

@@ -244,19 +244,20 @@ class Checkpoint:
             _("went on from checkpoint {path!r} after its step {step}").format(path=str(self.path), step=self.written)
         )
 
-    def cycles(self, cycles, loader: bool):
-        """The run's cycles, as they come. Resumed, the random states are put back where the stopped run's last
-        epoch began, then after the last cycle it took, so the next draws what the uninterrupted run drew. A
-        `loader` draws where each epoch begins (a shuffling DataLoader its order, its workers their seeds) and the
-        resumed run fetches and drops the cycles the stopped run took: its random states are taken before each
-        cycle (well under a millisecond), and kept from each epoch's first; (X, y) and a Dataset draw nothing there."""
-        saved, cycles, epoch, before = self.saved, iter(cycles), None, None
+    def cycles(self, source, epochs: int | None):
+        """The run's cycles, as `source` (a `batches._Producer`) gives them over `epochs`. Resumed, the random states
+        are put back where the stopped run's last epoch began, then after the last cycle it took, so the next draws
+        what the uninterrupted run drew. A source that fetches ahead (a loader) draws where each epoch begins (a
+        shuffling DataLoader its order, its workers their seeds) and the resumed run fetches and drops the cycles
+        the stopped run took: its random states are taken before each cycle (well under a millisecond), and kept
+        from each epoch's first; (X, y) and a Dataset draw nothing there."""
+        saved, cycles, epoch, before = self.saved, iter(source.cycles(epochs)), None, None
         for index in itertools.count():
             if saved is not None and index == saved["epoch_start"]:
                 _set_random_states(saved["epoch_random"][self.rank])
             if saved is not None and index == saved["step"]:
                 _set_random_states(saved["random"][self.rank])
-            if loader:
+            if source.fetches_ahead:
                 before = _captured()
             cycle = next(cycles, None)
             if cycle is None:
@@ -335,8 +336,8 @@ class _NoCheckpoint:
     def restore(self, history) -> None:
         pass
 
-    def cycles(self, cycles, loader: bool):
-        return cycles
+    def cycles(self, source, epochs: int | None):
+        return source.cycles(epochs)
 
     def stepped(self, history) -> None:
         pass

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, NamedTuple, Sequence
 
@@ -150,10 +149,6 @@ def _cycle(
     device_type = params[0].device.type
     autocast = _NOTHING if options.amp is False else torch.autocast(device_type, _amp_dtype(options.amp, device_type))
     plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
-    watchers = _WATCHERS.__dict__.get("stack")  # this thread's: memory's tracker, timing's clock; or none
-    watch = watchers[-1] if watchers else None  # None: nothing measures, no phase is marked
-    if watch:
-        watch("start", model)
     # kept: the optimizer's .grad set aside (None from here), buffers copied; told: under DDP, a failure on this
     # process before its all-reducing backward is told to the others, which stop too
     with _Kept(model, optimizer, params) as kept, _NOTHING if sync is None else _Told(params[0].device) as told:
@@ -161,16 +156,12 @@ def _cycle(
         for i, (x, y) in enumerate(micro_batches):
             if runs.nothing[i] and i != runs.last and not runs.every:
                 continue  # fetched, not run
-            if watch:
-                watch("forward")
             if plain:
                 loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
             else:  # DDP's no_sync() or FSDP2's gradient sync off, but for the last micro-batch run (sharded.py)
                 with sync.micro_batch(i, runs.synced + 1) if sync else _NOTHING, autocast:
                     loss = _forward(model, loss_fn, x, y)
             root, seed, total = _weighted(loss, loss_weights[i], total, options.scaler, runs.nothing[i])
-            if watch:
-                watch("backward")
             if sync is not None and (runs.every or i == runs.last):
                 told.agree()  # every process has come this far (none failed): the all-reduce in backward() can run
             root.backward(None if seed == 1 else torch.full_like(total, seed))  # adds seed * root's gradient to .grad
@@ -179,8 +170,6 @@ def _cycle(
         if sync is not None:
             told.pending = False  # past the micro-batches: an error from here on is every process's own
         loss = root = None  # the last micro-batch's loss and graph: not kept through the step (total is)
-        if watch:
-            watch("read")
         loss, grad_norm = _read(optimizer, params, total, options, sync)  # unscaled, clipped: the one host read
         # the finite check, alike on every process (grad_norm is None: not read, the loss alone is checked)
         skipped = not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)))
@@ -190,11 +179,7 @@ def _cycle(
             if options.scaler:
                 options.scaler.update()  # a lower scale after an overflow
         else:
-            if watch:
-                watch("step")
             result = _step(optimizer, options, kept, CycleResult(loss, grad_norm, lr, False))
-    if watch:
-        watch("end")
     if not skipped:
         return result
     if options.on_nonfinite == "raise" and not (options.scaler and math.isfinite(loss)):  # an overflow: routine
@@ -222,10 +207,12 @@ def _runs(loss_weights: Sequence[float], sync) -> _Runs:
     loss (NaN, a mean over nothing) cannot reach the cycle's. Under DDP every process runs at least its last
     micro-batch (the all-reduce is in its backward), and without no_sync() every one, a weight-0 one seeded with 0."""
     nothing = [not isinstance(w, torch.Tensor) and w == 0 for w in loss_weights]
+    last = len(nothing) - 1
+    while last >= 0 and nothing[last]:
+        last -= 1
+    if last < 0:  # nothing to learn here; but the others' all-reduce needs this process's last one
+        last = None if sync is None else len(nothing) - 1
     every = sync is not None and (not sync.no_sync or sync.fsdp)
-    last = max((i for i, zero in enumerate(nothing) if not zero), default=None)
-    if last is None and sync is not None:  # nothing to learn here, but the others' all-reduce needs this process
-        last = len(nothing) - 1
     return _Runs(nothing, every, last, len(nothing) - 1 if every else last)
 
 
@@ -282,22 +269,6 @@ def _step(optimizer: torch.optim.Optimizer, options: CycleOptions, kept: _Kept, 
         elif scheduler is not None:
             scheduler.step()  # once per optimizer step, after it
     return step.result
-
-
-_WATCHERS = threading.local()  # .stack: what measures this thread's cycles (innermost last): watch(phase, model=None)
-
-
-@contextlib.contextmanager
-def watched(watch: Callable):
-    """Context manager: the cycles this thread runs inside call watch(phase) as each part begins: "start" (with
-    the model), "forward" and "backward" once per micro-batch, "read" (the norm and the one host read), "step",
-    "end". `memory` names the tensors each part creates with it and `timing` reads the clock."""
-    stack = _WATCHERS.__dict__.setdefault("stack", [])
-    stack.append(watch)
-    try:
-        yield
-    finally:
-        stack.remove(watch)
 
 
 def _forward(model: torch.nn.Module, loss_fn: Callable, x, y) -> torch.Tensor:

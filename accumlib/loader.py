@@ -1,5 +1,6 @@
-"""Cycles from a DataLoader or any iterable of batches (`_Loader`): its batches taken `accum_steps` at a time, each
-checked as it comes and held until its step, each moved to the device as the loop reaches it (`_Moved`). Under DDP
+"""Cycles from a DataLoader or any iterable of batches (`_Loader`, a `batches._Producer`): its batches taken
+`accum_steps` at a time, each checked as it comes and held until its step, each moved to the device as the loop
+reaches it (`batches._MicroBatches`). Under DDP
 one small all-reduce per cycle of every process's counts pads the others' cycles to the busiest's and stops every
 process, each saying why, when one's batch is refused, its loader fails or it has none.
 """
@@ -14,23 +15,19 @@ from collections.abc import Iterator as _Iterator
 import torch
 import torch.distributed as dist
 
-from .batches import _Cycle, _as_pair, _check_batch, _tensors, _to
+from .batches import _Cycle, _check_batch, _MicroBatches, _Producer, _tensors
 from .failures import _told
 from .i18n import _, ngettext
 
 
-class _Loader:
+class _Loader(_Producer):
     """Cycles of a loader's batches, `accum_steps` at a time, held until their step (see `train`)."""
 
+    fetches_ahead = True  # a cycle's batches, fetched as it is made (a DataLoader's shuffle and workers draw there)
+
     def __init__(self, data, accum_steps, world, rank, device, notes):
-        self.data, self.accum_steps, self.world, self.rank, self.device, self.notes = (
-            data,
-            accum_steps,
-            world,
-            rank,
-            device,
-            notes,
-        )
+        super().__init__(accum_steps, world, rank, device, notes)
+        self.data = data
         self.once = isinstance(data, _Iterator)  # a generator, say: read once
         try:
             self.length = len(data)
@@ -167,7 +164,7 @@ class _Loader:
                             "epoch is one step of {n} micro-batches"
                         ).format(k=self.accum_steps, n=busiest)
                     )
-                moved = _Moved(held + [pad] * padding, self.device)
+                moved = _MicroBatches(held + [pad] * padding, None, self.device)
                 layout = tuple(tuple(tuple(t.shape) for t in _tensors(b)) for b in held)
                 yield _Cycle(epoch, moved, sizes + [0] * padding, samples, layout, functools.partial(iter, held))
                 made += 1
@@ -175,16 +172,5 @@ class _Loader:
                     break
                 cycle += 1
 
-
-class _Moved:
-    """A held cycle's batches, each moved to the device as the loop reaches it."""
-
-    def __init__(self, batches: list, device: torch.device):
-        self.batches, self.device = batches, device
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        for batch in self.batches:
-            yield _as_pair(_to(batch, self.device))
+    def advice(self) -> str:
+        return _("give the loader a smaller batch_size and train with more accum_steps")

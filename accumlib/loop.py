@@ -28,19 +28,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from . import checkpoint as checkpoints, memory
-from .batches import _Cycle, _as_pair
+from . import memory
+from .batches import _Cycle, _Producer
 from .cycle import NonFiniteError, _cycle
 from .failures import _told
 from .i18n import _, ngettext
 from .interrupts import STEP
-from .loader import _Loader
 from .loss_weights import _cycle_terms, _loss_weights
 from .options import CycleOptions
 from .records import History, StepRecord, StopTraining
 from .restore import _ModesKept
 from .run_checks import _Run, _check_train
-from .source import _Indexed
 
 
 def train(
@@ -158,7 +156,7 @@ def train(
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) -> History:
     """train's run, its arguments checked (`run`): one `_cycle` per optimizer step, with the run's options."""
     history, source, device, options, accum_steps = run.history, run.source, run.device, run.options, run.accum_steps
-    example = source.example() if run.memory_budget is not None and isinstance(source, _Indexed) else None
+    example = source.example() if run.memory_budget is not None else None
     if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
         memory.check_fits(
             model,
@@ -183,7 +181,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     try:
         # STEP.run(): Ctrl-C's holding handler installed once for the run, not swapped at every step
         with memory.cuda_budget(device, run.memory_budget), _ModesKept(model), STEP.run():
-            cycles = run.checkpoint.cycles(source.cycles(run.epochs), isinstance(source, _Loader))  # random states back
+            cycles = run.checkpoint.cycles(source, run.epochs)  # the source's, its random states put back
             for step, cycle in enumerate(itertools.islice(cycles, run.max_steps)):  # none past max_steps
                 seen += cycle.samples
                 if step < run.resume_from_step:
@@ -228,7 +226,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                         options,
                         run.memory_budget,
                         step,
-                        isinstance(source, _Loader),
+                        source,
                         fitted,
                         run.ddp,
                         device,
@@ -240,7 +238,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
                 started = time.perf_counter()
                 with STEP.until_recorded():  # Ctrl-C, or a scheduler's error, waits from the step to its record
                     if measure:
-                        with memory.step_peak(device, run.params, optimizer) as peak:
+                        with memory.step_peak(model, optimizer, device) as peak:
                             result = _cycle(model, optimizer, cycle.micro_batches, weights, options)
                         peaks[layout] = peak.bytes
                     else:
@@ -296,24 +294,11 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     return history
 
 
-def _real(cycle: _Cycle, weights: list[float]) -> tuple[list, list[float]]:
-    """The cycle's real micro-batches as the cycle takes them (not moved: a trace moves its copies), without DDP's
-    padding, and their loss weights. Fetched again for a trace: a Dataset that draws random numbers does not move
-    the run's random state."""
-    with checkpoints.random_states_kept():
-        batches = [_as_pair(batch) for batch in cycle.raw()]  # a loader's 0-row batches too, in order
-    # strict=False: raw() stops before the padding micro-batches (size 0) that end cycle.sizes under DDP
-    return (
-        [batch for batch, size in zip(batches, cycle.sizes, strict=False) if size],
-        [weight for weight, size in zip(weights, cycle.sizes, strict=True) if size],
-    )
-
-
 def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: CycleOptions) -> int:
     """The peak bytes of `cycle` as `memory.measure_step` reports a step: the heavier of a run's first step and a
     later one (the optimizer's state alive through the passes, its step count far along), traced under
     FakeTensorMode on copies of the model and of the optimizer (its settings, not its state)."""
-    batches, weights = _real(cycle, weights)
+    batches, weights = cycle.real(weights)
     return memory.measured_cycle_peak(model, batches, optimizer, weights, options)
 
 
@@ -325,7 +310,7 @@ def _check_fits(
     options: CycleOptions,
     budget: int,
     step: int,
-    loader: bool,
+    source: _Producer,
     fitted: set,
     ddp: bool,
     device: torch.device,
@@ -343,13 +328,9 @@ def _check_fits(
             "the cycle of step {step} (epoch {epoch}, {n} batches, {samples} samples)",
             n,
         ).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
-        advice = (
-            _("give the loader a smaller batch_size and train with more accum_steps")
-            if loader
-            else _("use a smaller micro_batch_size and more accum_steps")
-        )
+        advice = source.advice()  # how to make this data's micro-batches smaller
         try:
-            batches, kept = _real(cycle, weights)
+            batches, kept = cycle.real(weights)
             memory.check_cycle_fits(
                 model, batches, optimizer, kept, options=options, budget_bytes=budget, what=what, advice=advice
             )

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from . import cycle, sharded
+from . import cycle, phases, sharded
 from .i18n import _
 from .options import CycleOptions
 from .tracker import CATEGORIES, CATEGORY_DEFINITIONS, LiveTensorBytes, _model_tensors, optimizer_state_tensors
@@ -125,27 +125,25 @@ def _leaves(batch) -> list[torch.Tensor]:
 def _named_cycle(model, optimizer, batches, loss_weights, tracker: LiveTensorBytes, options: CycleOptions) -> None:
     """One cycle of `batches` with `loss_weights` (train's cycle: `cycle._cycle`, with `options`) under `tracker`,
     naming what each new storage holds as the step goes."""
-    hooks, model_ = [], model
+    hooks = []
     for p in model.parameters():
         if p.requires_grad:
             hooks.append(p.register_hook(lambda g: tracker.tag([g], "incoming gradients")))
             hooks.append(p.register_post_accumulate_grad_hook(lambda p: tracker.tag([p.grad], "gradients")))
 
-    def watch(phase: str, model=None) -> None:
-        if phase == "start":
-            tracker.track(_model_tensors(model), "parameters")
-        elif phase in ("forward", "read"):  # FSDP2's gradients (no hook sees them): its shards, its unsharded ones
-            tracker.tag(sharded.held_gradients(model_), "gradients")
+    def mark(phase: str) -> None:
+        if phase in ("forward", "read"):  # FSDP2's gradients (no hook sees them): its shards, its unsharded ones
+            tracker.tag(sharded.held_gradients(model), "gradients")
         tracker.phase = phase
-        if phase == "end":
-            tracker.tag(optimizer_state_tensors(optimizer), "optimizer state")
 
+    tracker.track(_model_tensors(model), "parameters")
     try:
         with (
             torch.autograd.graph.saved_tensors_hooks(lambda t: tracker.tag([t], "activations") or t, lambda t: t),
-            cycle.watched(watch),
+            phases.marked(model, optimizer, mark),
         ):
             cycle._cycle(model, optimizer, _Fetched(batches, tracker), loss_weights, options)
+        tracker.tag(optimizer_state_tensors(optimizer), "optimizer state")  # made by the step, if it was the first
     finally:
         for hook in hooks:
             hook.remove()

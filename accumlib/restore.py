@@ -101,8 +101,18 @@ class _Kept(_BuffersKept):
 
     def stepped(self) -> None:
         self.done = True
-        # the step's zeroing, once: the optimizer's own (a sharded or fused optimizer's override runs too)
-        self.optimizer.zero_grad(set_to_none=True)
+        # the step's zeroing, once: the optimizer's own (a sharded or fused optimizer's override runs too); torch's
+        # own zero_grad(set_to_none=True) sets every .grad to None inside a profiler label, which costs more than
+        # the rest of the zeroing (about 30 us a step on the CPU): done here without the label
+        zero_grad = self.optimizer.zero_grad
+        if getattr(zero_grad, "__func__", None) is _TORCH_ZERO_GRAD:
+            for p in self.params:
+                p.grad = None
+        else:
+            zero_grad(set_to_none=True)
+
+
+_TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad  # what an optimizer that does not override zero_grad runs
 
 
 class _ModesKept:

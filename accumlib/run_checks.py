@@ -12,6 +12,7 @@ import torch
 
 from . import checkpoint as checkpoints, devices, sharded
 from ._validate import boolean, function, integer, non_negative_int, one_of, positive_int
+from .batches import _Producer
 from .cycle import _check_amp
 from .cycle_checks import _check_model, _check_optimizer
 from .i18n import _
@@ -25,7 +26,7 @@ class _Run(NamedTuple):
     """train's arguments once `_check_train` has checked them: what the run needs, resolved."""
 
     history: History  # the run's history (its notes already hold what the checks noticed)
-    source: object  # where the cycles come from: `_Indexed` or `_Loader`
+    source: _Producer  # where the cycles come from: (X, y), a Dataset or a loader, asked alike
     device: torch.device
     params: list  # the optimizer's parameters
     options: CycleOptions  # the cycle's options, for every step

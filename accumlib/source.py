@@ -2,9 +2,10 @@
 micro-batches (`batches._Cycle`), each micro-batch's form checked (`batches._check_batch`) and moved to the device as
 its turn comes.
 
-`_source` picks the producer: `_Indexed` splits (X, y) or a Dataset into micro-batches in an order drawn from the
-seed (`_Plan`), `loader._Loader` takes a loader's batches `accum_steps` at a time. Under DDP each process takes its
-share and the busiest process's count of micro-batches, the others padding theirs with weight-0 micro-batches.
+`_source` picks the producer (a `batches._Producer`, what the loop asks): `_Indexed` splits (X, y) or a Dataset into
+micro-batches in an order drawn from the seed (`_Plan`), `loader._Loader` takes a loader's batches `accum_steps` at a
+time. Under DDP each process takes its share and the busiest process's count of micro-batches, the others padding
+theirs with weight-0 micro-batches.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from . import checkpoint as checkpoints
-from .batches import _Cycle, _as_pair, _check_batch, _refuse_meta, _to
+from .batches import _Cycle, _check_batch, _MicroBatches, _Producer, _refuse_meta
 from .i18n import _
 from .loader import _Loader
+from .random_states import random_states_kept
 
 
-def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
+def _source(data, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes) -> _Producer:
     """Where the cycles come from: (X, y) tensors or a Dataset split by micro_batch_size, or a loader's batches."""
     indexed = (
         isinstance(data, tuple)
@@ -96,7 +97,7 @@ class _Samples:
         elif isinstance(data, Dataset) and hasattr(data, "__len__"):
             self.n, self.dataset, self.device = len(data), data, None  # the device is known only once fetched
             if self.n:
-                with checkpoints.random_states_kept():  # a Dataset that augments draws nothing the run would draw
+                with random_states_kept():  # a Dataset that augments draws nothing the run would draw
                     _check_batch(data[0], _("data[0] (a sample)"), sample=True)
             self.fetch = lambda idx: default_collate([data[i] for i in idx])
         else:
@@ -126,7 +127,7 @@ def _refuse_dict(value, name: str) -> None:
         )
 
 
-class _Indexed:
+class _Indexed(_Producer):
     """Cycles of (X, y) tensors or a Dataset: micro-batches of micro_batch_size samples in an order from `seed`."""
 
     def __init__(self, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle, device, notes):
@@ -136,9 +137,11 @@ class _Indexed:
                     value=micro_batch_size, n=samples.n
                 )
             )
-        self.samples, self.micro, self.device = samples, micro_batch_size, device
-        self.move = samples.device != device  # (X, y) elsewhere, or a Dataset (its device is known once fetched)
-        self.pairs = samples.dataset is None and not self.move  # (X, y) on the device: (x, y) pairs as fetched
+        super().__init__(accum_steps, world, rank, device, notes)
+        self.samples, self.micro = samples, micro_batch_size
+        # (X, y) on the device: (x, y) pairs as fetched; (X, y) elsewhere, or a Dataset (its device is known once
+        # fetched): each micro-batch moved
+        self.moved_to = None if samples.dataset is None and samples.device == device else device
         self.plan = functools.partial(_Plan, samples, micro_batch_size, accum_steps, world, rank, seed, shuffle)
         self.effective = micro_batch_size * accum_steps * world
         if self.effective > samples.n:
@@ -150,23 +153,24 @@ class _Indexed:
                 ).format(micro=micro_batch_size, k=accum_steps, world=world, effective=self.effective, n=samples.n)
             )
 
-    def check_epochs(self, epochs) -> None:
-        pass  # (X, y) and a Dataset can be read again and again
-
     def steps(self, epochs: int | None) -> int | None:
         return None if epochs is None else epochs * math.ceil(self.samples.n / self.effective)
 
     def example(self):
         """A full micro-batch (x, y), for memory_budget's check before the run; None unless both are tensors.
         Fetched under its own random state: a Dataset that augments randomly draws for the run as without it."""
-        with checkpoints.random_states_kept():
+        with random_states_kept():
             x, y = self.samples.fetch(list(range(self.micro)))
         return (x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else None
 
     def cycles(self, epochs: int | None):
         for epoch, cycle_samples, indices, sizes in self.plan(epochs):
             raw = functools.partial(_real_batches, self.samples.fetch, indices, sizes)  # built only when called
-            yield _Cycle(epoch, _MicroBatches(self, indices), sizes, cycle_samples, tuple(sizes), raw)
+            micro_batches = _MicroBatches(indices, self.samples.fetch, self.moved_to)
+            yield _Cycle(epoch, micro_batches, sizes, cycle_samples, tuple(sizes), raw)
+
+    def advice(self) -> str:
+        return _("use a smaller micro_batch_size and more accum_steps")
 
 
 def _real_batches(fetch: Callable, indices: list, sizes: list[int]):
@@ -223,24 +227,3 @@ class _Plan:
                 sizes = [min(m, end - i) for i in range(first, end, m)]
                 padding = math.ceil((share + (extra > 0)) / m) - len(indices)  # the busiest process's count
                 yield epoch, cycle_samples, indices + [pad] * padding, sizes + [0] * padding
-
-
-class _MicroBatches:
-    """A cycle's micro-batches, fetched (and moved to the device) one at a time as the loop reaches them."""
-
-    __slots__ = ("source", "indices")
-
-    def __init__(self, source: _Indexed, indices: list):
-        self.source, self.indices = source, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __iter__(self):
-        source = self.source
-        if source.pairs:
-            return map(source.samples.fetch, self.indices)
-        return (
-            _as_pair(_to(batch, source.device) if source.move else batch)
-            for batch in map(source.samples.fetch, self.indices)
-        )

@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _validate, cycle, memory
+from . import _validate, cycle, memory, phases
 from .i18n import _
 from .loop import train
 from .measured_step import explained_failure
@@ -307,19 +307,21 @@ def _timed_rounds(model, optimizer, batches: dict[int, list], loss_fn, warmup: i
         for k in splits if round_ % 2 == 0 else splits[::-1]:
             marks: list[tuple[str, float]] = []
 
-            def mark(phase: str, model=None, marks=marks) -> None:  # the cycle's watcher: the clock as each part begins
+            def mark(phase: str, marks=marks) -> None:  # the clock as each part of the cycle begins
                 sync()
                 marks.append((phase, clock_now()))
 
-            with cycle.watched(mark):
+            mark("start")
+            with phases.marked(model, optimizer, mark):
                 cycle._cycle(model, optimizer, batches[k], [1 / k] * k, options)  # train's cycle
+            mark("end")
             if round_ < warmup:
                 continue
-            starts = [t for phase, t in marks if phase in ("forward", "read")]  # a pass ends where the next begins
-            # consecutive pairs: one pass fewer than starts
+            times = dict(marks)  # "start" and "end" once; "read" (a backward's end) the last one's
+            # a pass (forward and backward) ends where the next begins, the last one where the gradients are read
+            starts = [t for phase, t in marks if phase == "forward"] + [times["read"]]
             passes[len(batches[k][0][0])] += [b - a for a, b in zip(starts, starts[1:], strict=False)]
-            times = dict(marks)  # "start", "read" and "end" occur once
-            zeroing = marks[1][1] - times["start"]  # .grad set aside, buffers copied: before the first "forward"
+            zeroing = starts[0] - times["start"]  # .grad set aside, buffers copied: before the first forward
             optimizer_seconds.append(times["end"] - times["read"] + zeroing)  # the norm, the read, the step
             steps[k].append(times["end"] - times["start"])
     return passes, steps, optimizer_seconds

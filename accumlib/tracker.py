@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from . import budget, cycle, sharded
+from . import budget, phases, sharded
 from .budget import allocation_bytes
 
 # What each category holds (one line each); the order is that of the stacked bars: first what the model fixes,
@@ -45,9 +45,9 @@ CATEGORY_DEFINITIONS = {
     "activation gradients": "gradients with respect to the activations, which backward() computes layer by "
     "layer on its way to the parameters; proportional to the micro-batch",
     "other": "everything else alive at the peak: results of the forward pass that backward() does not need "
-    "(the loss, the logits while they live), with accumulation the step's loss summed so far, the copy "
-    "of BatchNorm's running statistics that a skipped step puts back; on CUDA also the allocator's "
-    "rounding and workspaces",
+    "(the loss, the logits while they live), the 1 that backward() starts from, with accumulation the step's "
+    "loss summed so far, the copy of BatchNorm's running statistics that a skipped step puts back; on CUDA also "
+    "the allocator's rounding and workspaces",
 }
 CATEGORIES = tuple(CATEGORY_DEFINITIONS)
 
@@ -104,6 +104,10 @@ class LiveTensorBytes(TorchDispatchMode):
             totals[record.category] += record.nbytes
         return totals
 
+    def now(self) -> str | None:
+        """The part of the step running: "backward" while autograd runs a backward(), else the phase last set."""
+        return "backward" if phases.in_backward() else self.phase
+
     def _track(self, t: torch.Tensor, category: str, final: bool) -> None:
         storage = sharded.local(t).untyped_storage()  # an FSDP2 DTensor: the shard this process holds
         key = id(storage)
@@ -112,7 +116,7 @@ class LiveTensorBytes(TorchDispatchMode):
         record = self._live[key] = _Storage(allocation_bytes(storage.nbytes(), t.device), category, final)
         self.current += record.nbytes
         if self.current > self.peak:
-            self.peak, self.peak_phase = self.current, self.phase
+            self.peak, self.peak_phase = self.current, self.now()
             self._at_peak = list(self._live.values())  # the records themselves: later tags still apply
         self._finalizers.append(weakref.finalize(storage, self._free, key))
 
@@ -134,7 +138,7 @@ class LiveTensorBytes(TorchDispatchMode):
         # a new record: one alive at the peak keeps the bytes it had then
         self._live[id(storage)] = _Storage(nbytes, record.category, record.final)
         if self.current > self.peak:
-            self.peak, self.peak_phase = self.current, self.phase
+            self.peak, self.peak_phase = self.current, self.now()
             self._at_peak = list(self._live.values())
 
     def __enter__(self):
@@ -145,7 +149,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = _collective(func, args, kwargs) if func.namespace == "c10d" else func(*args, **kwargs)
-        category = _CREATED_IN.get(self.phase, "other")
+        category = _CREATED_IN.get(self.now(), "other")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._track(t, category, final=False)
@@ -203,11 +207,12 @@ class _Peak:
 
 
 @contextlib.contextmanager
-def step_peak(device: torch.device, params, optimizer):
-    """Context manager: `.bytes` is the peak bytes of the block (parameters, gradients and state included; on the
-    CPU the model's other parameters and its buffers too, adopted as each `accumulate_and_step` in the block starts;
-    on CUDA the allocator's peak over what the block did not hold, so those few buffers are left out there)."""
+def step_peak(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+    """Context manager: `.bytes` is the peak bytes of the block's steps of `model` (its parameters, gradients and
+    the optimizer's state included; on the CPU the model's frozen parameters and its buffers too; on CUDA the
+    allocator's peak over what the block did not hold, so those few buffers are left out there)."""
     result = _Peak()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if device.type == "cuda":  # the allocator's peak of the block, less what was allocated before it and is not the
         # step's (the data, other models, cuBLAS's workspace, taken first), as check_fits traces it
         budget._take_workspaces(device)
@@ -224,12 +229,8 @@ def step_peak(device: torch.device, params, optimizer):
     else:
         tracker = LiveTensorBytes()
         tracker.track(_persistent_tensors(params, optimizer))
-
-        def watch(phase: str, model=None) -> None:
-            if phase == "start":  # what the model holds besides the optimizer's parameters, as measure_step counts it
-                tracker.track(_model_tensors(model), "parameters")
-
-        with tracker, cycle.watched(watch), _no_collection():
+        tracker.track(_model_tensors(model), "parameters")  # what the model holds besides, as measure_step counts it
+        with tracker, _no_collection():
             yield result
         result.bytes = tracker.peak
 

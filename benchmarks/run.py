@@ -130,8 +130,16 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
+# section 1's models: the CNN (a step of a few ms) and the issue's small MLP (a step of about 0.5 ms, where what a
+# step adds weighs most); each builds its model from a seed and takes the digits as its data
+MODELS = {
+    "CNN": (lambda: models.cnn(seed=0), lambda: data.digits(1792)),
+    "MLP": (lambda: models.mlp(hidden=128, seed=0), lambda: data.digits(1792, flat=True)),
+}
+
+
 def adjacent_steps(
-    device: torch.device, k: int, epochs: int, accelerate: bool, **train_options
+    device: torch.device, k: int, epochs: int, accelerate: bool, model_name: str = "CNN", **train_options
 ) -> dict[str, list[float]]:
     """Per optimizer step of accumlib.train (after the first; with train_options), its time over that of a
     hand-written step taken right after it; likewise a second hand-written step (the machine's noise: an A/A
@@ -141,19 +149,20 @@ def adjacent_steps(
     order that alternates from step to step, so each pair of steps sees the machine alike. accumlib's step is the
     time from the end of one on_step to the start of the next: the whole driver, fetching included.
     """
-    X, y = (t.to(device) for t in data.digits(1792))
+    build, digits = MODELS[model_name]
+    X, y = (t.to(device) for t in digits())
     m = EFFECTIVE_BATCH // k
     batches = torch.randperm(len(X), generator=torch.Generator().manual_seed(1)).split(EFFECTIVE_BATCH)
     twins = {}
     for name in ("hand-written", "hand-written again"):
-        model = models.cnn(seed=0).to(device)
+        model = build().to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         twins[name] = functools.partial(hand_written_step, model, optimizer, X, y, m=m, k=k)
     if accelerate:
         from accelerate import Accelerator
 
         accelerator = Accelerator(gradient_accumulation_steps=k, cpu=device.type == "cpu")
-        model = models.cnn(seed=0).to(device)
+        model = build().to(device)
         model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
         twins["accelerate"] = functools.partial(accelerate_step, accelerator, model, optimizer, X, y, m=m)
     times = {name: [] for name in ["accumlib", *twins]}
@@ -172,7 +181,7 @@ def adjacent_steps(
                 times[name].append(seconds)
         last.append(clock(device))
 
-    model = models.cnn(seed=0).to(device)
+    model = build().to(device)
     accumlib.train(
         model,
         (X, y),
@@ -186,7 +195,8 @@ def adjacent_steps(
     )
     base = times.pop("hand-written")
     return {name: [a / b for a, b in zip(t, base, strict=True)] for name, t in times.items()} | {
-        "hand-written seconds": base
+        "hand-written seconds": base,
+        "accumlib seconds over hand-written": [a - b for a, b in zip(times["accumlib"], base, strict=True)],
     }
 
 
@@ -263,6 +273,9 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
     params = list(model.parameters())
     indexed = source._Indexed(source._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
 
+    stepped = restore._Kept.__new__(restore._Kept)  # a cycle's kept .grad at its step: stepped() zeroes
+    stepped.optimizer, stepped.params = optimizer, params
+
     def per_micro_batch(loss):  # what the cycle adds for a micro-batch: the loss detached, the running total, the seed
         value = loss.detach()
         return torch.add(value, value, alpha=0.25), torch.full_like(value, 0.25)
@@ -280,6 +293,8 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
         "buffer snapshot (walk over the modules, copies)": lambda loss, norms: restore._BuffersKept(model),
         "detached loss, running total, backward's seed (per micro-batch)": lambda loss, norms: per_micro_batch(loss),
+        "zeroing in place": lambda loss, norms: stepped.stepped(),
+        "torch's zero_grad": lambda loss, norms: optimizer.zero_grad(),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
             loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1),
             source._MicroBatches(indexed, [X]),
@@ -297,7 +312,12 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
             piece(loss, norms)
             times[name].append(clock(device) - started)
     nothing = statistics.median(times.pop("nothing"))
-    return {name: (statistics.median(t) - nothing) * 1e6 for name, t in times.items()}
+    extras = {name: (statistics.median(t) - nothing) * 1e6 for name, t in times.items()}
+    # the hand-written loop zeroes too: accumlib's zeroing (every .grad None without torch's profiler label, and
+    # setting .grad aside as a cycle starts) adds only what it takes over torch's zero_grad()
+    in_place, torchs = extras.pop("zeroing in place"), extras.pop("torch's zero_grad")
+    extras["zeroing (.grad None in place, less the hand-written loop's zero_grad())"] = in_place - torchs
+    return extras
 
 
 def ddp_job_seconds() -> float:
@@ -434,6 +454,44 @@ def main() -> None:
     print("\nwritten: benchmarks/results.json")
 
 
+def overhead_table(device: torch.device, epochs: int, accelerate: bool, model_name: str, number: str) -> dict:
+    """Section 1 for one of `MODELS`: printed, and returned by accum_steps (quartiles of each ratio, the median
+    hand-written step and the median microseconds accumlib's step takes over the hand-written one beside it)."""
+    pairs = {}
+    for k in ACCUM_STEPS:
+        pairs[k] = adjacent_steps(device, k, epochs, accelerate, model_name)
+        # the same, without the gradient norm of the finite check: what that check costs, measured in place
+        pairs[k][UNCHECKED] = adjacent_steps(device, k, epochs, False, model_name, check_gradients=False)["accumlib"]
+    compared = [name for name in pairs[1] if not name.endswith("seconds") and "over" not in name]
+    count = len(pairs[1]["accumlib"])
+    print(f"{number}. time of an optimizer step over the hand-written step taken right after it, {model_name} on 1,792")
+    print(f"   digits, effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent")
+    print("   steps. 'hand-written again' is a second hand-written step: how far this machine's noise alone moves a")
+    print(f"   ratio; '{UNCHECKED}' is accumlib without the gradient norm of its finite check (the loss alone")
+    print("   checked); 'us/step' is the median of what accumlib's step takes over the hand-written one beside it")
+    print(
+        f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13} {'us/step':>8}"
+        + "".join(f" {n:>22}" for n in compared)
+    )
+    table = {}
+    for k, row in pairs.items():
+        added = statistics.median(row["accumlib seconds over hand-written"]) * 1e6
+        table[k] = {name: dict(zip(("q1", "median", "q3"), quartiles(row[name]), strict=True)) for name in compared}
+        table[k] |= {
+            "hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
+            "accumlib_microseconds_over_hand_written": added,
+        }
+        print(
+            f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms "
+            f"{added:>+8.0f}"
+            + "".join(
+                f"  {table[k][n]['median']:5.3f}x ({table[k][n]['q1']:.3f}-{table[k][n]['q3']:.3f})" for n in compared
+            )
+        )
+    print()
+    return table
+
+
 def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_first: bool = False) -> dict:
     """Sections 1-4 on `device`; section 5 (the lessons, the DDP job: CPU) with the CPU; only section 1 with
     only_first."""
@@ -445,38 +503,14 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
         loops["accelerate"] = with_accelerate
     except ImportError:
         print("accelerate is not installed (pip install -e '.[bench]'): its column is skipped\n")
-    pairs = {}
-    for k in ACCUM_STEPS:
-        pairs[k] = adjacent_steps(device, k, epochs, accelerate="accelerate" in loops)
-        # the same, without the gradient norm of the finite check: what that check costs, measured in place
-        pairs[k][UNCHECKED] = adjacent_steps(device, k, epochs, accelerate=False, check_gradients=False)["accumlib"]
-    compared = [name for name in pairs[1] if name != "hand-written seconds"]
-    count = len(pairs[1]["accumlib"])
-    print("1. time of an optimizer step over the hand-written step taken right after it, CNN on 1,792 digits,")
-    print(f"   effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent steps.")
-    print("   'hand-written again' is a second hand-written step: how far this machine's noise alone moves a ratio;")
-    print(f"   '{UNCHECKED}' is accumlib without the gradient norm of its finite check (the loss alone checked)")
-    print(f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13}" + "".join(f" {n:>22}" for n in compared))
-    table = {}
-    for k, row in pairs.items():
-        table[k] = {
-            "hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
-            **{name: quartiles(row[name]) for name in compared},
-        }
-        print(
-            f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms  "
-            + "".join(f"  {table[k][n][1]:5.3f}x ({table[k][n][0]:.3f}-{table[k][n][2]:.3f})" for n in compared)
-        )
+    overhead = {}
+    for number, model_name in enumerate(MODELS):
+        overhead[model_name] = overhead_table(device, epochs, "accelerate" in loops, model_name, f"1{'ab'[number]}")
     traced, slower = traced_cycle_cost(device)
     print(
         f"   measure_memory=True traces {traced} cycle(s) of an epoch (one per micro-batch layout), each "
         f"{slower:.1f}x a normal cycle's time"
     )
-    overhead = {
-        k: {name: dict(zip(("q1", "median", "q3"), row[name], strict=True)) for name in compared}
-        | {"hand_written_seconds_per_step": row["hand_written_seconds_per_step"]}
-        for k, row in table.items()
-    }
     if only_first:
         return {
             "overhead_ratio": overhead,

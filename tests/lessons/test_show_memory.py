@@ -38,11 +38,11 @@ def test_categories_sort_what_shrinks_stays_and_grows_and_say_why_the_gradient_g
     reports = [cnn_report(64, 1), cnn_report(16, 4), cnn_report(4, 16)]
     changes = show.categories(reports)
     assert changes.shrinks == ("inputs", "activations", "activation gradients")
-    # other: the scalar losses. One micro-batch of weight 1 is its own sum; under accumulation the loss summed so
-    # far is a second 4-byte scalar beside the micro-batch's loss
+    # other: the scalar loss and the 1 its backward() starts from (made before backward() runs). One micro-batch
+    # of weight 1 is its own sum; under accumulation the loss summed so far is a third 4-byte scalar beside them
     assert changes.stays == ("parameters",)
     assert changes.grows == ("gradients", "other")
-    assert [r.categories()["other"] for r in reports] == [4, 8, 8]
+    assert [r.categories()["other"] for r in reports] == [8, 12, 12]
     assert changes.unused == ("incoming gradients", "optimizer state", "optimizer temporaries")
     assert changes.varies == ()
     out = capsys.readouterr().out

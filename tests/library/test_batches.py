@@ -1,11 +1,71 @@
-"""accumlib.batches: a batch as the cycle takes it, whichever producer gives it: its form checked and its samples
-counted, every tensor inside moved with its structure kept, made (model input, target)."""
+"""accumlib.batches: what the loop asks of its data (`_Producer`), alike for (X, y) and a loader; a batch as the
+cycle takes it, whichever producer gives it: its form checked and its samples counted, every tensor inside moved
+with its structure kept, made (model input, target)."""
 
 import pytest
 import torch
 
 import accumlib
-from accumlib import batches
+from accumlib import batches, source
+
+CPU = torch.device("cpu")
+X = torch.arange(30, dtype=torch.float64).reshape(10, 3)
+Y = torch.arange(10)
+
+
+def producer(data, micro_batch_size=None, world=1, rank=0):
+    """train's producer of `data`, 2 micro-batches a cycle, in the data's order."""
+    return source._source(data, micro_batch_size, 2, world, rank, 0, False, CPU, [])
+
+
+def test_tensors_and_a_loader_of_the_same_micro_batches_give_the_loop_the_same_cycles():
+    """The loop asks both kinds the same questions: their steps, their cycles (the same micro-batches, sizes and
+    samples), an example for memory_budget (a loader has none before its cycles), how to shrink a micro-batch."""
+    indexed, loader = producer((X, Y), micro_batch_size=4), producer([(X[i : i + 4], Y[i : i + 4]) for i in (0, 4, 8)])
+    assert indexed.steps(3) == loader.steps(3) == 6
+    for one, other in zip(indexed.cycles(2), loader.cycles(2), strict=True):
+        assert (one.epoch, one.sizes, one.samples) == (other.epoch, other.sizes, other.samples)
+        for (x, y), (x_, y_) in zip(one.micro_batches, other.micro_batches, strict=True):
+            assert torch.equal(x, x_) and torch.equal(y, y_)
+    x, y = indexed.example()
+    assert torch.equal(x, X[:4]) and torch.equal(y, Y[:4]) and loader.example() is None
+    assert (indexed.fetches_ahead, loader.fetches_ahead) == (False, True)  # a loader's draws come as cycles are made
+    assert "micro_batch_size" in indexed.advice() and "batch_size" in loader.advice()
+    assert "micro_batch_size" not in loader.advice()
+
+
+def test_a_cycles_real_micro_batches_leave_out_the_padding_and_draw_nothing_from_the_run():
+    """Under DDP a process with fewer samples pads its cycle (size 0, weight 0); a trace takes only its real
+    micro-batches, fetched again without moving the run's random state (a Dataset that draws)."""
+
+    class Drawing(torch.utils.data.Dataset):
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, i):
+            return X[i] + torch.rand(3, dtype=torch.float64), Y[i]
+
+    # 9 samples in one cycle over 2 processes: rank 1 takes samples 5 to 8, one micro-batch of 4 and one of padding
+    cycle = next(iter(producer(Drawing(), micro_batch_size=4, world=2, rank=1).cycles(1)))
+    assert cycle.sizes == [4, 0] and len(cycle.micro_batches) == 2
+    state = torch.get_rng_state()
+    pairs, weights = cycle.real([0.25, 0.0])
+    assert torch.equal(torch.get_rng_state(), state)
+    assert weights == [0.25] and len(pairs) == 1 and torch.equal(pairs[0][1], Y[5:9])
+
+
+def test_micro_batches_are_fetched_moved_and_paired_as_the_loop_reaches_them():
+    x, y = torch.zeros(2, 3), torch.ones(2)
+    fetched = []
+    held = batches._MicroBatches([0, 1], lambda i: fetched.append(i) or (X[i : i + 1], Y[i : i + 1]), None)
+    assert len(held) == 2 and fetched == []  # nothing fetched before the loop iterates
+    first = next(iter(held))
+    assert fetched == [0] and torch.equal(first[0], X[:1])
+    moved = list(batches._MicroBatches([{"input_ids": x}, [(x, x), y]], None, torch.device("meta")))
+    (inputs, target), (pair_inputs, pair_target) = moved
+    assert isinstance(inputs, accumlib.Inputs) and inputs.kwargs["input_ids"].device.type == "meta"
+    assert target is inputs.kwargs  # a dict batch is both the inputs and the target
+    assert pair_inputs.args[0].device.type == "meta" and pair_target.device.type == "meta"
 
 
 def test_a_batch_that_is_no_pair_or_dict_is_refused_naming_it():

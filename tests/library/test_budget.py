@@ -105,9 +105,11 @@ def test_a_steps_peak_on_cuda_is_the_allocators_over_what_the_step_did_not_hold(
     with FakeTensorMode():
         weight = torch.nn.Parameter(torch.empty(100, device="cuda"))  # 400 bytes: one 512-byte block
         weight.grad = torch.empty(100, device="cuda")
+    model = torch.nn.Module()
+    model.weight = weight
     optimizer = torch.optim.SGD([weight], lr=0.1)
     cuda = FakeCuda(monkeypatch, allocated=5 * MIB + 1024, peak=5 * MIB + 1024 + 3000)
-    with memory.step_peak(CUDA, [weight], optimizer) as peak:
+    with memory.step_peak(model, optimizer, CUDA) as peak:
         pass
     assert cuda.workspaces == 1
     assert peak.bytes == 1024 + 3000  # weight and gradient (2 x 512) + what the step allocated on top

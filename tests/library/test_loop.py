@@ -831,3 +831,53 @@ def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
     result = accumlib.accumulate_and_step(model, micro_batches, optimizer, [0, 0.0, 0], loss_fn=loss_fn)
     assert (result.empty, result.skipped, result.grad_norm, calls, optimizer.state) == (True, False, None, [], {})
     assert math.isnan(result.loss) and identical(before, model.state_dict())
+
+
+class _Keywords(torch.nn.Module):
+    """A model called with a dict batch's keys, model(x=..., y=...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x, y):
+        return self.linear(x)
+
+
+class _DictSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"x": X8[i], "y": Y8[i]}
+
+
+X8, Y8 = torch.randn(8, 6, generator=torch.Generator().manual_seed(0)), torch.arange(8) % 3
+
+
+@pytest.mark.parametrize(
+    "data, micro_batch_size, advice",
+    [
+        ([{"x": X8[i : i + 4], "y": Y8[i : i + 4]} for i in (0, 4)], None, "give the loader a smaller batch_size"),
+        (_DictSamples(), 4, "use a smaller micro_batch_size"),
+    ],
+    ids=["loader", "dataset of dicts"],
+)
+def test_a_cycle_over_memory_budget_is_refused_with_advice_for_its_kind_of_data(data, micro_batch_size, advice):
+    """The refusal ends with how to make this data's micro-batches smaller: a loader's batch_size, or the
+    micro_batch_size train splits (X, y) and a Dataset by; before the cycle changes anything."""
+    torch.manual_seed(0)
+    model = _Keywords()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(accumlib.OutOfMemory, match=f"{advice} and .*accum_steps"):
+        accumlib.train(
+            model,
+            data,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=micro_batch_size,
+            accum_steps=2,
+            memory_budget=1,
+            loss_fn=lambda output, batch: torch.nn.functional.cross_entropy(output, batch["y"]),
+            device="cpu",
+        )
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())

@@ -228,29 +228,6 @@ def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
         dist.destroy_process_group()
 
 
-def test_a_measurement_watches_its_own_threads_cycles_only():
-    """A dashboard trains in a thread of its own: a measurement in the main thread must not count its cycles."""
-    import threading
-
-    from accumlib import cycle
-
-    phases = []
-    model = batchnorm()
-
-    def run():
-        accumlib.accumulate_and_step(
-            model, [(X[:8], Y[:8]), (X[8:16], Y[8:16])], torch.optim.SGD(model.parameters(), lr=0.1), [0.5, 0.5]
-        )
-
-    with cycle.watched(lambda phase, model=None: phases.append(phase)):
-        thread = threading.Thread(target=run)
-        thread.start()
-        thread.join()
-        assert phases == []
-        run()
-    assert phases == ["start", "forward", "backward", "forward", "backward", "read", "step", "end"]
-
-
 class Counting(nn.Module):
     """A forward pass that changes a buffer that is not a norm layer's statistics (a count of the forward passes)."""
 

@@ -65,3 +65,20 @@ def test_train_leaves_the_modes_found():
         device="cpu",
     )
     assert [m.training for m in model.modules()] == [True, True, False, True]
+
+
+def test_a_zero_grad_replaced_on_the_optimizer_itself_runs_once_per_step():
+    """The step's zeroing is the optimizer's own: torch's zero_grad is done in place (every .grad None, as it does),
+    but a zero_grad set on the instance (a mock counting calls, a wrapper) is called, once per step, like a
+    subclass's override."""
+    model = model_with_batchnorm()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    torch_zero_grad = optimizer.zero_grad
+    optimizer.zero_grad = lambda set_to_none=True: (calls.append(set_to_none), torch_zero_grad(set_to_none))
+    batches = [(torch.randn(6, 4), torch.zeros(6, dtype=torch.long)) for _ in range(2)]
+    accumlib.accumulate_and_step(model, batches, optimizer, [0.5, 0.5], loss_fn=nn.functional.cross_entropy)
+    assert calls == [True] and all(p.grad is None for p in model.parameters())
+    del optimizer.zero_grad  # torch's own again: every parameter's .grad is None after the step as well
+    accumlib.accumulate_and_step(model, batches, optimizer, [0.5, 0.5], loss_fn=nn.functional.cross_entropy)
+    assert calls == [True] and all(p.grad is None for p in model.parameters())
