@@ -163,9 +163,10 @@ def _step_options(loss_fn, cycle_options: dict) -> CycleOptions:
     return CycleOptions(loss_fn=loss_fn, **cycle_options)
 
 
-def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`size` samples made by repeating the example batch (shapes are all that matter for memory)."""
-    x, y = _validate.pair("example", example)
+def batch_of(example_batch: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`size` samples made by repeating `example_batch`, (x, y) as `fit_batch` takes it (shapes are all that matter
+    for memory)."""
+    x, y = _validate.pair("example_batch", example_batch)
     size = _validate.positive_int("size", size)
     reps = -(-size // len(x))
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
