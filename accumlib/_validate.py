@@ -331,8 +331,10 @@ def new_order(fn):
     positional arguments than it takes is refused naming its parameters, before anything runs."""
     parameters = inspect.signature(fn).parameters.values()
     positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters)
+    stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
     order = ", ".join(
-        ("*, " if p.kind is p.KEYWORD_ONLY and i == positional else "") + p.name for i, p in enumerate(parameters)
+        ("*, " if p.kind is p.KEYWORD_ONLY and i == positional else "") + stars.get(p.kind, "") + p.name
+        for i, p in enumerate(parameters)
     )
 
     @functools.wraps(fn)

@@ -88,6 +88,7 @@ def measure_step(
     accum_steps: int = 1,
     fake: bool = False,
     device: str | torch.device | None = None,
+    options: CycleOptions | None = None,
     **cycle_options,
 ) -> MemoryReport:
     """Measure the memory of one of `train`'s steps on a copy of `model`: one `accumulate_and_step` of accum_steps
@@ -109,8 +110,9 @@ def measure_step(
         device: "cpu" or "cuda" (default: where the model is). On CUDA the peak is the allocator's over what was
             allocated before the call, with its rounding and the libraries' workspaces (cuBLAS, cuDNN), not the CUDA
             context (a few hundred MiB), which a real card's budget must leave room for; a warm-up step runs first.
-        cycle_options: the `CycleOptions` fields a measurement runs (all but loss_fn and a run's objects, the
-            scaler and the scheduler); `amp="bf16"` measures the step of `train(amp="bf16")`.
+        options: how the cycle runs, a `CycleOptions` (a run's objects, its scaler and scheduler, left out), or
+            its fields as keywords (**cycle_options: those a measurement runs, all but the scaler and the
+            scheduler), not both, as `train` takes them; `amp="bf16"` measures the step of `train(amp="bf16")`.
 
     Returns:
         A `MemoryReport`: bytes by category and the peak, of the heavier of the run's first step (in which the
@@ -118,7 +120,7 @@ def measure_step(
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     fake = _validate.boolean("fake", fake)
-    options = _step_options(loss_fn, cycle_options)
+    options = _step_options("measure_step", loss_fn, options, cycle_options)
     home = next(model.parameters()).device
     if home.type == "meta" and not fake:
         raise ValueError(_("model is on the meta device (weights without data): only fake=True can measure it"))
@@ -150,17 +152,19 @@ _MEASURED_OPTIONS = tuple(
 )
 
 
-def _step_options(loss_fn, cycle_options: dict) -> CycleOptions:
-    """A measurement's `CycleOptions` (checked there): loss_fn (None: train's default, the model's own loss, else
-    cross-entropy) and the keywords of _MEASURED_OPTIONS."""
+def _step_options(where: str, loss_fn, options, cycle_options: dict) -> CycleOptions:
+    """A measurement's `CycleOptions` (checked there): `options`, less a run's objects (`CycleOptions.measured`), or
+    loss_fn (None: train's default, the model's own loss, else cross-entropy) and the keywords of _MEASURED_OPTIONS;
+    not both, as `train` takes them."""
     unknown = sorted(set(cycle_options) - set(_MEASURED_OPTIONS))
     if unknown:
         raise TypeError(
-            _("measure_step got {names}: the options of the cycle it takes are {valid}").format(
-                names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
+            _("{where} got {names}: the options of the cycle it takes are {valid}").format(
+                where=where, names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
             )
         )
-    return CycleOptions(loss_fn=loss_fn, **cycle_options)
+    keywords = cycle_options if loss_fn is None else {**cycle_options, "loss_fn": loss_fn}
+    return CycleOptions.of(options, keywords, where).measured()  # options or keywords, as train takes them
 
 
 def batch_of(example_batch: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,16 +212,16 @@ def check_fits(
     loss_fn: Callable | None = None,
     options: CycleOptions | None = None,
     device: str | torch.device | None = None,
+    **cycle_options,
 ) -> MemoryReport:
     """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`, traced
     under FakeTensorMode (see `_step_peak`) with `train`'s cycle.
 
     Args:
-        model, x, y, optimizer, loss_fn: as for `measure_step`.
+        model, x, y, optimizer, loss_fn, options: as for `measure_step` (train passes the options it runs its
+            cycles with).
         accum_steps: passes per step.
         budget_bytes: the bytes a step may take.
-        options: the `CycleOptions` train runs its cycles with (its scheduler and scaler left out), instead of
-            loss_fn and the cycle's defaults.
         device: where the step will run (default: where the model is); a fake copy is traced there (on CUDA each
             block as the allocator rounds it) and the model does not move, so a refusal leaves it where it was.
 
@@ -226,17 +230,7 @@ def check_fits(
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
-    if options is None:
-        options = _step_options(loss_fn, {})
-    elif not isinstance(options, CycleOptions):
-        raise TypeError(
-            _(
-                "options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
-                "e.g. CycleOptions(clip_grad_norm=1.0)) or None, got {value!r} of type {type}"
-            ).format(value=_validate.Shown(options), type=type(options).__name__)
-        )
-    elif loss_fn is not None:
-        raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
+    options = _step_options("check_fits", loss_fn, options, cycle_options)
     report = _step_peak(model, optimizer, x, y, options, accum_steps, None if device is None else torch.device(device))
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
@@ -347,7 +341,7 @@ def fit_batch(
     """
     x, y = _validate.pair("example_batch", example_batch)
     _check_step_inputs(model, x, y, optimizer, 1)
-    options = _step_options(loss_fn, {})
+    options = _step_options("fit_batch", loss_fn, None, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:
         raise ValueError(

@@ -512,3 +512,22 @@ def test_without_loss_fn_a_measurement_takes_the_models_own_loss_as_train_does()
     assert report.peak == memory.measure_step(model, XF[:8], YF[:8], accum_steps=2, loss_fn=lambda o, t: o["loss"]).peak
     assert memory.check_fits(model, XF[:8], YF[:8], accum_steps=2, budget_bytes=report.peak).peak == report.peak
     assert memory.fit_batch(model, (XF[:1], YF[:1]), 16, 2**30).micro_batch_size == 16
+
+
+def test_a_measurement_takes_the_cycles_options_as_keywords_or_in_options_not_both():
+    """As train and accumulate_and_step take them: the same step from `amp="bf16"` and from
+    `options=CycleOptions(amp="bf16")`, in measure_step and check_fits; both at once refused naming the option."""
+    net = models.mlp()
+    plain = memory.measure_step(net, XF[:8], YF[:8], accum_steps=2).peak
+    by_keyword = memory.measure_step(net, XF[:8], YF[:8], accum_steps=2, amp="bf16").peak
+    options = accumlib.CycleOptions(amp="bf16")
+    assert memory.measure_step(net, XF[:8], YF[:8], accum_steps=2, options=options).peak == by_keyword != plain
+    fits = {"accum_steps": 2, "budget_bytes": 2**30}
+    checked = memory.check_fits(net, XF[:8], YF[:8], amp="bf16", **fits).peak
+    assert checked == memory.check_fits(net, XF[:8], YF[:8], options=options, **fits).peak == by_keyword
+    with pytest.raises(TypeError, match=r"^measure_step\(\) got 'amp' both as a keyword and in options="):
+        memory.measure_step(net, XF[:8], YF[:8], options=options, amp="bf16")
+    with pytest.raises(TypeError, match=r"^check_fits\(\) got 'loss_fn' both as a keyword and in options="):
+        memory.check_fits(net, XF[:8], YF[:8], options=options, loss_fn=torch.nn.functional.cross_entropy, **fits)
+    with pytest.raises(TypeError, match="^check_fits got scaler: the options of the cycle it takes are amp, "):
+        memory.check_fits(net, XF[:8], YF[:8], scaler=torch.amp.GradScaler("cpu"), **fits)
