@@ -19,6 +19,7 @@ import weakref
 from typing import Iterable
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -172,7 +173,8 @@ def _collective(func, args, kwargs):
     with it the peak, by up to a collective's buffer). With copies the backend holds only uncounted ones; each
     counted storage is freed where this thread drops it, as it is on CUDA, where the caching allocator frees a block
     on its stream's order. The copies are made inside the mode's dispatch and so are not counted, as the step itself
-    does not make them; the collective's values are the same."""
+    does not make them; the collective's values are the same. The Work returned gives the caller's tensors back
+    from its future too (DDP's reducer reads the all-reduced bucket there: a copy it kept was counted then)."""
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id of the caller's tensor: (it, its copy)
 
     def copy_of(t):
@@ -189,8 +191,36 @@ def _collective(func, args, kwargs):
     with torch.no_grad():
         for original, copy in copies.values():
             original.copy_(copy)
-    back = {id(copy): original for original, copy in copies.values()}
-    return tree_map(lambda leaf: back.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf, out)
+    back = {_bytes_of(copy): (original, copy) for original, copy in copies.values()}
+    return tree_map(lambda leaf: _the_callers(leaf, back), out)
+
+
+def _bytes_of(t: torch.Tensor):
+    """What tells `t`'s bytes apart from another tensor's: its storage's address (itself, for no bytes)."""
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else id(t)
+
+
+def _the_callers(leaf, back: dict):
+    """A leaf of a collective's result with the caller's tensors for the copies (`back`: a copy's `_bytes_of`:
+    (the caller's tensor, its copy)): a copy, a view of one (gloo's all-gather: its future's chunks), and a c10d
+    Work (boxed), whose future then gives the caller's tensors."""
+    if isinstance(leaf, torch.Tensor):
+        original, copy = back.get(_bytes_of(leaf), (leaf, leaf))
+        if leaf is copy or copy.stride() != original.stride():
+            return original if leaf is copy else leaf
+        offset = original.storage_offset() + leaf.storage_offset() - copy.storage_offset()
+        return original.as_strided(leaf.shape, leaf.stride(), offset)  # the same view of the caller's tensor
+    if not hasattr(leaf, "wait"):
+        return leaf
+    work = dist.Work.unbox(leaf)
+    try:
+        value = work.get_future().value()
+    except RuntimeError:  # a Work without a future (gloo's reduce-scatter): nothing reads the copies from it
+        return leaf
+    done = torch.futures.Future()
+    done.set_result(tree_map(lambda inner: _the_callers(inner, back), value))
+    return torch._C._distributed_c10d._create_work_from_future(done).boxed()
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -23,6 +23,7 @@ import test_pipeline as lm
 from states import stable_records
 
 import accumlib
+from accumlib.timing import HostReads
 
 SEED, LR, EPOCHS = 4, 0.5, 2
 CLIP = 0.05  # below every step's gradient norm here: every step is clipped (the test checks that it is)
@@ -35,14 +36,15 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
 
 
-def tensors() -> tuple[torch.Tensor, torch.Tensor]:
+def tensors(nonfinite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """29 samples: with micro-batches of 2, 3 per step and 2 processes, steps of 12, 12 and 5 samples; the last
-    shared 3 and 2: micro-batches of 2 and 1 on rank 0, of 2 and a padding one (weight 0) on rank 1."""
+    shared 3 and 2: micro-batches of 2 and 1 on rank 0, of 2 and a padding one (weight 0) on rank 1. nonfinite:
+    sample 7 is NaN, on one process a step of each epoch (the step is skipped on every process, as on one)."""
     generator = torch.Generator().manual_seed(1)
-    return (
-        torch.randn(29, 5, dtype=torch.float64, generator=generator),
-        torch.randint(0, 3, (29,), generator=generator),
-    )
+    X, y = torch.randn(29, 5, dtype=torch.float64, generator=generator), torch.randint(0, 3, (29,), generator=generator)
+    if nonfinite:
+        X[7] = float("nan")
+    return X, y
 
 
 def token_shards(rank: int, world: int, epoch: int, uneven: bool) -> list[dict]:
@@ -114,30 +116,33 @@ for _name in COUNTED:
 
 
 def scenario(name: str, how: str) -> dict:
-    """Train one scenario on this process; the result rank 0 saves, with FSDP2's collectives in each step."""
-    steps, before = [], dict(calls)
+    """Train one scenario on this process; the result rank 0 saves, with FSDP2's collectives and the host reads
+    (tensor scenarios) in each step."""
+    steps, before, reads = [], dict(calls), HostReads()
 
     def count(record):
-        steps.append({kind: calls[kind] - before[kind] - sum(step[kind] for step in steps) for kind in calls})
+        step = {kind: calls[kind] - before[kind] - sum(step[kind] for step in steps) for kind in calls}
+        steps.append({**step, "host reads": reads.count - sum(step["host reads"] for step in steps)})
 
-    if name in ("tensors", "clipped", "unsharded", "every"):
+    if name in ("tensors", "clipped", "unsharded", "every", "nonfinite"):
         model = wrap(mlp(), how)
         if name == "unsharded":
             model.set_reshard_after_backward(False)  # parameters kept whole between a step's micro-batches
         optimizer = (torch.optim.Adam if name == "clipped" else torch.optim.SGD)(model.parameters(), lr=LR)
-        history = accumlib.train(
-            model,
-            tensors(),
-            optimizer,
-            micro_batch_size=2,
-            accum_steps=3,
-            epochs=EPOCHS,
-            seed=SEED,
-            device="cpu",
-            clip_grad_norm=CLIP if name == "clipped" else None,
-            ddp_no_sync=name != "every",
-            on_step=count,
-        )
+        with reads:
+            history = accumlib.train(
+                model,
+                tensors(name == "nonfinite"),
+                optimizer,
+                micro_batch_size=2,
+                accum_steps=3,
+                epochs=EPOCHS,
+                seed=SEED,
+                device="cpu",
+                clip_grad_norm=CLIP if name == "clipped" else None,
+                ddp_no_sync=name != "every",
+                on_step=count,
+            )
     else:  # "tokens", "uneven": each process's loader its own, the model's own mean loss weighted by its tokens
         model = wrap(lm.TinyCausalLM(), how)
         history = accumlib.train(
@@ -187,10 +192,10 @@ def memory() -> dict:
             ddp_no_sync=no_sync,
         )
         found[name] = {"train": [r.peak_memory_bytes for r in history]}
+        report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3, ddp_no_sync=no_sync)
+        found[name]["report"] = report  # DDP: traced on its module, its gradient bucket added; FSDP2: a real step
         if how == "fsdp2":
-            report = accumlib.measure_step(model, X[:4], y[:4], optimizer=optimizer, accum_steps=3, ddp_no_sync=no_sync)
             found[name].update(
-                report=report,
                 shards=sum(p.to_local().nbytes for p in model.parameters()),
                 state=sum(sharded_bytes(v) for state in optimizer.state.values() for v in state.values()),
             )
