@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import accumlib
+from states import stable_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchrun_worker as job
@@ -103,7 +104,7 @@ def one_process(name: str):
         device="cpu",
         clip_grad_norm=job.CLIP if name == "clipped" else None,
     )
-    return model.state_dict(), history.deterministic()
+    return model.state_dict(), stable_records(history)
 
 
 def one_step_per_cycle(uneven: bool):
