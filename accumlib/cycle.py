@@ -156,6 +156,9 @@ def _cycle(
         for i, (x, y) in enumerate(micro_batches):
             if runs.nothing[i] and i != runs.last and not runs.every:
                 continue  # fetched, not run
+            if sync is not None and (runs.every or total is None):  # a forward pass that may communicate
+                told.agree()  # DDP's first of a cycle (buffers, buckets), FSDP2's every one (all-gathers)
+                told.pending = True
             if plain:
                 loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
             else:  # DDP's no_sync() or FSDP2's gradient sync off, but for the last micro-batch run (sharded.py)
