@@ -317,6 +317,8 @@ CHANGES = {  # (how the file or the run differs, what the refusal must name)
     "another accum_steps": (None, dict(accum_steps=2), ["accum_steps is 3 in the file, 2 here"]),
     "another micro_batch_size": (None, dict(micro_batch_size=5), ["micro_batch_size is 4 in the file, 5 here"]),
     "another seed": (None, dict(seed=4), ["seed is 3 in the file, 4 here"]),
+    "another normalize": (None, dict(normalize="steps"), ["normalize is 'samples' in the file, 'steps' here"]),
+    "another loss_reduction": (None, dict(loss_reduction="sum"), ["loss_reduction is 'mean' in the file, 'sum' here"]),
     "no scheduler": (None, dict(scheduler=False), ["scheduler is torch.optim.lr_scheduler.StepLR in the file, None"]),
 }
 
