@@ -7,6 +7,7 @@ and 0-d tensors too; a count past `sys.maxsize`, or a real past float's range, i
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -311,3 +312,40 @@ def made_optimizer(name: str, optimizer):
             )
         )
     return optimizer
+
+
+def not_optimizer(function: str, order: str, name: str, value) -> None:
+    """Refuse an optimizer given as `name`, the data's place in `function` (its parameters: `order`): accumlib 0.x
+    took the optimizer before the data; 1.0 takes it after them, as `train` does."""
+    if isinstance(value, torch.optim.Optimizer):
+        raise TypeError(
+            _(
+                "{function} takes ({order}): the optimizer comes after the data, as in train(model, data, "
+                "optimizer); got an optimizer ({type}) as {name}"
+            ).format(function=function, order=order, type=type(value).__name__, name=name)
+        )
+
+
+def new_order(fn):
+    """Decorate `fn`, which accumlib 0.x took with more positional arguments, in another order: a call with more
+    positional arguments than it takes is refused naming its parameters, before anything runs."""
+    parameters = inspect.signature(fn).parameters.values()
+    positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters)
+    stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    order = ", ".join(
+        ("*, " if p.kind is p.KEYWORD_ONLY and i == positional else "") + stars.get(p.kind, "") + p.name
+        for i, p in enumerate(parameters)
+    )
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        if len(args) > positional:
+            raise TypeError(
+                _(
+                    "{function} takes ({order}): {n} positional arguments were given, in the order of accumlib "
+                    "0.x; pass the ones after the first {positional} by name"
+                ).format(function=fn.__name__, order=order, n=len(args), positional=positional)
+            )
+        return fn(*args, **kwargs)
+
+    return checked

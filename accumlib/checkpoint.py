@@ -107,7 +107,7 @@ class Checkpoint:
             record,
         )
         self.parts = parts or _parts(model, self.path)
-        self.run = run  # what fixes the cycles and their sample order: accum_steps, micro_batch_size, seed, ...
+        self.run = run  # what fixes the cycles, their order and weights: accum_steps, micro_batch_size, seed, ...
         self.layout = {
             **self.parts.layout(model, optimizer),
             "scheduler": _kind(scheduler),

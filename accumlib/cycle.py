@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Collection, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from . import devices
+from ._validate import not_optimizer
 from .cycle_checks import _check_cycle
 from .failures import _Told
 from .i18n import _
@@ -60,8 +61,8 @@ class Inputs(NamedTuple):
 
 def accumulate_and_step(
     model: torch.nn.Module,
+    micro_batches: Collection[tuple[torch.Tensor | Inputs, Any]],
     optimizer: torch.optim.Optimizer,
-    micro_batches: Sequence[tuple[torch.Tensor | Inputs, Any]],
     loss_weights: Sequence[float | torch.Tensor],
     *,
     options: CycleOptions | None = None,
@@ -71,10 +72,11 @@ def accumulate_and_step(
 
     Args:
         model: the model, on the device of the micro-batches.
-        optimizer: holds some of the model's trainable parameters (no closure: not LBFGS).
         micro_batches: (x, y) pairs on the model's device (a list, or anything with len() that fetches on
             iteration); x is a tensor (model(x)) or `Inputs(args, kwargs)` (model(*args, **kwargs)); y is what
             loss_fn takes (a dict batch's labels, say).
+        optimizer: holds some of the model's trainable parameters (no closure: not LBFGS); after the data, as in
+            `train(model, data, optimizer)` (an optimizer given first, 0.x's order, is refused by name).
         loss_weights: one number >= 0 per micro-batch, what its loss is multiplied by before backward(): for k
             micro-batches of a mean loss, each one's share of the cycle's samples (1/k when they are equal). A
             weight 0 (a number, not a tensor) is not run, so its loss (NaN for a mean over no tokens) cannot reach
@@ -95,6 +97,8 @@ def accumulate_and_step(
     scheduler after the step is raised with the step applied, its result as the error's `cycle_result`. The host
     reads the device once: the loss and the norm together. Every argument is checked before anything changes.
     """
+    order = "model, micro_batches, optimizer, loss_weights"
+    not_optimizer("accumulate_and_step", order, "micro_batches", micro_batches)  # 0.x's order, refused by name
     _check_cycle(model, optimizer, micro_batches, loss_weights)
     options = CycleOptions.of(options, cycle_options, "accumulate_and_step")
     if options.amp:  # bf16 refused on a GPU without it: where the optimizer's parameters are
@@ -152,6 +156,9 @@ def _cycle(
         for i, (x, y) in enumerate(micro_batches):
             if runs.nothing[i] and i != runs.last and not runs.every:
                 continue  # fetched, not run
+            if sync is not None and (runs.every or total is None):  # a forward pass that may communicate
+                told.agree()  # DDP's first of a cycle (buffers, buckets), FSDP2's every one (all-gathers)
+                told.pending = True
             if plain:
                 loss = _forward(model, loss_fn, x, y)  # the forward pass and the loss; no name keeps the output alive
             else:  # DDP's no_sync() or FSDP2's gradient sync off, but for the last micro-batch run (sharded.py)

@@ -18,9 +18,9 @@ def _told(error: BaseException | None, failed: list[int]) -> str:
 
 
 def _agree(error: BaseException | None, device: torch.device) -> None:
-    """Under DDP, before a backward that all-reduces (which a failed process would never reach): one all-reduce of
-    a failure flag per process. A process that failed (`error`) tells the others and returns (its caller raises
-    its own error); the others raise, saying which process failed and why."""
+    """Under DDP or FSDP2, before a forward or backward that communicates (which a failed process would never reach):
+    one all-reduce of a failure flag per process. A process that failed (`error`) tells the others and returns (its
+    caller raises its own error); the others raise, saying which process failed and why."""
     flags = torch.zeros(dist.get_world_size(), device=device)
     flags[dist.get_rank()] = error is not None
     dist.all_reduce(flags)
@@ -30,9 +30,9 @@ def _agree(error: BaseException | None, device: torch.device) -> None:
         if error is None:
             raise RuntimeError(
                 _(
-                    "{why}: it failed in this cycle, in a micro-batch's forward pass or loss_fn; this "
-                    "process stops with it, before the step: its weights, optimizer and .grad are as "
-                    "they were"
+                    "{why}: it failed in this cycle, in a micro-batch (fetching it, its forward pass or "
+                    "loss_fn); this process stops with it, before the step: its weights, optimizer and .grad "
+                    "are as they were"
                 ).format(why=why)
             )
 

@@ -7,10 +7,10 @@ from typing import Callable
 
 import torch
 
-from ._validate import function, one_of, positive_int
+from ._validate import function, new_order, one_of, positive_int
 from .cycle_checks import _check_model
 from .i18n import _
-from .losses import _scalar_loss
+from .losses import _own_loss, _scalar_loss
 from .restore import _BuffersKept
 from .source import _refuse_dict
 
@@ -37,7 +37,7 @@ def _max_abs_difference(pairs) -> float:
     return torch.stack(gaps).max().item() if gaps else 0.0  # torch's max keeps a NaN (Python's max may drop it)
 
 
-def parameter_gap(model, reference) -> float:
+def parameter_gap(model: torch.nn.Module | dict, reference: torch.nn.Module | dict) -> float:
     """Max |difference| over every parameter and buffer of two models (or state dicts) of the same layout.
 
     NaN when a difference is NaN (a NaN weight is never hidden).
@@ -55,24 +55,35 @@ def parameter_gap(model, reference) -> float:
     return _max_abs_difference((a[key], b[key]) for key in a)
 
 
+@new_order
 def gradient_gap(
     model: torch.nn.Module,
-    loss_fn: Callable,
     x: torch.Tensor,
     y: torch.Tensor,
+    *,
     accum_steps: int,
+    loss_fn: Callable | None = None,
     normalize: str = "samples",
 ) -> float:
     """Max |accumulated gradient - full-batch gradient| over all parameters, for (x, y) split into `accum_steps`
-    micro-batches.
+    micro-batches (torch.tensor_split: as equal as possible, sizes differ by at most one).
 
-    The micro-batches are as equal as possible (torch.tensor_split: sizes differ by at most one). loss_fn must
-    return the mean loss over its batch. normalize: "samples" (each micro-batch's share of the samples), "steps"
-    (1 / accum_steps) or "none" (no division: the accumulated gradient is accum_steps times too large). The model's
-    parameters, buffers (BatchNorm statistics), `.grad` and the RNG are left as they were, also on an error.
+    Args:
+        model: the model; its parameters, buffers (BatchNorm statistics), `.grad` and the RNG are left as they
+            were, also on an error.
+        x, y: the whole batch, tensors with one row per sample, moved to the model's device.
+        accum_steps: the micro-batches it is split into, 1 to len(x).
+        loss_fn: loss_fn(output, target) -> the mean loss over its batch, as in `train`; None: the model's own
+            (its output's `.loss` or 'loss' key), else cross-entropy.
+        normalize: "samples" (each micro-batch's share of the samples) or "steps" (1 / accum_steps), as in
+            `train`; or "none", the mistake `train` does not offer: no division, the accumulated gradient
+            accum_steps times too large.
+
+    Returns:
+        The largest absolute difference, a float (NaN when a difference is NaN).
     """
     _check_model(model)
-    loss_fn = function("loss_fn", loss_fn)
+    loss_fn = _own_loss if loss_fn is None else function("loss_fn", loss_fn)
     for name, tensor in (("x", x), ("y", y)):
         _refuse_dict(tensor, name)
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:

@@ -160,8 +160,8 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
     if example is not None:  # (X, y) tensors: one step of full micro-batches, measured before the run
         memory.check_fits(
             model,
-            optimizer,
             *example,
+            optimizer=optimizer,
             options=options,
             accum_steps=accum_steps,
             budget_bytes=run.memory_budget,
@@ -298,7 +298,8 @@ def _later_peak(model, optimizer, cycle: _Cycle, weights: list[float], options: 
     """The peak bytes of `cycle` as `memory.measure_step` reports a step: the heavier of a run's first step and a
     later one (the optimizer's state alive through the passes, its step count far along), traced under
     FakeTensorMode on copies of the model and of the optimizer (its settings, not its state)."""
-    return memory.measured_cycle_peak(model, optimizer, *cycle.real(weights), options)
+    batches, weights = cycle.real(weights)
+    return memory.measured_cycle_peak(model, batches, optimizer, weights, options)
 
 
 def _check_fits(
@@ -329,8 +330,9 @@ def _check_fits(
         ).format(step=step + 1, epoch=cycle.epoch, n=n, samples=sum(cycle.sizes))
         advice = source.advice()  # how to make this data's micro-batches smaller
         try:
+            batches, kept = cycle.real(weights)
             memory.check_cycle_fits(
-                model, optimizer, *cycle.real(weights), options=options, budget_bytes=budget, what=what, advice=advice
+                model, batches, optimizer, kept, options=options, budget_bytes=budget, what=what, advice=advice
             )
             fitted.add(cycle.layout)
         except Exception as error:  # under DDP the others learn of it below

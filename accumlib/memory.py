@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-def resolve_device(model: torch.nn.Module, device) -> torch.device:
+def resolve_device(model: torch.nn.Module, device: str | torch.device | None) -> torch.device:
     """The device to measure on: `device` ("cpu", "cuda" or a torch.device) or where the model's weights are."""
     if device is None:
         return next(model.parameters()).device
@@ -83,38 +83,44 @@ def measure_step(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    optimizer=None,
+    optimizer: torch.optim.Optimizer | None = None,
     loss_fn: Callable | None = None,
     accum_steps: int = 1,
     fake: bool = False,
-    device=None,
+    device: str | torch.device | None = None,
+    options: CycleOptions | None = None,
     **cycle_options,
 ) -> MemoryReport:
-    """Measure the memory of one step on a copy of `model`; returns a MemoryReport (bytes by category, the peak).
+    """Measure the memory of one of `train`'s steps on a copy of `model`: one `accumulate_and_step` of accum_steps
+    passes of (x, y), each weighted 1/accum_steps; its peak is the one `train(..., measure_memory=True)` records for
+    that step, byte for byte on the CPU.
 
-    The step is `train`'s own: one `accumulate_and_step` of accum_steps passes of (x, y), each weighted
-    1/accum_steps (cycle_options: the `CycleOptions` fields a measurement runs, all but loss_fn and a run's
-    objects, the scaler and the scheduler), so its peak is the one `train(..., measure_memory=True)` records for
-    that step, byte for byte on the CPU (`amp="bf16"`: the step of `train(amp="bf16")`).
-    x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`). optimizer: its type
-    and settings are copied, for the parameters it holds (for every trainable one if it holds none of this
-    model's); default SGD, which keeps no state. Any optimizer torch ships but the closure ones (LBFGS) is taken.
-    loss_fn(model(x), y) -> scalar tensor (default: cross-entropy).
-    The peak is that of the heavier of the run's first step (in which the optimizer creates its state) and a
-    later one (the state kept from before); the categories are those of that step. On CUDA a warm-up step runs first.
-    fake=True runs under FakeTensorMode: the same bytes as the CPU tracker, nothing computed; it also measures a
-    model built on the meta device (weights without data). A forward pass that reads a tensor's value (`if
-    t.sum() > 0`, `.item()`) cannot be traced: a real model is then measured with the CPU tracker (exact for this
-    micro-batch; a warning names the model's line), one on the meta device is refused naming it. device: "cpu" or
-    "cuda" (default: where the model is); on CUDA the peak is the allocator's, over what was allocated before the
-    call: it counts the allocator's rounding of each block and the workspaces the step's libraries take (cuBLAS,
-    cuDNN), not the CUDA context itself (a few hundred MiB outside the allocator), which a real card's budget must
-    leave room for (not run on our CPUs).
-    The model, its gradients, the optimizer and the global random state are left exactly as they were.
+    Args:
+        model: the model measured (a copy; it, its gradients, the optimizer and the global random state are left
+            exactly as they were).
+        x, y: one micro-batch (tensors, same length), moved to the model's device (or `device`).
+        optimizer: its type and settings are copied, for the parameters it holds (every trainable one if it holds
+            none of this model's); default SGD, which keeps no state. Not a closure optimizer (LBFGS).
+        loss_fn: loss_fn(model(x), y) -> scalar tensor; default, as in `train`: the model's own loss, else
+            cross-entropy.
+        accum_steps: passes per step.
+        fake: run under FakeTensorMode: the CPU tracker's bytes, nothing computed; it also measures a model on the
+            meta device. A forward pass that reads a value (`if t.sum() > 0`, `.item()`) cannot be traced: a real
+            model is then measured with the CPU tracker (a warning names the line), one on the meta device refused.
+        device: "cpu" or "cuda" (default: where the model is). On CUDA the peak is the allocator's over what was
+            allocated before the call, with its rounding and the libraries' workspaces (cuBLAS, cuDNN), not the CUDA
+            context (a few hundred MiB), which a real card's budget must leave room for; a warm-up step runs first.
+        options: how the cycle runs, a `CycleOptions` (a run's objects, its scaler and scheduler, left out), or
+            its fields as keywords (**cycle_options: those a measurement runs, all but the scaler and the
+            scheduler), not both, as `train` takes them; `amp="bf16"` measures the step of `train(amp="bf16")`.
+
+    Returns:
+        A `MemoryReport`: bytes by category and the peak, of the heavier of the run's first step (in which the
+        optimizer creates its state) and a later one (the state kept from before).
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     fake = _validate.boolean("fake", fake)
-    options = _step_options(loss_fn, cycle_options)
+    options = _step_options("measure_step", loss_fn, options, cycle_options)
     home = next(model.parameters()).device
     if home.type == "meta" and not fake:
         raise ValueError(_("model is on the meta device (weights without data): only fake=True can measure it"))
@@ -146,22 +152,25 @@ _MEASURED_OPTIONS = tuple(
 )
 
 
-def _step_options(loss_fn, cycle_options: dict) -> CycleOptions:
-    """A measurement's `CycleOptions` (checked there): loss_fn (default cross-entropy) and the keywords of
-    _MEASURED_OPTIONS."""
+def _step_options(where: str, loss_fn, options, cycle_options: dict) -> CycleOptions:
+    """A measurement's `CycleOptions` (checked there): `options`, less a run's objects (`CycleOptions.measured`), or
+    loss_fn (None: train's default, the model's own loss, else cross-entropy) and the keywords of _MEASURED_OPTIONS;
+    not both, as `train` takes them."""
     unknown = sorted(set(cycle_options) - set(_MEASURED_OPTIONS))
     if unknown:
         raise TypeError(
-            _("measure_step got {names}: the options of the cycle it takes are {valid}").format(
-                names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
+            _("{where} got {names}: the options of the cycle it takes are {valid}").format(
+                where=where, names=", ".join(unknown), valid=", ".join(sorted(_MEASURED_OPTIONS))
             )
         )
-    return CycleOptions(loss_fn=torch.nn.functional.cross_entropy if loss_fn is None else loss_fn, **cycle_options)
+    keywords = cycle_options if loss_fn is None else {**cycle_options, "loss_fn": loss_fn}
+    return CycleOptions.of(options, keywords, where).measured()  # options or keywords, as train takes them
 
 
-def batch_of(example: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`size` samples made by repeating the example batch (shapes are all that matter for memory)."""
-    x, y = _validate.pair("example", example)
+def batch_of(example_batch: tuple[torch.Tensor, torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`size` samples made by repeating `example_batch`, (x, y) as `fit_batch` takes it (shapes are all that matter
+    for memory)."""
+    x, y = _validate.pair("example_batch", example_batch)
     size = _validate.positive_int("size", size)
     reps = -(-size // len(x))
     return x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
@@ -191,48 +200,55 @@ def _step_peak(
     return dataclasses.replace(report, accum_steps=accum_steps)
 
 
+@_validate.new_order
 def check_fits(
-    model,
-    optimizer,
-    x,
-    y,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
     *,
+    optimizer: torch.optim.Optimizer | None = None,
     accum_steps: int,
     budget_bytes: int,
     loss_fn: Callable | None = None,
     options: CycleOptions | None = None,
-    device=None,
+    device: str | torch.device | None = None,
+    **cycle_options,
 ) -> MemoryReport:
-    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`.
+    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`, traced
+    under FakeTensorMode (see `_step_peak`) with `train`'s cycle.
 
-    Measured under FakeTensorMode (see `_step_peak`), with `train`'s cycle: `options` (the `CycleOptions`
-    train runs its cycles with; its scheduler and scaler are left out) or, without them, loss_fn (default
-    cross-entropy) and the cycle's defaults; returns the MemoryReport of that step. device: where the step will
-    run (default: where the model is); a fake copy of the model is traced there (on CUDA each block counted as the
-    allocator rounds it) and the model itself does not move, so a refusal leaves it where it was.
+    Args:
+        model, x, y, optimizer, loss_fn, options: as for `measure_step` (train passes the options it runs its
+            cycles with).
+        accum_steps: passes per step.
+        budget_bytes: the bytes a step may take.
+        device: where the step will run (default: where the model is); a fake copy is traced there (on CUDA each
+            block as the allocator rounds it) and the model does not move, so a refusal leaves it where it was.
+
+    Returns:
+        The `MemoryReport` of that step.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
     budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
-    if options is None:
-        options = _step_options(loss_fn, {})
-    elif not isinstance(options, CycleOptions):
-        raise TypeError(
-            _(
-                "options must be an accumlib.cycle.CycleOptions (the options train runs its cycles with, "
-                "e.g. CycleOptions(clip_grad_norm=1.0)) or None, got {value!r} of type {type}"
-            ).format(value=_validate.Shown(options), type=type(options).__name__)
-        )
-    elif loss_fn is not None:
-        raise TypeError(_("check_fits takes loss_fn or options (whose loss_fn it uses), not both"))
+    options = _step_options("check_fits", loss_fn, options, cycle_options)
     report = _step_peak(model, optimizer, x, y, options, accum_steps, None if device is None else torch.device(device))
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
     return report
 
 
-def measured_cycle_peak(model, optimizer, batches, loss_weights, options: CycleOptions) -> int:
+def measured_cycle_peak(
+    model: torch.nn.Module,
+    batches: Sequence,
+    optimizer: torch.optim.Optimizer,
+    loss_weights: Sequence[float],
+    options: CycleOptions,
+) -> int:
     """The peak bytes of the cycle of `batches` with `loss_weights`, as `measure_step` measures a step (the heavier
-    of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer."""
+    of a run's first step and a later one), under FakeTensorMode on copies of the model and optimizer; the
+    arguments in `accumulate_and_step`'s order."""
+    order = "model, batches, optimizer, loss_weights, options"
+    _validate.not_optimizer("measured_cycle_peak", order, "batches", batches)
     return _traced_cycle(model, optimizer, batches, loss_weights, options).peak
 
 
@@ -252,14 +268,25 @@ def _traced_cycle(model, optimizer, batches, loss_weights, options: CycleOptions
 
 
 def check_cycle_fits(
-    model, optimizer, batches, loss_weights, *, options: CycleOptions, budget_bytes: int, what: str, advice: str
+    model: torch.nn.Module,
+    batches: Sequence,
+    optimizer: torch.optim.Optimizer,
+    loss_weights: Sequence[float],
+    *,
+    options: CycleOptions,
+    budget_bytes: int,
+    what: str,
+    advice: str,
 ) -> MemoryReport:
     """Raise OutOfMemory (needing `what`, with `advice`) when the cycle of `batches` ((x, y) pairs as
-    `cycle.accumulate_and_step` takes them, any shapes) with `loss_weights` needs more than `budget_bytes`.
+    `cycle.accumulate_and_step` takes them, any shapes, in its order) with `loss_weights` needs more than
+    `budget_bytes`.
 
     Traced as `check_fits` traces a step (FakeTensorMode, on copies of the model and optimizer, where the model
     is), every micro-batch as it is: `train` checks a loader's cycles with it, one per layout of batch shapes.
     """
+    order = "model, batches, optimizer, loss_weights, *, options, budget_bytes, what, advice"
+    _validate.not_optimizer("check_cycle_fits", order, "batches", batches)
     report = _traced_cycle(model, optimizer, batches, loss_weights, options)
     if report.peak > budget_bytes:
         raise OutOfMemory(report.peak, budget_bytes, what, advice=advice)
@@ -294,11 +321,11 @@ def _divisors(n: int) -> list[int]:
 
 def fit_batch(
     model: torch.nn.Module,
-    example_batch,
+    example_batch: tuple[torch.Tensor, torch.Tensor],
     target_batch: int,
     budget_bytes: int,
     *,
-    optimizer=None,
+    optimizer: torch.optim.Optimizer | None = None,
     loss_fn: Callable | None = None,
 ) -> FitPlan:
     """Plan (micro_batch_size, accum_steps) for an effective batch of exactly `target_batch` under `budget_bytes`.
@@ -314,7 +341,7 @@ def fit_batch(
     """
     x, y = _validate.pair("example_batch", example_batch)
     _check_step_inputs(model, x, y, optimizer, 1)
-    options = _step_options(loss_fn, {})
+    options = _step_options("fit_batch", loss_fn, None, {})
     target_batch = _validate.positive_int("target_batch", target_batch)
     if target_batch > MAX_TARGET_BATCH:
         raise ValueError(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterator
 
 
@@ -67,7 +67,3 @@ class History:
         """The records as plain columns, one list per field (and samples_per_second), ready for plotting."""
         names = [*StepRecord.__dataclass_fields__, "samples_per_second"]
         return {name: [getattr(r, name) for r in self.records] for name in names}
-
-    def deterministic(self) -> list[dict]:
-        """The records without wall seconds: identical across runs with the same arguments on the CPU."""
-        return [{k: v for k, v in asdict(r).items() if k != "seconds"} for r in self.records]

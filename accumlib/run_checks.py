@@ -146,8 +146,14 @@ def _check_train(
             options.scaler,
             StepRecord,
             device,
-            dict(
-                accum_steps=accum_steps, micro_batch_size=micro_batch_size, seed=seed, shuffle=shuffle, processes=world
+            dict(  # what fixes the cycles, their order and their weights
+                accum_steps=accum_steps,
+                micro_batch_size=micro_batch_size,
+                seed=seed,
+                shuffle=shuffle,
+                processes=world,
+                normalize=normalize,
+                loss_reduction=reduction,
             ),
             rank,
         )

@@ -81,7 +81,7 @@ def _copy_with_optimizer(model, optimizer_fn) -> tuple[torch.nn.Module, torch.op
 
 def time_config(
     model: torch.nn.Module,
-    data,
+    data: tuple[torch.Tensor, torch.Tensor],
     *,
     micro_batch_size: int,
     accum_steps: int,
@@ -89,7 +89,7 @@ def time_config(
     loss_fn: Callable | None = None,
     warmup: int = 2,
     repeats: int = 7,
-    device=None,
+    device: str | torch.device | None = None,
 ) -> TimingReport:
     """Time optimizer steps of `train` at (micro_batch_size, accum_steps) on a copy of `model` (left untouched).
 
@@ -188,7 +188,7 @@ def _least_squares(sizes: list[int], seconds: list[float]) -> tuple[float, float
 
 def decompose_time(
     model: torch.nn.Module,
-    data,
+    data: tuple[torch.Tensor, torch.Tensor],
     *,
     effective_batch: int = 64,
     accum_steps: tuple[int, ...] = (1, 2, 4, 8, 16),
@@ -197,7 +197,7 @@ def decompose_time(
     repeats: int = 7,
     warmup: int = 1,
     threads: int | None = 1,
-    device=None,
+    device: str | torch.device | None = None,
 ) -> TimeDecomposition:
     """Time one effective batch split into each accum_steps, pass by pass, and fit pass time = overhead + per-sample.
 
@@ -247,7 +247,6 @@ def decompose_time(
             )
         )
     _validate.function("loss_fn", loss_fn, optional=True)  # CycleOptions' check, before anything runs
-    loss_fn = loss_fn or torch.nn.functional.cross_entropy
     device = _timing_device(model, device)
     model, optimizer = _copy_with_optimizer(model, optimizer_fn)
     model.to(device)

@@ -34,7 +34,7 @@ def test_deviation_does_not_claim_a_difference_it_did_not_measure(capsys):
 def test_gradient_gaps_call_exact_only_what_rounding_explains_and_give_the_scale(capsys):
     net = models.cnn(norm="batch")
     gaps = {
-        name: accumlib.gradient_gap(model, torch.nn.functional.cross_entropy, X[:64], Y[:64], 8)
+        name: accumlib.gradient_gap(model, X[:64], Y[:64], accum_steps=8, loss_fn=torch.nn.functional.cross_entropy)
         for name, model in (("BatchNorm", net), ("GroupNorm", batchnorm.to_groupnorm(net)))
     }
     size = batchnorm_lab.gradient_size(net, torch.nn.functional.cross_entropy, X[:64], Y[:64])

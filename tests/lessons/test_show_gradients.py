@@ -51,7 +51,7 @@ def test_compare_refuses_gradients_of_another_model(full_batch):
 
 def test_gap_table_sees_k_times_the_gradient_only_where_accumulation_is_exact(model, full_batch, capsys):
     gaps = {
-        k: {n: accumlib.gradient_gap(model, LOSS, X, Y, accum_steps=k, normalize=n) for n in ("steps", "none")}
+        k: {n: accumlib.gradient_gap(model, X, Y, accum_steps=k, loss_fn=LOSS, normalize=n) for n in ("steps", "none")}
         for k in (2, 4, 8)
     }
     assert gradients.gap_table(gaps, full_batch) is True
@@ -65,7 +65,10 @@ def test_gap_table_sees_k_times_the_gradient_only_where_accumulation_is_exact(mo
     batchnorm = models.cnn(norm="batch", dtype=torch.float64)
     full = torch.autograd.grad(LOSS(batchnorm(digits[0]), digits[1]), list(batchnorm.parameters()))
     gaps = {
-        k: {n: accumlib.gradient_gap(batchnorm, LOSS, *digits, accum_steps=k, normalize=n) for n in ("steps", "none")}
+        k: {
+            n: accumlib.gradient_gap(batchnorm, *digits, accum_steps=k, loss_fn=LOSS, normalize=n)
+            for n in ("steps", "none")
+        }
         for k in (2, 4)
     }
     assert gradients.gap_table(gaps, full) is False

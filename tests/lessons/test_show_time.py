@@ -133,19 +133,22 @@ def test_compare_refuses_decompositions_of_different_splits():
 
 def test_cost_tells_slightly_from_several_times_and_says_which_part_of_a_pass_dominates(capsys):
     """Lesson 0's sweep, on exact lines: 1 ms + 0.1 ms per sample makes 16 × 4 1.41x and 4 × 16 3.03x the time of
-    64 × 1, a pass of 4 mostly fixed cost (71%), one of 16 mostly arithmetic (38%)."""
+    64 × 1, a pass of 4 mostly fixed cost (71%), the whole batch's mostly arithmetic (14%): the sentence compares
+    those two, far apart (a size between them, nearer one half, would tell another machine otherwise)."""
     ratios = show.cost(decomposition(1e-3, 1e-4))
     out = capsys.readouterr().out
     assert ratios[1] == pytest.approx(10.4 / 7.4) and ratios[2] == pytest.approx(22.4 / 7.4)
     assert (
         "Against 64 × 1 (7.40 ms), 16 × 4 takes only slightly longer (1.41x), 4 × 16 several times as long (3.03x)."
     ) in out
-    assert "mostly fixed cost at 4 samples, mostly arithmetic at 16. Small micro-batches underuse" in out
-    show.cost(decomposition(2e-3, 1e-4))  # 16 × 4: 14.4 against 8.4 ms, between the two verdicts; both mostly fixed
-    out = capsys.readouterr().out
-    assert "16 × 4 takes 1.71x as long" in out and "mostly fixed cost at 4 and at 16 samples" in out
+    assert "mostly fixed cost at 4 samples, mostly arithmetic at 64. Small micro-batches underuse" in out
+    show.cost(decomposition(2e-3, 1e-4))  # 16 × 4: 14.4 against 8.4 ms, between the two verdicts
+    out = capsys.readouterr().out  # a pass of 16 is mostly fixed cost (56%), but the sentence is of 4 and 64
+    assert "16 × 4 takes 1.71x as long" in out and "mostly fixed cost at 4 samples, mostly arithmetic at 64" in out
+    show.cost(decomposition(8e-3, 1e-4))  # the whole batch's pass mostly fixed cost too (56%)
+    assert "mostly fixed cost at 4 and at 64 samples" in capsys.readouterr().out
     show.cost(decomposition(1e-4, 1e-3))  # arithmetic everywhere: splitting costs little
-    assert "mostly arithmetic at 4 and at 16 samples, so the fixed cost adds little" in capsys.readouterr().out
+    assert "mostly arithmetic at 4 and at 64 samples, so the fixed cost adds little" in capsys.readouterr().out
 
 
 def test_cost_prints_the_same_once_times_are_masked_and_refuses_a_sweep_it_cannot_read(capsys):

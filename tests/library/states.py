@@ -1,6 +1,7 @@
 """What a refusal must leave as it found: a model's and an optimizer's state, compared exactly (the library's tests)."""
 
 import copy
+import dataclasses
 
 import torch
 
@@ -23,3 +24,8 @@ def same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b, strict=True))
     return a == b
+
+
+def stable_records(history) -> list[dict]:
+    """A run's records without their wall seconds: identical across runs with the same arguments on the CPU."""
+    return [{k: v for k, v in dataclasses.asdict(r).items() if k != "seconds"} for r in history]

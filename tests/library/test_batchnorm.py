@@ -44,7 +44,7 @@ def test_running_stats_of_micro_batch_training_diverge_from_the_full_batch_run()
 
 def test_groupnorm_makes_accumulation_exact_again(trained):
     loss = torch.nn.functional.cross_entropy
-    assert accumlib.gradient_gap(trained, loss, X[:64], Y[:64], 8) > 1e-3
+    assert accumlib.gradient_gap(trained, X[:64], Y[:64], accum_steps=8, loss_fn=loss) > 1e-3
     grouped = batchnorm.to_groupnorm(trained)
     assert not batchnorm.batchnorm_layers(grouped)
     # Float32 rounding only: the full batch's gradient sums 64 samples' terms in one order, 8 micro-batches of 8 in
@@ -54,7 +54,7 @@ def test_groupnorm_makes_accumulation_exact_again(trained):
     # larger. A fixed 1e-6 (8 eps of this model's largest entry, 0.50) failed at one thread with 1.13e-6.
     full = torch.autograd.grad(loss(grouped(X[:64]), Y[:64]), list(grouped.parameters()))
     rounding = 64 * torch.finfo(torch.float32).eps * max(g.abs().max().item() for g in full)
-    assert accumlib.gradient_gap(grouped, loss, X[:64], Y[:64], 8) < rounding < 1e-3
+    assert accumlib.gradient_gap(grouped, X[:64], Y[:64], accum_steps=8, loss_fn=loss) < rounding < 1e-3
     assert batchnorm.batchnorm_layers(trained)  # the original keeps its BatchNorm
 
 

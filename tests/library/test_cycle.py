@@ -33,8 +33,8 @@ def cycle_peak(model, batches):
     weights = [len(x) / sum(len(b[0]) for b in batches) for x, _y in batches]
     return memory.check_cycle_fits(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
         batches,
+        torch.optim.SGD(model.parameters(), lr=0.1),
         weights,
         options=accumlib.CycleOptions(),
         budget_bytes=2**40,
@@ -75,7 +75,7 @@ def test_a_loader_that_fits_trains_within_the_budget_and_each_layout_is_traced_o
     budget = cycle_peak(model, LARGE)
     traced = []
     check = memory.check_cycle_fits
-    monkeypatch.setattr(memory, "check_cycle_fits", lambda *a, **k: traced.append(a[2]) or check(*a, **k))
+    monkeypatch.setattr(memory, "check_cycle_fits", lambda *a, **k: traced.append(a[1]) or check(*a, **k))
     history = accumlib.train(
         model,
         SMALL + LARGE,
@@ -113,8 +113,8 @@ def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target()
     own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
     as_dicts = memory.check_cycle_fits(
         model,
-        sgd(model),
         [(cycle.Inputs((), b), b) for b in batches],
+        sgd(model),
         [0.5, 0.5],
         options=own,
         budget_bytes=2**40,
@@ -123,8 +123,8 @@ def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target()
     )
     as_pairs = memory.check_cycle_fits(
         plain,
-        sgd(plain),
         [(b["inputs"], b["labels"]) for b in batches],
+        sgd(plain),
         [0.5, 0.5],
         options=accumlib.CycleOptions(),
         budget_bytes=2**40,
@@ -198,8 +198,8 @@ def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget()
     batches = [{"inputs": X[i : i + 8], "labels": Y[i : i + 8]} for i in (0, 8)]
     peak = memory.check_cycle_fits(
         model,
-        sgd(model),
         [(cycle.Inputs((), b), b) for b in batches],
+        sgd(model),
         [0.5, 0.5],
         options=own,
         budget_bytes=2**40,
@@ -250,3 +250,30 @@ def test_measuring_a_stateful_optimizers_later_step_changes_nothing_of_the_run()
 
     (measured, weights), (plain, plain_weights) = run(True), run(False)
     assert measured == plain and same(weights, plain_weights)
+
+
+# --- accumulate_and_step in 0.x's order ------------------------------------------------------------------------
+
+
+def test_accumulate_and_step_in_the_old_order_is_refused_by_name_before_anything_changes():
+    """accumlib 0.x took (model, optimizer, micro_batches, loss_weights); 1.0 takes the data before the optimizer,
+    as train does: the old order is refused naming the new one, with the model and the optimizer as found."""
+    model = linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    with pytest.raises(
+        TypeError,
+        match=r"accumulate_and_step takes \(model, micro_batches, optimizer, loss_weights\): the optimizer comes after "
+        r"the data, as in train\(model, data, optimizer\); got an optimizer \(SGD\) as micro_batches",
+    ):
+        accumlib.accumulate_and_step(model, optimizer, SMALL[:2], [0.5, 0.5])
+    accumlib.set_language("hi")
+    try:  # in the learner's language, as every refusal
+        with pytest.raises(TypeError, match="optimizer data के बाद आता है"):
+            accumlib.accumulate_and_step(model, optimizer, SMALL[:2], [0.5, 0.5])
+    finally:
+        accumlib.set_language("en")
+    assert same((model.state_dict(), optimizer.state_dict()), before)
+    assert all(p.grad is None for p in model.parameters())
+    assert not accumlib.accumulate_and_step(model, SMALL[:2], optimizer, [0.5, 0.5]).skipped  # the new order steps
+    assert not same(model.state_dict(), before[0])

@@ -84,7 +84,7 @@ def test_gradient_gap_computes_where_the_model_is_given_data_on_the_cpu():
     seen = []
     net[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
     with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):  # the final host read
-        accumlib.gradient_gap(net, torch.nn.functional.cross_entropy, X, Y, 2)
+        accumlib.gradient_gap(net, X, Y, accum_steps=2, loss_fn=torch.nn.functional.cross_entropy)
     assert len(seen) == 3 and set(seen) == {torch.device("meta")}  # the full batch and both micro-batches
 
 
@@ -147,7 +147,8 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     state = {name: t.clone() for name, t in net.state_dict().items()}
     storages = [p.data_ptr() for p in net.parameters()]
-    report = memory.check_fits(net, opt, X[:4], Y[:4], accum_steps=2, budget_bytes=2**30)  # on the CPU, for real
+    # on the CPU, for real
+    report = memory.check_fits(net, X[:4], Y[:4], optimizer=opt, accum_steps=2, budget_bytes=2**30)
     seen = []
 
     def spy(model, optimizer, batches, *args, **kwargs):

@@ -41,9 +41,9 @@ def test_gradient_gap_proves_the_trick_and_leaves_the_model_alone():
     model[0].weight.grad = torch.ones_like(model[0].weight)
     before = [p.detach().clone() for p in model.parameters()]
     loss = nn.functional.cross_entropy
-    assert accumlib.gradient_gap(model, loss, X, Y, 4) < 1e-14
-    assert accumlib.gradient_gap(model, loss, X[:62], Y[:62], 4) < 1e-14  # chunks of 16, 16, 16, 14
-    without_division = accumlib.gradient_gap(model, loss, X, Y, 4, normalize="none")
+    assert accumlib.gradient_gap(model, X, Y, accum_steps=4, loss_fn=loss) < 1e-14
+    assert accumlib.gradient_gap(model, X[:62], Y[:62], accum_steps=4, loss_fn=loss) < 1e-14  # chunks of 16, 16, 16, 14
+    without_division = accumlib.gradient_gap(model, X, Y, accum_steps=4, loss_fn=loss, normalize="none")
     full_grad_max = max(g.abs().max().item() for g in torch.autograd.grad(loss(model(X), Y), model.parameters()))
     assert without_division == pytest.approx(3 * full_grad_max, rel=1e-9)  # 4x the gradient: off by 3x
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
@@ -58,5 +58,44 @@ def test_gradient_gap_runs_exactly_accum_steps_micro_batches():
         calls.append(len(target))
         return nn.functional.cross_entropy(output, target)
 
-    assert accumlib.gradient_gap(mlp(), counting_loss, X[:9], Y[:9], 4) < 1e-15
+    assert accumlib.gradient_gap(mlp(), X[:9], Y[:9], accum_steps=4, loss_fn=counting_loss) < 1e-15
     assert calls == [9, 3, 2, 2, 2]
+
+
+def test_gradient_gap_in_the_old_order_is_refused_by_name_before_anything_runs():
+    """accumlib 0.x took (model, loss_fn, x, y, accum_steps): 1.0 takes the data after the model, as train does."""
+    model, calls = mlp(), []
+
+    def loss(output, target):
+        calls.append(len(target))
+        return nn.functional.cross_entropy(output, target)
+
+    for old in ((model, loss, X, Y, 4), (model, loss, X, Y)):
+        keywords = {} if len(old) == 5 else {"accum_steps": 4}
+        with pytest.raises(TypeError, match=r"gradient_gap takes \(model, x, y, \*, accum_steps, loss_fn, normalize\)"):
+            accumlib.gradient_gap(*old, **keywords)
+    accumlib.set_language("hi")
+    try:  # in the learner's language, as every refusal
+        with pytest.raises(TypeError, match=r"gradient_gap के arguments इस क्रम में हैं: \(model, x, y, \*, accum_steps"):
+            accumlib.gradient_gap(model, loss, X, Y, 4)
+    finally:
+        accumlib.set_language("en")
+    assert calls == [] and all(p.grad is None for p in model.parameters())
+
+
+def test_without_loss_fn_the_gap_is_of_the_models_own_loss_as_train_takes_it():
+    """The library's default loss: the output's `.loss` (a Hugging Face model given labels), else cross-entropy."""
+
+    class OwnLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):  # a squared loss, which cross-entropy would not give: the gap must be of this one
+            return {"loss": self.net(x).square().mean()}
+
+    assert accumlib.gradient_gap(OwnLoss(), X, Y, accum_steps=4) < 1e-15  # cross-entropy would refuse a dict
+    model = mlp()
+    assert accumlib.gradient_gap(model, X, Y, accum_steps=3, normalize="none") == accumlib.gradient_gap(
+        model, X, Y, accum_steps=3, loss_fn=nn.functional.cross_entropy, normalize="none"
+    )

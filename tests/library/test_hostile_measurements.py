@@ -94,7 +94,7 @@ CASES = {  # id: (call, error type, the parameter its message must name)
     "step: device a number": (lambda: step(device=3), TypeError, "device"),
     "step: meta model, real measurement": (lambda: step(model=META), ValueError, "model"),
     "batch_of: size 0": (lambda: memory.batch_of(EXAMPLE, 0), ValueError, "size"),
-    "batch_of: empty example": (lambda: memory.batch_of((X[:0], Y[:0]), 4), ValueError, "example"),
+    "batch_of: empty example": (lambda: memory.batch_of((X[:0], Y[:0]), 4), ValueError, "example_batch"),
     "time: dict data": (lambda: timed(data={"x": X, "y": Y}), TypeError, "data"),
     "time: x and y of different lengths": (lambda: timed(data=(X, Y[:10])), ValueError, "data"),
     "time: repeats 0": (lambda: timed(repeats=0), ValueError, "repeats"),

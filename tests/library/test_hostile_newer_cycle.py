@@ -115,7 +115,7 @@ def test_an_error_mid_cycle_leaves_everything_as_found(how):
             3, {"loss_fn raises": _value_error, "KeyboardInterrupt": _keyboard_interrupt, "SIGINT": _sigint}[how]
         )
     with pytest.raises((ValueError, KeyboardInterrupt, RuntimeError)):
-        accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.25] * 4, loss_fn=loss_fn)
+        accumlib.accumulate_and_step(model, micro_batches, optimizer, [0.25] * 4, loss_fn=loss_fn)
     assert unchanged(before, model, optimizer)  # two micro-batches' gradients were built, none is left
 
 
@@ -133,10 +133,10 @@ def test_a_skipped_or_raised_non_finite_cycle_leaves_no_half_cycle_and_no_nan(on
             match="no step was taken; the weights, buffers, optimizer and the optimizer's .grad are as they were",
         ):
             accumlib.accumulate_and_step(
-                model, optimizer, micro_batches, [0.25] * 4, loss_fn=nan_at_3, on_nonfinite="raise"
+                model, micro_batches, optimizer, [0.25] * 4, loss_fn=nan_at_3, on_nonfinite="raise"
             )
     else:
-        assert accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.25] * 4, loss_fn=nan_at_3).skipped
+        assert accumlib.accumulate_and_step(model, micro_batches, optimizer, [0.25] * 4, loss_fn=nan_at_3).skipped
     assert unchanged(before, model, optimizer)  # the message is true: no NaN, no half cycle in .grad
     assert not any(p.grad.isnan().any() for p in model.parameters())
 
@@ -145,7 +145,7 @@ def test_after_a_step_the_gradients_are_freed():
     """What a step leaves, as its docstring says: .grad None (read grad_norm from the result), so a next cycle
     holds no second copy of the gradients."""
     model, optimizer = setup()
-    result = accumlib.accumulate_and_step(model, optimizer, cycle(), [0.25] * 4)
+    result = accumlib.accumulate_and_step(model, cycle(), optimizer, [0.25] * 4)
     assert not result.skipped and result.grad_norm > 0
     assert all(p.grad is None for p in model.parameters())
 
@@ -155,7 +155,7 @@ def test_an_optimizer_without_the_models_parameters_is_refused():
     before = state(model, optimizer)
     other = torch.optim.SGD(models.cnn(norm="batch").parameters(), lr=0.1)
     with pytest.raises(ValueError, match="optimizer holds none of the model's trainable parameters"):
-        accumlib.accumulate_and_step(model, other, cycle(), [0.25] * 4)
+        accumlib.accumulate_and_step(model, cycle(), other, [0.25] * 4)
     assert unchanged(before, model, optimizer)
 
 
@@ -184,7 +184,7 @@ def test_negative_or_non_finite_weights_are_refused_in_every_numeric_form(weight
     model, optimizer = setup()
     before = state(model, optimizer)
     with pytest.raises(ValueError, match=r"loss_weights\[2\] is .*finite numbers >= 0"):
-        accumlib.accumulate_and_step(model, optimizer, cycle(), [0.25, 0.25, weight, 0.25])
+        accumlib.accumulate_and_step(model, cycle(), optimizer, [0.25, 0.25, weight, 0.25])
     assert unchanged(before, model, optimizer)
 
 
@@ -199,7 +199,7 @@ def test_valid_weights_in_every_numeric_form_give_the_same_step():
         model, optimizer = setup()
         results.append(
             (
-                accumlib.accumulate_and_step(model, optimizer, cycle(), weights).loss,
+                accumlib.accumulate_and_step(model, cycle(), optimizer, weights).loss,
                 [p.detach().clone() for p in model.parameters()],
             )
         )
@@ -217,7 +217,7 @@ def test_tensor_weights_are_read_once_not_per_micro_batch():
         model, _adam = setup()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # Adam's own step reads its step count per tensor
         with HostReads() as reads:
-            accumlib.accumulate_and_step(model, optimizer, cycle(n), [torch.tensor(1 / n)] * n)
+            accumlib.accumulate_and_step(model, cycle(n), optimizer, [torch.tensor(1 / n)] * n)
         counts[n] = reads.count
     assert counts[2] == counts[6] == 2  # the weights' one read and the cycle's one read (loss and norm)
 
@@ -231,7 +231,7 @@ def test_an_empty_micro_batch_is_refused_by_name():
         match=r"micro_batches\[3\] holds a tensor of shape \(0, 1, 8, 8\), without "
         "samples",
     ):
-        accumlib.accumulate_and_step(model, optimizer, micro_batches, [1 / 3] * 3 + [0.0])
+        accumlib.accumulate_and_step(model, micro_batches, optimizer, [1 / 3] * 3 + [0.0])
     assert unchanged(before, model, optimizer)
 
 
@@ -241,7 +241,7 @@ def test_a_micro_batch_on_another_device_is_refused_by_name():
     micro_batches = cycle()
     micro_batches[1] = (micro_batches[1][0].to("meta"), micro_batches[1][1])
     with pytest.raises(ValueError, match=r"micro_batches\[1\] holds a tensor on meta but the model is on cpu"):
-        accumlib.accumulate_and_step(model, optimizer, micro_batches, [0.25] * 4)
+        accumlib.accumulate_and_step(model, micro_batches, optimizer, [0.25] * 4)
     assert unchanged(before, model, optimizer)
 
 
@@ -249,7 +249,7 @@ def test_closure_optimizers_are_refused_by_name():
     model, _ = setup()
     lbfgs = torch.optim.LBFGS(model.parameters())
     for call in (
-        lambda: accumlib.accumulate_and_step(model, lbfgs, cycle(), [0.25] * 4),
+        lambda: accumlib.accumulate_and_step(model, cycle(), lbfgs, [0.25] * 4),
         lambda: accumlib.train(model, (X, Y), lbfgs, micro_batch_size=8, accum_steps=2),
     ):
         with pytest.raises(ValueError, match="optimizer is a LBFGS, whose step\\(\\) needs a closure"):

@@ -9,6 +9,7 @@ import torch
 
 import accumlib
 from builders import data, models
+from states import stable_records
 
 X64, Y64 = data.digits(flat=True, dtype=torch.float64)
 
@@ -297,7 +298,7 @@ def test_same_seed_gives_bit_identical_history_and_other_seed_does_not():
         h = accumlib.train(
             model, (X, y), torch.optim.Adam(model.parameters()), micro_batch_size=8, accum_steps=4, seed=seed, epochs=2
         )
-        histories.append(h.deterministic())
+        histories.append(stable_records(h))
     assert histories[0] == histories[1]
     assert histories[0] != histories[2]
 
@@ -354,7 +355,7 @@ def test_the_cycle_function_takes_exactly_one_full_batch_step():
     optimizer.step()
     model = models.mlp(dtype=torch.float64)
     result = accumlib.accumulate_and_step(
-        model, torch.optim.SGD(model.parameters(), lr=0.5), list(zip(x.split(16), y.split(16), strict=True)), [0.25] * 4
+        model, list(zip(x.split(16), y.split(16), strict=True)), torch.optim.SGD(model.parameters(), lr=0.5), [0.25] * 4
     )
     assert max_param_diff(model, full) <= 1e-14
     assert result.loss == pytest.approx(loss.item(), abs=1e-14) and result.grad_norm == pytest.approx(norm, rel=1e-12)
@@ -362,8 +363,8 @@ def test_the_cycle_function_takes_exactly_one_full_batch_step():
     with pytest.raises(ValueError, match="loss_weights has 3 values but micro_batches has 4"):
         accumlib.accumulate_and_step(
             model,
-            torch.optim.SGD(model.parameters(), lr=0.5),
             list(zip(x.split(16), y.split(16), strict=True)),
+            torch.optim.SGD(model.parameters(), lr=0.5),
             [1 / 3] * 3,
         )
 
@@ -387,8 +388,8 @@ def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(mon
         model = models.mlp(dtype=torch.float64)
         result = accumlib.accumulate_and_step(
             model,
-            torch.optim.SGD(model.parameters(), lr=0.5),
             list(zip(x.split(8), y.split(8), strict=True)),
+            torch.optim.SGD(model.parameters(), lr=0.5),
             [0.25] * 4,
         )
         results[split] = (result, [p.detach().clone() for p in model.parameters()])
@@ -556,9 +557,9 @@ def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_noth
     model = models.mlp(dtype=torch.float64)
     unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     twin = copy.deepcopy(model)
-    alone = accumlib.accumulate_and_step(twin, torch.optim.SGD(twin.parameters(), lr=0.5), [(X64[:8], Y64[:8])], [1.0])
+    alone = accumlib.accumulate_and_step(twin, [(X64[:8], Y64[:8])], torch.optim.SGD(twin.parameters(), lr=0.5), [1.0])
     result = accumlib.accumulate_and_step(
-        model, torch.optim.SGD([unused, *model.parameters()], lr=0.5), [(X64[:8], Y64[:8])], [1.0]
+        model, [(X64[:8], Y64[:8])], torch.optim.SGD([unused, *model.parameters()], lr=0.5), [1.0]
     )
     assert (result.grad_norm, result.skipped) == (alone.grad_norm, False)
     assert torch.equal(unused, torch.ones(3, dtype=torch.float64)) and unused.grad is None
@@ -577,7 +578,7 @@ def test_the_cycles_seeded_backward_gives_the_six_line_recipes_gradient_bit_for_
     x = x.to(dtype)
     micro_batches = [(x[:8], y[:8]), (x[8:24], y[8:24]), (x[24:48], y[24:48])]
     model, reference = models.cnn(seed=3).to(dtype), models.cnn(seed=3).to(dtype)
-    result = accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batches, weights)
+    result = accumlib.accumulate_and_step(model, micro_batches, torch.optim.SGD(model.parameters(), lr=1.0), weights)
     losses = []
     for (xs, ys), w in zip(micro_batches, weights, strict=True):
         weighted = torch.nn.functional.cross_entropy(reference(xs), ys) * w
@@ -684,7 +685,7 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_train():
 
     plain, history = run(4, 3, 48, epochs=1)
     scaled, scaled_history = run(4, 3, 48, epochs=1, scaler=disabled())
-    assert max_param_diff(scaled, plain) == 0 and scaled_history.deterministic() == history.deterministic()
+    assert max_param_diff(scaled, plain) == 0 and stable_records(scaled_history) == stable_records(history)
     with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
         nan_gradient_run(on_nonfinite="raise", scaler=disabled())
     model = models.mlp()
@@ -715,8 +716,8 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
     with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
         accumlib.accumulate_and_step(
             model,
-            optimizer,
             micro_batches,
+            optimizer,
             [0.5, 0.5],
             loss_fn=nan_gradient_on_label_99,
             scaler=torch.amp.GradScaler("cpu", enabled=False),
@@ -727,14 +728,14 @@ def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
     reference = copy.deepcopy(model)
     accumlib.accumulate_and_step(
         reference,
-        torch.optim.SGD(reference.parameters(), lr=0.5),
         list(zip(x.split(8), y.split(8), strict=True)),
+        torch.optim.SGD(reference.parameters(), lr=0.5),
         [0.5, 0.5],
     )
     result = accumlib.accumulate_and_step(
         model,
-        optimizer,
         list(zip(x.split(8), y.split(8), strict=True)),
+        optimizer,
         [0.5, 0.5],
         scaler=torch.amp.GradScaler("cpu", enabled=False),
     )
@@ -771,7 +772,7 @@ def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
     assert [r.skipped for r in history] == [False, True, False, False, False]
     assert optimizer.calls == [True] * 4 and max_param_diff(model, plain) == 0
     optimizer.calls = []
-    accumlib.accumulate_and_step(model, optimizer, list(zip(X[:8].split(4), Y64[:8].split(4), strict=True)), [0.5, 0.5])
+    accumlib.accumulate_and_step(model, list(zip(X[:8].split(4), Y64[:8].split(4), strict=True)), optimizer, [0.5, 0.5])
     assert optimizer.calls == [True] and all(p.grad is None for p in model.parameters())
 
 
@@ -819,15 +820,15 @@ def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
         return torch.nn.functional.cross_entropy(out, target) * (math.nan if target is micro_batches[1][1] else 1.0)
 
     result = accumlib.accumulate_and_step(
-        model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches, [0.5, 0, 0.5], loss_fn=loss_fn
+        model, micro_batches, torch.optim.SGD(model.parameters(), lr=0.5), [0.5, 0, 0.5], loss_fn=loss_fn
     )
     accumlib.accumulate_and_step(
-        reference, torch.optim.SGD(reference.parameters(), lr=0.5), [micro_batches[0], micro_batches[2]], [0.5, 0.5]
+        reference, [micro_batches[0], micro_batches[2]], torch.optim.SGD(reference.parameters(), lr=0.5), [0.5, 0.5]
     )
     assert not result.skipped and not result.empty and max_param_diff(model, reference) == 0
     before, calls[:] = copy.deepcopy(model.state_dict()), []
     optimizer = torch.optim.Adam(model.parameters())
-    result = accumlib.accumulate_and_step(model, optimizer, micro_batches, [0, 0.0, 0], loss_fn=loss_fn)
+    result = accumlib.accumulate_and_step(model, micro_batches, optimizer, [0, 0.0, 0], loss_fn=loss_fn)
     assert (result.empty, result.skipped, result.grad_norm, calls, optimizer.state) == (True, False, None, [], {})
     assert math.isnan(result.loss) and identical(before, model.state_dict())
 

@@ -6,6 +6,7 @@ import torch
 import accumlib
 from accumlib import measured_step, memory
 from builders import data, models
+from states import stable_records
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)
@@ -361,7 +362,7 @@ def test_memory_budget_leaves_a_randomly_augmenting_dataset_as_it_trains_without
             memory_budget=budget,
             device="cpu",
         )
-        return model.state_dict(), history.deterministic(), torch.get_rng_state(), random.random(), np.random.rand()
+        return model.state_dict(), stable_records(history), torch.get_rng_state(), random.random(), np.random.rand()
 
     without, within = run(None), run(2**30)
     assert accumlib.parameter_gap(within[0], without[0]) == 0 and within[1] == without[1]
@@ -372,7 +373,7 @@ def test_memory_budget_leaves_a_randomly_augmenting_dataset_as_it_trains_without
 
 
 DDP_BUDGET_WORKER = """
-import gc, json, sys
+import dataclasses, gc, json, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, sys.argv[1])
@@ -400,12 +401,12 @@ for name, data, options in [("X, y", (X, Y), dict(micro_batch_size=4)), ("list",
         model = build()
         history = accumlib.train(model, data, torch.optim.Adam(model.parameters(), lr=0.1), accum_steps=3,
                                  memory_budget=budget, device="cpu", **options)
-        states.append((model.module.state_dict(), history.deterministic()))
+        states.append((model.module.state_dict(), [dataclasses.replace(r, seconds=0) for r in history]))
     out[name] = accumlib.parameter_gap(*[s for s, _ in states]), states[0][1] == states[1][1]
 for view in (False, True):
     model = build(view)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    traced, module = (memory.check_fits(m, optimizer, X[:4], Y[:4], accum_steps=3, budget_bytes=2 ** 30)
+    traced, module = (memory.check_fits(m, X[:4], Y[:4], optimizer=optimizer, accum_steps=3, budget_bytes=2 ** 30)
                       for m in (model, model.module))
     out[f"peak, view={view}"] = traced.peak
     reported = 0 if view else sum(map(int, str(model._get_ddp_logging_data()["bucket_sizes"]).split(",")))
@@ -421,8 +422,9 @@ except memory.OutOfMemory as error:
 out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, model.module.state_dict().values()))
 # each process its own batch shapes: rank 1's do not fit a budget between the two peaks, rank 0's do
 rows = [2, 200]
-peaks = [memory.check_fits(build().module, torch.optim.SGD(build().parameters(), lr=0.1), X.repeat(5, 1)[:n],
-                           Y.repeat(5)[:n], accum_steps=3, budget_bytes=2 ** 40).peak for n in rows]
+peaks = [memory.check_fits(build().module, X.repeat(5, 1)[:n], Y.repeat(5)[:n],
+                           optimizer=torch.optim.SGD(build().parameters(), lr=0.1), accum_steps=3,
+                           budget_bytes=2 ** 40).peak for n in rows]
 uneven = [(X.repeat(5, 1)[:rows[rank]], Y.repeat(5)[:rows[rank]])] * 6
 model = build()
 try:
@@ -470,3 +472,62 @@ def test_memory_budget_with_ddp_measures_one_process_without_collectives(tmp_pat
         f"for step 1 (epoch 0): process 1: {theirs['uneven']}. This process (rank 0) stops "
         f"with it, before this step changes anything"
     )
+
+
+def test_the_memory_checks_in_the_old_order_are_refused_by_name():
+    """accumlib 0.x took the optimizer before the data; 1.0 after them, as train (a keyword in check_fits, as in
+    measure_step): each old call is refused naming the new order, before anything is traced."""
+    model = models.cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches, weights = [(X[:4], Y[:4])] * 2, [0.5, 0.5]
+    with pytest.raises(TypeError, match=r"check_fits takes \(model, x, y, \*, optimizer, accum_steps, budget_bytes"):
+        memory.check_fits(model, optimizer, X[:4], Y[:4], accum_steps=2, budget_bytes=2**30)
+    options = accumlib.CycleOptions()
+    with pytest.raises(TypeError, match=r"check_cycle_fits takes \(model, batches, optimizer, loss_weights, \*"):
+        memory.check_cycle_fits(
+            model, optimizer, batches, weights, options=options, budget_bytes=2**30, what="", advice=""
+        )
+    with pytest.raises(TypeError, match=r"measured_cycle_peak takes \(model, batches, optimizer, loss_weights"):
+        memory.measured_cycle_peak(model, optimizer, batches, weights, options)
+    new = memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=2, budget_bytes=2**30).peak
+    assert memory.measured_cycle_peak(model, batches, optimizer, weights, options) == new
+
+
+class _OwnLoss(torch.nn.Module):
+    """A model that returns its own loss in a dict, as a Hugging Face model given labels does."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = models.mlp()
+
+    def forward(self, x):
+        return {"loss": self.net(x).square().mean()}
+
+
+def test_without_loss_fn_a_measurement_takes_the_models_own_loss_as_train_does():
+    """The library's one default loss (the output's `.loss` or 'loss' key, else cross-entropy): measure_step,
+    check_fits and fit_batch measure the step train takes without loss_fn."""
+    model = _OwnLoss()
+    report = memory.measure_step(model, XF[:8], YF[:8], accum_steps=2)
+    assert report.peak == memory.measure_step(model, XF[:8], YF[:8], accum_steps=2, loss_fn=lambda o, t: o["loss"]).peak
+    assert memory.check_fits(model, XF[:8], YF[:8], accum_steps=2, budget_bytes=report.peak).peak == report.peak
+    assert memory.fit_batch(model, (XF[:1], YF[:1]), 16, 2**30).micro_batch_size == 16
+
+
+def test_a_measurement_takes_the_cycles_options_as_keywords_or_in_options_not_both():
+    """As train and accumulate_and_step take them: the same step from `amp="bf16"` and from
+    `options=CycleOptions(amp="bf16")`, in measure_step and check_fits; both at once refused naming the option."""
+    net = models.mlp()
+    plain = memory.measure_step(net, XF[:8], YF[:8], accum_steps=2).peak
+    by_keyword = memory.measure_step(net, XF[:8], YF[:8], accum_steps=2, amp="bf16").peak
+    options = accumlib.CycleOptions(amp="bf16")
+    assert memory.measure_step(net, XF[:8], YF[:8], accum_steps=2, options=options).peak == by_keyword != plain
+    fits = {"accum_steps": 2, "budget_bytes": 2**30}
+    checked = memory.check_fits(net, XF[:8], YF[:8], amp="bf16", **fits).peak
+    assert checked == memory.check_fits(net, XF[:8], YF[:8], options=options, **fits).peak == by_keyword
+    with pytest.raises(TypeError, match=r"^measure_step\(\) got 'amp' both as a keyword and in options="):
+        memory.measure_step(net, XF[:8], YF[:8], options=options, amp="bf16")
+    with pytest.raises(TypeError, match=r"^check_fits\(\) got 'loss_fn' both as a keyword and in options="):
+        memory.check_fits(net, XF[:8], YF[:8], options=options, loss_fn=torch.nn.functional.cross_entropy, **fits)
+    with pytest.raises(TypeError, match="^check_fits got scaler: the options of the cycle it takes are amp, "):
+        memory.check_fits(net, XF[:8], YF[:8], scaler=torch.amp.GradScaler("cpu"), **fits)

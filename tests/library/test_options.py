@@ -69,7 +69,7 @@ def test_train_refuses_each_cycle_option_with_accumulate_and_steps_message_and_c
     model, optimizer = trained()
     before = snapshot(model, optimizer)
     with pytest.raises((TypeError, ValueError)) as cycle_error:
-        accumlib.accumulate_and_step(model, optimizer, [(X[:8], Y[:8])], [1.0], **{name: value})
+        accumlib.accumulate_and_step(model, [(X[:8], Y[:8])], optimizer, [1.0], **{name: value})
     assert same(snapshot(model, optimizer), before)
     with pytest.raises(type(cycle_error.value)) as train_error:
         accumlib.train(model, (X, Y), optimizer, micro_batch_size=8, accum_steps=2, device="cpu", **{name: value})
@@ -88,7 +88,7 @@ LOSS_FN_REFUSED = [5, nn.CrossEntropyLoss, "cross_entropy"]
 MEASUREMENTS = {  # every function of the library that takes loss_fn, called with a refused one
     "measure_step": lambda bad, model, opt: memory.measure_step(model, X[:8], Y[:8], optimizer=opt, loss_fn=bad),
     "check_fits": lambda bad, model, opt: memory.check_fits(
-        model, opt, X[:8], Y[:8], accum_steps=2, budget_bytes=10**9, loss_fn=bad
+        model, X[:8], Y[:8], optimizer=opt, accum_steps=2, budget_bytes=10**9, loss_fn=bad
     ),
     "fit_batch": lambda bad, model, opt: memory.fit_batch(
         model, (X[:8], Y[:8]), target_batch=16, budget_bytes=10**9, optimizer=opt, loss_fn=bad
@@ -192,7 +192,7 @@ def one_step(entry: str, how: str, name: str):
         result = history[0]
     else:
         result = accumlib.accumulate_and_step(
-            model, optimizer, list(zip(X[:32].split(8), Y[:32].split(8), strict=True)), [0.25] * 4, **given
+            model, list(zip(X[:32].split(8), Y[:32].split(8), strict=True)), optimizer, [0.25] * 4, **given
         )
     return [t.clone() for t in model.state_dict().values()], result.loss, optimizer.param_groups[0]["lr"]
 
@@ -215,7 +215,7 @@ def test_an_option_given_as_a_keyword_and_in_options_is_refused_by_name_before_a
     call = (
         (lambda **kw: accumlib.train(model, (X, Y), optimizer, micro_batch_size=8, accum_steps=2, device="cpu", **kw))
         if entry == "train"
-        else (lambda **kw: accumlib.accumulate_and_step(model, optimizer, [(X[:8], Y[:8])], [1.0], **kw))
+        else (lambda **kw: accumlib.accumulate_and_step(model, [(X[:8], Y[:8])], optimizer, [1.0], **kw))
     )
     with pytest.raises(TypeError, match=rf"^{entry}\(\) got 'clip_grad_norm' both as a keyword and in options=: "):
         call(options=accumlib.CycleOptions(clip_grad_norm=1.0), clip_grad_norm=2.0)
@@ -240,7 +240,7 @@ def test_a_disabled_scaler_with_fp16_is_refused_alike_by_both_entry_points():
     before = snapshot(model, optimizer)
     disabled = dict(amp="fp16", scaler=torch.amp.GradScaler("cpu", enabled=False))
     with pytest.raises(ValueError) as cycle_error:
-        accumlib.accumulate_and_step(model, optimizer, [(X[:8], Y[:8])], [1.0], **disabled)
+        accumlib.accumulate_and_step(model, [(X[:8], Y[:8])], optimizer, [1.0], **disabled)
     with pytest.raises(ValueError) as train_error:
         accumlib.train(model, (X, Y), optimizer, micro_batch_size=8, accum_steps=2, device="cpu", **disabled)
     assert str(cycle_error.value) == str(train_error.value) and "amp='fp16'" in str(train_error.value)

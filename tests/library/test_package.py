@@ -81,6 +81,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_needs_torch_alone(wheel):
         "accumlib/lessons/quiz/questions.json",
         "accumlib/lessons/digits.bin.gz",
         "accumlib/locale/hi/LC_MESSAGES/accumlib.mo",
+        "accumlib/py.typed",  # PEP 561: the hints reach a user's type checker
         "accumlib/lessons/fonts/Lohit-Devanagari.ttf",
         "accumlib/lessons/fonts/OFL.txt",
     } <= sources

@@ -20,7 +20,7 @@ def mlp():
 
 def step(model, optimizer, k=2):
     micro_batches = list(zip(X[: 8 * k].split(8), Y[: 8 * k].split(8), strict=True))
-    accumlib.accumulate_and_step(model, optimizer, micro_batches, [1 / k] * k, loss_fn=nn.functional.cross_entropy)
+    accumlib.accumulate_and_step(model, micro_batches, optimizer, [1 / k] * k, loss_fn=nn.functional.cross_entropy)
 
 
 def test_each_part_of_a_cycle_is_marked_as_it_begins():
@@ -70,5 +70,5 @@ def test_a_model_s_own_loss_marks_the_end_of_its_backward_once():
     marks = []
     batch = accumlib.Inputs((X[:8],), {"labels": Y[:8]})
     with phases.marked(model, optimizer, marks.append):
-        accumlib.accumulate_and_step(model, optimizer, [(batch, None)], [1.0])
+        accumlib.accumulate_and_step(model, [(batch, None)], optimizer, [1.0])
     assert marks == ["forward", "read", "step"]

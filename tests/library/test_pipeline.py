@@ -533,9 +533,10 @@ def test_two_processes_equal_one_step_on_the_whole_cycle(two_processes, name):
     # Python-level all-reduces: once before the run, the loaders' lengths (2 values: the longest, and whether one
     # has none); per step the cycle's batch counts (7 values: samples, and each process's batches, whether it
     # failed fetching and whether it never had a batch), its loss terms (4: terms, bad counts and each process's
-    # failure flag) once, the failure flags before the backward that all-reduces (2), and the loss (1); a short
-    # cycle (fewer than accum_steps batches on every process) ends the epoch without another
-    assert result["sizes"] == [2] + [7, 4, 2, 1] * 4
+    # failure flag) once, the failure flags before the cycle's first forward (in which DDP may broadcast) and
+    # before the backward that all-reduces (2 each), and the loss (1); a short cycle (fewer than accum_steps
+    # batches on every process) ends the epoch without another
+    assert result["sizes"] == [2] + [7, 4, 2, 2, 1] * 4
 
 
 def test_memory_is_measured_once_per_layout_of_a_loader_s_batches():
@@ -955,10 +956,23 @@ class Model(torch.nn.Linear):
         return super().forward(x)
 
 
+class Samples(torch.utils.data.Dataset):  # 2 steps of 3 micro-batches of 2 samples per process
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):  # its 8th call on process 1 (the first checks sample 0): step 2's first sample,
+        calls["sample"] = calls.get("sample", 0) + 1  # fetched before the forward pass in which DDP rebuilds buckets
+        if rank == 1 and case == "a Dataset's sample" and calls["sample"] == 8:
+            raise ValueError(f"planted failure on rank 1 ({case})")
+        return torch.randn(6, dtype=torch.float64), torch.tensor(0)
+
+
 model = DistributedDataParallel(Model(6, 3, dtype=torch.float64) if case == "forward" else
                                 torch.nn.Linear(6, 3, dtype=torch.float64))
 options = {"count": dict(normalize="count", count=count, loss_fn=loss_fn, loss_reduction="mean"),
-           "forward": {}}.get(case, dict(loss_fn=loss_fn))
+           "forward": {}, "a Dataset's sample": dict(micro_batch_size=2)}.get(case, dict(loss_fn=loss_fn))
+if case == "a Dataset's sample":
+    batches = Samples()
 after_step_1 = []
 try:
     accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=3, device="cpu",
@@ -976,18 +990,23 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["count", "loss_fn, first micro-batch", "loss_fn, last micro-batch", "forward"])
+@pytest.mark.parametrize(
+    "case", ["count", "loss_fn, first micro-batch", "loss_fn, last micro-batch", "forward", "a Dataset's sample"]
+)
 def test_a_callback_or_forward_that_raises_on_one_process_stops_every_process(tmp_path, case):
-    """count, loss_fn (early in the cycle, or in its last micro-batch, whose backward all-reduces) or the model's
-    forward raising on process 1 at step 2: both processes stop at step 2 (neither waits, neither gets gloo's
-    'Connection closed by peer'), process 1 with its own error, process 0 saying which process failed and why;
-    both keep step 1's record and leave the weights and .grad as step 1 left them."""
+    """count, loss_fn (early in the cycle, or in its last micro-batch, whose backward all-reduces), the model's
+    forward or a Dataset's sample (before the first forward pass of step 2, in which DDP broadcasts) raising on
+    process 1 at step 2: both processes stop at step 2 (neither waits, neither gets gloo's 'Connection closed by
+    peer'), process 1 with its own error, process 0 saying which process failed and why; both keep step 1's record
+    and leave the weights and .grad as step 1 left them."""
     run_on_two_processes(FAILING_WORKER, tmp_path, str(tmp_path / "outcome"), case, timeout=120)
     ours, theirs = ((tmp_path / f"outcome.{rank}").read_text() for rank in range(2))
     planted = f"ValueError: planted failure on rank 1 ({case})"
     assert theirs.startswith(planted) and theirs.endswith("| steps [1] | unchanged True"), theirs
     assert ours.startswith(f"RuntimeError: process 1: {planted}"), ours
-    assert ("count failed there for step 2" if case == "count" else "forward pass or loss_fn") in ours
+    assert (
+        "count failed there for step 2" if case == "count" else "(fetching it, its forward pass or loss_fn)"
+    ) in ours
     assert ours.endswith("| steps [1] | unchanged True"), ours
 
 

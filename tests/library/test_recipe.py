@@ -62,9 +62,9 @@ def test_trains_peak_is_measure_steps_byte_for_byte(build, m, k):
     )
     checked = memory.check_fits(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
         X[:m],
         Y[:m],
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         loss_fn=None,
         accum_steps=k,
         budget_bytes=10**9,
@@ -109,7 +109,7 @@ def test_a_skipped_cycle_puts_batchnorms_statistics_back():
     model = batchnorm()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
-    assert accumlib.accumulate_and_step(model, torch.optim.SGD(model.parameters(), lr=0.1), bad, [0.5, 0.5]).skipped
+    assert accumlib.accumulate_and_step(model, bad, torch.optim.SGD(model.parameters(), lr=0.1), [0.5, 0.5]).skipped
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -191,7 +191,9 @@ def test_the_measurements_move_the_data_to_the_models_device():
     expected = memory.measure_step(on_cpu, X[:8], Y[:8], optimizer=sgd(on_cpu), accum_steps=4, fake=True).peak
     assert memory.measure_step(on_meta, X[:8], Y[:8], optimizer=sgd(on_meta), accum_steps=4, fake=True).peak == expected
     assert (
-        memory.check_fits(on_meta, sgd(on_meta), X[:8], Y[:8], loss_fn=None, accum_steps=4, budget_bytes=expected).peak
+        memory.check_fits(
+            on_meta, X[:8], Y[:8], optimizer=sgd(on_meta), loss_fn=None, accum_steps=4, budget_bytes=expected
+        ).peak
         == expected
     )
     assert memory.fit_batch(on_meta, (X[:1], Y[:1]), 32, expected).peak_bytes <= expected
@@ -215,10 +217,10 @@ def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
         ddp.no_sync = lambda: calls.append(None) or real()
         micro_batches = list(zip(X[:12].split(4), Y[:12].split(4), strict=True))
         result = accumlib.accumulate_and_step(
-            compiled, torch.optim.SGD(compiled.parameters(), lr=0.1), micro_batches, [1 / 3] * 3
+            compiled, micro_batches, torch.optim.SGD(compiled.parameters(), lr=0.1), [1 / 3] * 3
         )
         reference = accumlib.accumulate_and_step(
-            plain, torch.optim.SGD(plain.parameters(), lr=0.1), micro_batches, [1 / 3] * 3
+            plain, micro_batches, torch.optim.SGD(plain.parameters(), lr=0.1), [1 / 3] * 3
         )
         assert len(calls) == 2  # micro-batches 1 and 2 under no_sync, the last one all-reduces
         assert result.loss == reference.loss and torch.equal(ddp.module.weight, plain.weight)
@@ -245,9 +247,9 @@ def test_a_buffer_first_changed_in_a_skipped_cycle_is_named_and_kept_from_then_o
     bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.warns(RuntimeWarning, match="changed the buffer\\(s\\) passes, which were not copied"):
-        assert accumlib.accumulate_and_step(model, sgd, bad, [0.5, 0.5]).skipped
+        assert accumlib.accumulate_and_step(model, bad, sgd, [0.5, 0.5]).skipped
     assert model.passes == 2  # said, not hidden: it could not be put back
-    assert accumlib.accumulate_and_step(model, sgd, bad, [0.5, 0.5]).skipped  # now it is copied: no warning
+    assert accumlib.accumulate_and_step(model, bad, sgd, [0.5, 0.5]).skipped  # now it is copied: no warning
     assert model.passes == 2
 
 
@@ -258,7 +260,7 @@ def test_a_buffer_remembered_as_changing_is_forgotten_with_its_model():
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     bad = [(torch.full_like(X[:8], float("nan")), Y[:8])]
     with pytest.warns(RuntimeWarning, match="changed the buffer\\(s\\) passes"):
-        accumlib.accumulate_and_step(model, sgd, bad, [1.0])
+        accumlib.accumulate_and_step(model, bad, sgd, [1.0])
     key = id(model.passes)
     assert restore._CHANGED[key]() is model.passes  # copied from the next cycle on
     del model, sgd
@@ -292,16 +294,16 @@ def test_a_batchnorm_added_after_the_first_step_is_put_back_by_a_skipped_cycle(g
         model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     good = [(X[:8], Y[:8]), (X[8:16], Y[8:16])]
-    assert not accumlib.accumulate_and_step(model, optimizer, good, [0.5, 0.5]).skipped
+    assert not accumlib.accumulate_and_step(model, good, optimizer, [0.5, 0.5]).skipped
     norm = nn.BatchNorm1d(32)
     model.layers.insert(1, norm) if grow == "insert" else model.append(norm)
     if grow == "append":
         model.append(nn.Linear(32, 10))
-    assert not accumlib.accumulate_and_step(model, optimizer, good, [0.5, 0.5]).skipped  # the statistics move
+    assert not accumlib.accumulate_and_step(model, good, optimizer, [0.5, 0.5]).skipped  # the statistics move
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert before["layers.1.running_mean" if grow == "insert" else "3.running_mean"].abs().sum() > 0
     bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
-    assert accumlib.accumulate_and_step(model, optimizer, bad, [0.5, 0.5]).skipped
+    assert accumlib.accumulate_and_step(model, bad, optimizer, [0.5, 0.5]).skipped
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -314,6 +316,6 @@ def test_a_skipped_cycle_gives_back_each_grad_it_found_none_or_not():
     for p, grad in zip(params, found, strict=True):
         p.grad = grad
     bad = [(X[:8], Y[:8]), (torch.full_like(X[8:16], float("nan")), Y[8:16])]
-    assert accumlib.accumulate_and_step(model, torch.optim.SGD(params, lr=0.1), bad, [0.5, 0.5]).skipped
+    assert accumlib.accumulate_and_step(model, bad, torch.optim.SGD(params, lr=0.1), [0.5, 0.5]).skipped
     assert all(p.grad is grad for p, grad in zip(params, found, strict=True))
     assert all(torch.equal(grad, torch.full_like(grad, 0.25)) for grad in found if grad is not None)

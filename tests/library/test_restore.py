@@ -77,8 +77,8 @@ def test_a_zero_grad_replaced_on_the_optimizer_itself_runs_once_per_step():
     torch_zero_grad = optimizer.zero_grad
     optimizer.zero_grad = lambda set_to_none=True: (calls.append(set_to_none), torch_zero_grad(set_to_none))
     batches = [(torch.randn(6, 4), torch.zeros(6, dtype=torch.long)) for _ in range(2)]
-    accumlib.accumulate_and_step(model, optimizer, batches, [0.5, 0.5], loss_fn=nn.functional.cross_entropy)
+    accumlib.accumulate_and_step(model, batches, optimizer, [0.5, 0.5], loss_fn=nn.functional.cross_entropy)
     assert calls == [True] and all(p.grad is None for p in model.parameters())
     del optimizer.zero_grad  # torch's own again: every parameter's .grad is None after the step as well
-    accumlib.accumulate_and_step(model, optimizer, batches, [0.5, 0.5], loss_fn=nn.functional.cross_entropy)
+    accumlib.accumulate_and_step(model, batches, optimizer, [0.5, 0.5], loss_fn=nn.functional.cross_entropy)
     assert calls == [True] and all(p.grad is None for p in model.parameters())

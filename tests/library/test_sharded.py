@@ -74,12 +74,12 @@ def test_a_cycle_that_fails_midway_leaves_nothing_behind_in_fsdp(group, keep_uns
         return nn.functional.cross_entropy(output, target)
 
     with pytest.raises(RuntimeError, match="loss_fn fails"):
-        accumlib.accumulate_and_step(model, optimizer, micro_batches(), [1 / 3] * 3, loss_fn=failing)
+        accumlib.accumulate_and_step(model, micro_batches(), optimizer, [1 / 3] * 3, loss_fn=failing)
     assert settings(model) == before
     assert all(p.grad is None for p in model.parameters())
-    accumlib.accumulate_and_step(model, optimizer, micro_batches(), [1 / 3] * 3)
+    accumlib.accumulate_and_step(model, micro_batches(), optimizer, [1 / 3] * 3)
     accumlib.accumulate_and_step(
-        reference, torch.optim.SGD(reference.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3
+        reference, micro_batches(), torch.optim.SGD(reference.parameters(), lr=0.5), [1 / 3] * 3
     )
     assert accumlib.parameter_gap(full(model), reference) <= 1e-12
     assert settings(model) == before  # put back after a cycle that stepped too
@@ -97,13 +97,13 @@ def test_gradient_sync_is_off_before_the_last_micro_batch_only(group):
         return nn.functional.cross_entropy(output, target)
 
     accumlib.accumulate_and_step(
-        model, torch.optim.SGD(model.parameters(), lr=0.5), micro_batches(), [1 / 3] * 3, loss_fn=loss_fn
+        model, micro_batches(), torch.optim.SGD(model.parameters(), lr=0.5), [1 / 3] * 3, loss_fn=loss_fn
     )
     assert seen == [[(False, False)] * len(groups)] * 2 + [[(True, True)] * len(groups)]
     accumlib.accumulate_and_step(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.5),
         micro_batches(),
+        torch.optim.SGD(model.parameters(), lr=0.5),
         [1 / 3] * 3,
         loss_fn=loss_fn,
         ddp_no_sync=False,

@@ -270,7 +270,7 @@ def test_a_sigint_inside_a_direct_accumulate_and_step_arrives_after_the_whole_st
     optimizer.register_step_pre_hook(lambda *args: interrupt())
     with pytest.raises(KeyboardInterrupt):
         accumlib.accumulate_and_step(
-            model, optimizer, list(zip(X[:8].split(4), Y[:8].split(4), strict=True)), [0.5, 0.5], scheduler=scheduler
+            model, list(zip(X[:8].split(4), Y[:8].split(4), strict=True)), optimizer, [0.5, 0.5], scheduler=scheduler
         )
     assert check(model, optimizer, [accumlib.StepRecord(1, 0, 8, 2, 8, 0.0, 0.0, None, 1.0, None)]) == 1
     assert scheduler.last_epoch == 1  # the scheduler stepped too: the unit was not cut

@@ -86,3 +86,20 @@ def test_timing_leaves_model_random_state_and_threads_as_they_were():
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert torch.equal(rng, torch.random.get_rng_state()) and torch.get_num_threads() == threads
     assert next(net.parameters()).grad is None
+
+
+def test_decompose_time_without_loss_fn_takes_the_models_own_loss_as_time_config_does():
+    """The library's one default loss, as train takes it: a model returning {"loss": ...} is timed, not refused."""
+
+    class OwnLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = models.mlp()
+
+        def forward(self, x):
+            return {"loss": self.net(x).square().mean()}
+
+    split = timing.decompose_time(OwnLoss(), (XF, YF), effective_batch=8, accum_steps=(1, 2), repeats=1, warmup=0)
+    assert [p.micro_batch_size for p in split.passes] == [4, 8]
+    report = accumlib.time_config(OwnLoss(), (XF, YF), micro_batch_size=4, accum_steps=2, warmup=0, repeats=1)
+    assert len(report.step_seconds) == 1 and report.effective_batch == 8

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import accumlib
+from states import stable_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchrun_worker as job
@@ -103,7 +104,7 @@ def one_process(name: str):
         device="cpu",
         clip_grad_norm=job.CLIP if name == "clipped" else None,
     )
-    return model.state_dict(), history.deterministic()
+    return model.state_dict(), stable_records(history)
 
 
 def one_step_per_cycle(uneven: bool):
@@ -161,10 +162,11 @@ def test_torchrun_trains_as_one_process(tmp_path, how):
     # a NaN sample on one process: that step skipped on both (once per epoch), the weights as one process's
     assert sum(r["skipped"] for r in results["nonfinite"]["records"]) == job.EPOCHS
     # host reads per step: the loss and the norm, once; and the processes' failure flags (one all-reduce) before
-    # each backward that communicates, which a failed process would never reach: DDP's last micro-batch's, every
-    # micro-batch's under FSDP2 (each backward gathers the weights); micro-batches run: 3, 3, then 2 per epoch
+    # each forward and backward that communicates, which a failed process would never reach: under DDP the cycle's
+    # first forward (its buffers, its buckets) and last backward; under FSDP2 every micro-batch's forward (which
+    # gathers the weights) and backward; micro-batches run: 3, 3, then 2 per epoch
     reads = [step["host reads"] for step in results["tensors"]["collectives"]]
-    assert reads == ([2] * 3 if how == "ddp" else [4, 4, 3]) * job.EPOCHS
+    assert reads == ([3] * 3 if how == "ddp" else [7, 7, 5]) * job.EPOCHS
     if how == "fsdp2":  # set_reshard_after_backward(False): kept whole between micro-batches, resharded for the step
         assert_like_one_process(results["unsharded"], "tensors")
         assert_like_one_process(results["every"], "tensors")  # ddp_no_sync=False: a reduce-scatter per micro-batch

@@ -4,7 +4,7 @@ group, with a DistributedDataParallel or an FSDP2 (fully_shard) model, float64 t
     torchrun --standalone --nproc_per_node=2 tests/library/torchrun_worker.py OUT WRAP [SCENARIO ...]
 
 WRAP is "ddp" or "fsdp2". Each scenario trains a fresh model; rank 0 saves {scenario: {"state": the full weights,
-"records": history.deterministic()}} to OUT. The test imports this module for the same models and data, and builds
+"records": stable_records(history)}} to OUT. The test imports this module for the same models and data, and builds
 its one-process reference from them.
 """
 
@@ -20,6 +20,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_pipeline: the tiny causal LM and its batches
 import test_pipeline as lm
+from states import stable_records
 
 import accumlib
 from accumlib.timing import HostReads
@@ -154,7 +155,7 @@ def scenario(name: str, how: str) -> dict:
             count=tokens,
             device="cpu",
         )
-    return {"state": full_state(model), "records": history.deterministic(), "collectives": steps}
+    return {"state": full_state(model), "records": stable_records(history), "collectives": steps}
 
 
 UNIT_BYTES = (64 * 512 + 512) * 4  # the first Linear's weights: the largest FSDP unit's whole gradient
@@ -258,7 +259,7 @@ def checkpointed() -> dict:
             device="cpu",
             **options,
         )
-        return {"state": full_state(model), "records": history.deterministic()}
+        return {"state": full_state(model), "records": stable_records(history)}
 
     if dist.get_world_size() != 2:
         try:

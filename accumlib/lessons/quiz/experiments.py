@@ -128,7 +128,9 @@ def batchnorm_gradient_gap(device=None) -> dict:
     device = _device(device)
     X, y = (t.to(device) for t in data.digits(64, dtype=torch.float64))
     return {
-        norm: gradient_gap(models.cnn(norm=norm, dtype=torch.float64).to(device), F.cross_entropy, X, y, accum_steps=4)
+        norm: gradient_gap(
+            models.cnn(norm=norm, dtype=torch.float64).to(device), X, y, accum_steps=4, loss_fn=F.cross_entropy
+        )
         for norm in ("batch", "group")
     }
 

@@ -292,8 +292,9 @@ def cost(decomposition: TimeDecomposition) -> list[float]:
     """Lesson 0: what accumulating costs at each micro-batch size, and why, in two sentences: how long the largest
     accumulated micro-batch and the smallest take against one batch ("only slightly longer" under SLIGHTLY times,
     "several times as long" from SEVERAL times), then the fitted fixed cost of a pass against its arithmetic at
-    those two sizes (which is the larger part of a pass at each). Needs three or more splits, the first of one
-    micro-batch; returns the ratios (time of each split / time of the first)."""
+    the smallest micro-batch and at the whole batch (which is the larger part of a pass at each: far apart, so
+    that the verdict is the same on another CPU, where a size in between can fall either side). Needs three or
+    more splits, the first of one micro-batch; returns the ratios (time of each split / time of the first)."""
     d = _check(decomposition)
     if len(d.steps) < 3 or d.steps[0].accum_steps != 1:
         raise ValueError(
@@ -318,9 +319,9 @@ def cost(decomposition: TimeDecomposition) -> list[float]:
         fixed=_ms(d.overhead_seconds),
         per_sample=_ms(d.seconds_per_sample),
         small=small.micro_batch_size,
-        large=large.micro_batch_size,
+        large=first.micro_batch_size,
     )
-    fixed_small, fixed_large = (d.overhead_share(s.micro_batch_size) > 0.5 for s in (small, large))
+    fixed_small, fixed_large = (d.overhead_share(s.micro_batch_size) > 0.5 for s in (small, first))
     if fixed_small and not fixed_large:
         print(
             _(
