@@ -11,7 +11,8 @@ what is missing or older than the lowest version the lessons run with: torch 2.1
 Hindi figures on 3.10 warn how to upgrade, accumlib.lessons.plots). Where it upgrades a package this process has already
 imported it says that the runtime needs a restart. $ACCUMLIB_INSTALL replaces accumlib's requirement (a fork, a
 wheel). The cell has the id and tag "platform-setup", and the tag "remove-cell" (the website leaves it out); its
-outputs and execution count are cleared.
+outputs and execution count are cleared. What it prints is translated with its comments in each lesson's PO file
+(tools/editions.py: the strings passed to print()), since it runs before accumlib and its catalogue are installed.
 """
 
 from __future__ import annotations
