@@ -437,26 +437,28 @@ def test_every_quiz_string_has_a_good_hindi_translation():
     assert all(run_message in quiz_strings for _, run_message in experiments.RUNS.values())
     po = catalogs.read(catalogs.LOCALE / "hi" / "LC_MESSAGES" / "accumlib.po", "hi")
     problems = []
-    for english in sorted(quiz_strings):
-        entry = po.get(english)
-        if entry is None or entry.fuzzy or not entry.string:
-            problems.append(("missing or fuzzy", english))
+    for message in sorted(quiz_strings, key=str):
+        entry = po.get(message)
+        if entry is None or entry.fuzzy or not all(entry.string):
+            problems.append(("missing or fuzzy", message))
             continue
-        hindi_text = entry.string
-        if sorted(PLACEHOLDER.findall(english)) != sorted(PLACEHOLDER.findall(hindi_text)):
-            problems.append(("placeholders differ", english))
-        if not hindi.is_nfc(hindi_text):
-            problems.append(("not NFC", english))
-        if hindi.avoided(hindi_text):
-            problems.append((f"avoided {hindi.avoided(hindi_text)}", english))
-        if hindi.untranslated(PLACEHOLDER.sub(" ", hindi_text)):
-            problems.append((f"English {hindi.untranslated(PLACEHOLDER.sub(' ', hindi_text))}", english))
-        if (
-            hindi.devanagari_share(english) == 0
-            and hindi.untranslated(PLACEHOLDER.sub(" ", english))
-            and not hindi.devanagari_share(hindi_text)
-        ):
-            problems.append(("no Devanagari", english))
+        # a plural message (ngettext): each English form against its Hindi form
+        forms = zip(message, entry.string, strict=True) if isinstance(message, tuple) else [(message, entry.string)]
+        for english, hindi_text in forms:
+            if sorted(PLACEHOLDER.findall(english)) != sorted(PLACEHOLDER.findall(hindi_text)):
+                problems.append(("placeholders differ", english))
+            if not hindi.is_nfc(hindi_text):
+                problems.append(("not NFC", english))
+            if hindi.avoided(hindi_text):
+                problems.append((f"avoided {hindi.avoided(hindi_text)}", english))
+            if hindi.untranslated(PLACEHOLDER.sub(" ", hindi_text)):
+                problems.append((f"English {hindi.untranslated(PLACEHOLDER.sub(' ', hindi_text))}", english))
+            if (
+                hindi.devanagari_share(english) == 0
+                and hindi.untranslated(PLACEHOLDER.sub(" ", english))
+                and not hindi.devanagari_share(hindi_text)
+            ):
+                problems.append(("no Devanagari", english))
     assert not problems, problems
     assert not [line for line in catalogs.problems("hi", catalogs.template()) if "accumlib/lessons/quiz/" in line]
 
