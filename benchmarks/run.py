@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import accumlib
-from accumlib import loss_weights, memory, restore, source
+from accumlib import batches, loss_weights, memory, restore, source
 from accumlib.timing import HostReads
 from accumlib.lessons import data, ddp_lab, models, widgets
 
@@ -297,7 +297,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "torch's zero_grad": lambda loss, norms: optimizer.zero_grad(),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
             loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1),
-            source._MicroBatches(indexed, [X]),
+            batches._MicroBatches([torch.arange(64)], indexed.samples.fetch, indexed.moved_to),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None),
         ),
     }
