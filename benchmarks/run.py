@@ -272,6 +272,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
     indexed = source._Indexed(source._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
+    order = [torch.arange(64)]  # the cycle's one micro-batch of indices, as the sample order gives it
 
     stepped = restore._Kept.__new__(restore._Kept)  # a cycle's kept .grad at its step: stepped() zeroes
     stepped.optimizer, stepped.params = optimizer, params
@@ -297,7 +298,7 @@ def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> di
         "torch's zero_grad": lambda loss, norms: optimizer.zero_grad(),
         "weights, micro-batch view, step record (Python)": lambda loss, norms: (
             loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1),
-            batches._MicroBatches([torch.arange(64)], indexed.samples.fetch, indexed.moved_to),
+            batches._MicroBatches(order, indexed.samples.fetch, indexed.moved_to),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None),
         ),
     }
