@@ -426,17 +426,17 @@ def output_html(output: dict) -> str:
 
 
 TIMER = '<span class="fa-solid fa-stopwatch" aria-hidden="true"></span>'  # FontAwesome: in the theme's wheel
-QUIZ_IDS = re.compile(r": ([a-z0-9-]+(?:, [a-z0-9-]+)*)$")  # the ids a stored quiz's text/plain names, line 1
+QUIZ_IDS = "accumlib-quiz-questions"  # a stored quiz output's metadata: the ids it asks (accumlib.lessons.quiz)
 
 
-def web_quiz(widgets: "StaticWidgets", ref: str, plain: str, quiz: dict, lang: str) -> str:
-    """The stored quiz widget `ref` as a quiz answered in the page (site/_static/quiz.js): its questions, as
-    accumlib's quiz grades them (tools/site_data.py), in a JSON script; the stored drawing until the script runs."""
+def web_quiz(widgets: "StaticWidgets", ref: str, metadata: dict, quiz: dict, lang: str) -> str:
+    """The stored quiz widget `ref` as a quiz answered in the page (site/_static/quiz.js): its questions (the ids
+    in its output's `metadata`), as accumlib's quiz grades them (tools/site_data.py), in a JSON script; the stored
+    drawing until the script runs."""
     _ = catalogue(lang)
-    found = QUIZ_IDS.search(plain.splitlines()[0]) if plain else None
-    if found is None:
-        raise SystemExit(f"a stored quiz without its question ids in its text: {plain[:80]!r}")
-    ids = found.group(1).split(", ")
+    ids = metadata.get(QUIZ_IDS)
+    if not ids:
+        raise SystemExit(f"a stored quiz output without its questions' ids in its metadata ({QUIZ_IDS}): {ref}")
     unknown = [qid for qid in ids if qid not in quiz["questions"]]
     if unknown:
         raise SystemExit(f"stored quiz names questions the bank lacks: {unknown}")
@@ -570,7 +570,11 @@ def static_notebook(notebook: dict, lang: str, stem: str, computed: dict | None 
                         {
                             "output_type": "display_data",
                             "metadata": {},
-                            "data": {"text/html": web_quiz(widgets, ref, plain, computed["quiz"][lang], lang)},
+                            "data": {
+                                "text/html": web_quiz(
+                                    widgets, ref, output.get("metadata", {}), computed["quiz"][lang], lang
+                                )
+                            },
                         }
                     )
                     continue

@@ -659,3 +659,29 @@ def test_the_library_pages_in_chromium_at_a_phones_width(served, browser):
         assert m["lang"] == path[:2] and m["broken"] == 0, (path, m)
         assert m["switch"] == (["../../hi/library.html"] if path.startswith("en") else ["../en/library/index.html"])
     assert outside == [], outside[:5]
+
+
+def test_the_site_reads_a_stored_quiz_s_questions_where_the_quiz_puts_them():
+    """The website's quiz asks what the notebook's quiz asked: its ids, from the stored output's metadata (no view
+    shows them: hindi.md X-9), under the key the quiz writes (tools/site.py cannot import accumlib: its own venv)."""
+    from accumlib.lessons import quiz
+
+    module = site_module()
+    assert module.QUIZ_IDS == quiz.QUESTIONS_METADATA
+    stored = [
+        output
+        for path in sorted((ROOT / "notebooks").glob("*/*.ipynb"))
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
+        for output in cell.get("outputs", [])
+        if quiz.QUESTIONS_METADATA in output.get("metadata", {})
+    ]
+    quiz_cells = sum(
+        1
+        for path in sorted((ROOT / "notebooks").glob("*/*.ipynb"))
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
+        if cell["cell_type"] == "code"
+        and ("quiz.check(" in "".join(cell["source"]) or "quiz.predict(" in "".join(cell["source"]))
+    )
+    assert quiz_cells and len(stored) == quiz_cells
+    bank = {q["id"] for q in quiz.bank()["questions"]}
+    assert all(set(output["metadata"][quiz.QUESTIONS_METADATA]) <= bank for output in stored)

@@ -327,19 +327,19 @@ def test_the_quiz_opens_in_the_course_language_and_its_switch_changes_only_the_q
     widget = quiz.check("when-to-step")
     assert widget.language.value == "hi" and widget.heading.value == "<h3>त्वरित जाँच</h3>"
     assert "optimizer.step()" in widget.prompt.value and hindi.devanagari_share(widget.prompt.value) > 0.5
-    assert "हिन्दी" in widget._repr_mimebundle_()["text/plain"]
+    assert "हिन्दी" in widget._repr_mimebundle_()[0]["text/plain"]
     widget.language.value = "en"
     assert widget.check.description == "Check" and accumlib.language() == "hi"
     course_language("en")
     assert quiz.check("when-to-step").language.value == "en"
-    assert quiz.check("when-to-step")._repr_mimebundle_()["text/plain"] == (
+    assert quiz.check("when-to-step")._repr_mimebundle_()[0]["text/plain"] == (
         "Quiz (English), 1 question:\n"
         "1. You accumulate over 4 micro-batches and count them …\n"
         "Score: 0 of 1 right at the first try, 0 of 1 in the end"
     )
     # in Hindi the text-only view names each question by its number and the first words of its Hindi prompt
     hindi_check = quiz.check("when-to-step", language="hi")
-    lines = hindi_check._repr_mimebundle_()["text/plain"].splitlines()
+    lines = hindi_check._repr_mimebundle_()[0]["text/plain"].splitlines()
     prompt = hindi_check.quiz.text(BY_ID["when-to-step"]["prompt"])
     assert prompt != BY_ID["when-to-step"]["prompt"] and lines[1] == "1. " + quiz.prompt_start(prompt)
     assert lines[1].startswith("1. आप ") and lines[1].endswith(" …")
@@ -352,8 +352,11 @@ def test_a_quiz_text_view_gives_the_count_and_numbers_never_the_banks_ids(langua
     widgets += [quiz.predict(q["id"], language=language) for q in quiz.bank()["questions"] if q["kind"] == "predict"]
     widgets += [quiz.QuizWidget(language=language), quiz.check("when-to-step", "loop-order", language=language)]
     for widget in widgets:
-        text = widget._repr_mimebundle_()["text/plain"]
+        bundle, metadata = widget._repr_mimebundle_()
+        text = bundle["text/plain"]
         lines = text.splitlines()
+        # the ids only where no view shows them: the output's metadata, which the website's quiz reads
+        assert metadata == {quiz.QUESTIONS_METADATA: [q["id"] for q in widget.quiz.questions]}
         count = len(widget.quiz.questions)
         noun = "प्रश्न" if language == "hi" else "question" if count == 1 else "questions"
         assert lines[0].endswith(f", {count} {noun}:")
@@ -367,7 +370,7 @@ def test_a_quiz_text_view_gives_the_count_and_numbers_never_the_banks_ids(langua
 def test_the_whole_quiz_is_called_the_whole_quiz_and_a_lesson_check_a_quick_check():
     whole, lesson = quiz.QuizWidget(language="hi"), quiz.check(lesson=3, language="hi")
     assert whole.heading.value == "<h3>पूरी प्रश्नोत्तरी</h3>" and lesson.heading.value == "<h3>त्वरित जाँच</h3>"
-    assert whole._repr_mimebundle_()["text/plain"].startswith(
+    assert whole._repr_mimebundle_()[0]["text/plain"].startswith(
         f"पूरी प्रश्नोत्तरी (हिन्दी), {len(whole.quiz.questions)} प्रश्न:"
     )
     assert quiz.check(language="en").heading.value == "<h3>The whole quiz</h3>"

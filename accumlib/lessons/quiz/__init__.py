@@ -534,7 +534,11 @@ class QuizWidget:
             f"{number}. {prompt_start(self.quiz.text(q['prompt']))}" for number, q in enumerate(self.quiz.questions, 1)
         ]
         bundle["text/plain"] = "\n".join([summary, *asked, self.quiz.score()])
-        return bundle
+        # the ids in the output's metadata, which no view shows: the website's quiz (tools/site.py) asks these
+        return bundle, {QUESTIONS_METADATA: [q["id"] for q in self.quiz.questions]}
+
+
+QUESTIONS_METADATA = "accumlib-quiz-questions"  # a stored quiz output's metadata key: the ids of what it asks
 
 
 def prompt_start(prompt: str, words: int = 8) -> str:
