@@ -1,4 +1,8 @@
-"""What a refusal must leave as it found: a model's and an optimizer's state, compared exactly (the library's tests)."""
+"""What a refusal must leave as it found: a model's and an optimizer's state, compared exactly (the library's tests).
+
+`snapshot` and `same`: the values; `state` and `unchanged`: the values and each .grad's very tensor (a call that
+set .grad aside must give back the tensor it found, not a copy); `stable_records`: a run's records, comparable.
+"""
 
 import copy
 import dataclasses
@@ -29,3 +33,29 @@ def same(a, b) -> bool:
 def stable_records(history) -> list[dict]:
     """A run's records without their wall seconds: identical across runs with the same arguments on the CPU."""
     return [{k: v for k, v in dataclasses.asdict(r).items() if k != "seconds"} for r in history]
+
+
+def state(model, optimizer):
+    """Everything the call may change: weights and buffers, the optimizer's state, each .grad (object and values)."""
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        {
+            k: {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in s.items()}
+            for k, s in optimizer.state_dict()["state"].items()
+        },
+        [(p.grad, None if p.grad is None else p.grad.clone()) for p in model.parameters()],
+    )
+
+
+def unchanged(before, model, optimizer) -> bool:
+    after = state(model, optimizer)
+    same_model = before[0].keys() == after[0].keys() and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    same_state = all(
+        torch.equal(before[1][k][n], after[1][k][n])
+        if isinstance(before[1][k][n], torch.Tensor)
+        else before[1][k][n] == after[1][k][n]
+        for k in before[1]
+        for n in before[1][k]
+    )
+    same_grads = all(a[0] is b[0] and torch.equal(a[1], b[1]) for a, b in zip(before[2], after[2], strict=True))
+    return same_model and same_state and same_grads

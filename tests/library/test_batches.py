@@ -1,9 +1,13 @@
 """accumlib.batches: what the loop asks of its data (`_Producer`), alike for (X, y) and a loader; a batch as the
 cycle takes it, whichever producer gives it: its form checked and its samples counted, every tensor inside moved
-with its structure kept, made (model input, target)."""
+with its structure kept, made (model input, target); data on the meta device refused naming data, whichever form
+it comes in (issue 23, case 10)."""
+
+import copy
 
 import pytest
 import torch
+from found import DIGITS, bn_model
 
 import accumlib
 from accumlib import batches, source
@@ -103,3 +107,26 @@ def test_every_tensor_of_a_nested_batch_is_moved_and_its_structure_kept():
     tensors = list(batches._tensors(moved))
     assert len(tensors) == 4 and all(t.device.type == "cpu" for t in tensors)
     assert [t.shape for t in tensors] == [t.shape for t in batches._tensors(batch)]
+
+
+# --- issue 23, case 10: data on the meta device names `data` ----------------------------------------------------
+
+
+class MetaSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.empty(64, device="meta"), torch.tensor(0)
+
+
+@pytest.mark.parametrize("kind", ["tensors", "dataset", "loader"])
+def test_case_10_data_on_the_meta_device_names_data(kind):
+    meta_x = torch.empty(40, 64, device="meta")
+    given = {"tensors": (meta_x, DIGITS[1]), "dataset": MetaSamples(), "loader": [(meta_x[:4], DIGITS[1][:4])]}[kind]
+    model = bn_model()
+    before = copy.deepcopy(model.state_dict())
+    options = dict(micro_batch_size=4) if kind != "loader" else {}
+    with pytest.raises(ValueError, match="data holds tensors on the meta device"):
+        accumlib.train(model, given, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, **options)
+    assert accumlib.parameter_gap(model, before) == 0.0

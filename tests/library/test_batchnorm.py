@@ -1,10 +1,14 @@
 """accumlib.batchnorm: what micro-batches do to BatchNorm's statistics, what its running statistics hold, and what each
-remedy fixes."""
+remedy fixes; bad input refused naming the parameter, with the caller's models and optimizer untouched
+(refusals.py)."""
 
 import copy
 
 import pytest
+import refusals
 import torch
+from refusals import snapshot
+from states import same
 
 import accumlib
 from accumlib import batchnorm
@@ -91,3 +95,18 @@ def test_evaluate_uses_eval_mode_and_restores_the_models_modes(trained):
     assert result.loss == pytest.approx(torch.nn.functional.cross_entropy(logits, held_y).item(), rel=1e-6)
     assert result.accuracy == pytest.approx((logits.argmax(1) == held_y).double().mean().item())
     assert [d.layer for d in result.statistics_error] == ["1", "4"]
+
+
+# --- bad input, refused naming the parameter, with the caller's model and optimizer untouched (refusals.py) ------
+
+CASES = refusals.BATCHNORM
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_refused_naming_the_parameter_and_nothing_changes(case):
+    call, error, parameter = CASES[case]
+    before = snapshot()
+    with pytest.raises(error) as info:
+        call()
+    assert parameter in str(info.value)
+    assert same(before, snapshot())

@@ -1,5 +1,7 @@
-"""Issue 19: `train(memory_budget=...)` with a loader measured, cycle layout by cycle layout, instead of refused
-(the cycle's options in one object: test_options.py).
+"""accumlib.cycle: one optimizer step from a cycle of micro-batches. Here: what a step leaves (.grad freed) and what
+it reads on the host (tensor weights once, not per micro-batch); `train(memory_budget=...)` with a loader measured,
+cycle layout by cycle layout, instead of refused (issue 19); the old argument order refused (the cycle's options in
+one object: test_options.py; what it is given, refused: test_cycle_checks.py; what it puts back: test_restore.py).
 
 "Nothing changed" compares every weight and buffer exactly (torch.equal): a refusal computes nothing, so nothing may
 differ in any digit. Bytes on the CPU are exact integers (live tensor storages), so the budget comparisons are exact
@@ -10,11 +12,13 @@ import copy
 
 import pytest
 import torch
+import found
 from torch import nn
 from states import same
 
 import accumlib
 from accumlib import cycle, memory
+from accumlib.timing import HostReads
 
 X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(1))
@@ -277,3 +281,28 @@ def test_accumulate_and_step_in_the_old_order_is_refused_by_name_before_anything
     assert all(p.grad is None for p in model.parameters())
     assert not accumlib.accumulate_and_step(model, SMALL[:2], optimizer, [0.5, 0.5]).skipped  # the new order steps
     assert not same(model.state_dict(), before[0])
+
+
+# --- what a step leaves, and what it reads on the host ----------------------------------------------------------
+# found.setup: a BatchNorm CNN, Adam with state, and a .grad left by the caller on every parameter; found.cycle(n):
+# n micro-batches of 8 samples (this file's `cycle` is accumlib.cycle).
+
+
+def test_after_a_step_the_gradients_are_freed():
+    """What a step leaves, as its docstring says: .grad None (read grad_norm from the result), so a next cycle
+    holds no second copy of the gradients."""
+    model, optimizer = found.setup()
+    result = accumlib.accumulate_and_step(model, found.cycle(), optimizer, [0.25] * 4)
+    assert not result.skipped and result.grad_norm > 0
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_tensor_weights_are_read_once_not_per_micro_batch():
+    counts = {}
+    for n in (2, 6):
+        model, _adam = found.setup()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # Adam's own step reads its step count per tensor
+        with HostReads() as reads:
+            accumlib.accumulate_and_step(model, found.cycle(n), optimizer, [torch.tensor(1 / n)] * n)
+        counts[n] = reads.count
+    assert counts[2] == counts[6] == 2  # the weights' one read and the cycle's one read (loss and norm)

@@ -1,5 +1,6 @@
 """accumlib.gaps: gradient_gap (accumulated against full-batch gradient) and parameter_gap (two models' weights), in
-float64, leaving the model as found, never hiding a NaN."""
+float64, leaving the model as found, never hiding a NaN; bad input refused naming the parameter, with the model
+(BatchNorm buffers and a .grad included) as it was, even when loss_fn fails mid-way."""
 
 import math
 
@@ -7,10 +8,17 @@ import pytest
 import torch
 from torch import nn
 
+from found import ce
+from states import same, snapshot
+
 import accumlib
+from builders import data, models
 
 X = torch.randn(64, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 Y = torch.randint(0, 5, (64,), generator=torch.Generator().manual_seed(1))
+
+
+X48, Y48 = data.digits(48)  # the refusals' data: 48 digit images
 
 
 def mlp(dtype=torch.float64) -> nn.Sequential:
@@ -99,3 +107,56 @@ def test_without_loss_fn_the_gap_is_of_the_models_own_loss_as_train_takes_it():
     assert accumlib.gradient_gap(model, X, Y, accum_steps=3, normalize="none") == accumlib.gradient_gap(
         model, X, Y, accum_steps=3, loss_fn=nn.functional.cross_entropy, normalize="none"
     )
+
+
+def raises_on_second_call():
+    calls = []
+
+    def loss(output, target):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("user code failed")
+        return ce(output, target)
+
+    return loss
+
+
+GAP_CASES = [
+    ("model-none", dict(model=None), TypeError, ["model", "None"]),
+    ("loss-class", dict(loss_fn=nn.CrossEntropyLoss), TypeError, ["loss_fn", "CrossEntropyLoss()"]),
+    ("loss-returns-float", dict(loss_fn=lambda o, t: ce(o, t).item()), TypeError, ["loss_fn", "float"]),
+    ("x-dict", dict(x={"pixels": X48}), TypeError, ["x", "dict"]),
+    ("x-list", dict(x=X48.tolist()), TypeError, ["x"]),
+    ("y-number", dict(y=3), TypeError, ["y", "3"]),
+    ("lengths", dict(y=Y48[:-1]), ValueError, ["x has 48", "y has 47"]),
+    ("accum-steps-bool", dict(accum_steps=True), TypeError, ["accum_steps", "True"]),
+    ("accum-steps-zero", dict(accum_steps=0), ValueError, ["accum_steps", "0"]),
+    ("accum-steps-too-large", dict(accum_steps=49), ValueError, ["accum_steps=49", "1 to 48"]),
+    ("normalize-count", dict(normalize="count"), ValueError, ["normalize", "'count'"]),
+    ("normalize-false", dict(normalize=False), ValueError, ["normalize", "False"]),
+    ("frozen", dict(model=models.cnn().requires_grad_(False)), ValueError, ["model", "trainable"]),
+    ("loss-fails-midway", dict(loss_fn=raises_on_second_call()), RuntimeError, ["user code failed"]),
+]
+
+
+@pytest.mark.parametrize("case,changes,error,names", GAP_CASES, ids=[c[0] for c in GAP_CASES])
+def test_gradient_gap_refuses_and_leaves_the_model_as_it_was(case, changes, error, names):
+    model = models.cnn(norm="batch")
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    arguments = dict(model=model, loss_fn=ce, x=X48, y=Y48, accum_steps=4) | changes
+    before = snapshot(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(error) as info:
+        accumlib.gradient_gap(**arguments)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert same(snapshot(model, torch.optim.SGD(model.parameters(), lr=0.1)), before)  # buffers, even mid-way
+
+
+def test_parameter_gap_refuses_what_it_cannot_compare():
+    a = models.mlp()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module or a state dict"):
+        accumlib.parameter_gap(None, a)
+    with pytest.raises(TypeError, match="reference must be a torch.nn.Module or a state dict"):
+        accumlib.parameter_gap(a, [1, 2])
+    squeezed = {k: v[:1] if k == "2.bias" else v for k, v in a.state_dict().items()}  # broadcasts silently before
+    with pytest.raises(ValueError, match=r"2.bias has shape \(10,\) in model and \(1,\) in reference"):
+        accumlib.parameter_gap(a, squeezed)

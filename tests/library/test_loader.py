@@ -1,7 +1,9 @@
 """accumlib.loader: cycles from a DataLoader or any iterable of batches (most of its behaviour, through train, in
-test_pipeline.py: loaders with and without len(), dict batches, DDP's counts)."""
+test_pipeline.py: loaders with and without len(), dict batches, DDP's counts); a loader shorter than accum_steps
+said in the run's notes (issue 23, case 10)."""
 
 import torch
+from found import DIGITS, bn_model
 from torch import nn
 
 import accumlib
@@ -29,3 +31,14 @@ def test_a_distributed_sampler_gets_its_epoch():
     model = nn.Linear(6, 3)
     accumlib.train(model, loader, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=2, epochs=3)
     assert epochs == [0, 1, 2]
+
+
+# --- issue 23, case 10: sizes said out loud ----------------------------------------------------------------------
+
+
+def test_case_10_a_loader_shorter_than_accum_steps_is_said_in_the_notes():
+    model = bn_model()
+    batches = [(DIGITS[0][i : i + 4], DIGITS[1][i : i + 4]) for i in range(0, 12, 4)]
+    history = accumlib.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=5)
+    assert [r.micro_batches for r in history] == [3]
+    assert history.notes and "accum_steps=5" in history.notes[0] and "3 batches" in history.notes[0]

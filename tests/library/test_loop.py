@@ -1,13 +1,19 @@
-"""accumlib.loop (train) and the cycle it drives: exact equivalence, once-per-step work, NaN, interruption, and the
-valid set-ups that used to give silently wrong results. Bad input: test_hostile_train.py; the gaps: test_gaps.py."""
+"""accumlib.loop (train) and the cycle it drives: exact equivalence, once-per-step work (one host read per step, none
+per micro-batch), NaN and persistent skips, interruption, runs resumed with resume_from_step, the user's exceptions
+as they were raised, and the valid set-ups that used to give silently wrong results. Bad input: test_run_checks.py;
+the gaps: test_gaps.py; Ctrl-C over whole runs: test_interrupts.py."""
 
 import copy
+import dataclasses
 import math
 
 import pytest
 import torch
+from found import DIGITS, OPTIONS, bn_model
+from torch import nn
 
 import accumlib
+from accumlib.timing import HostReads
 from builders import data, models
 from states import stable_records
 
@@ -881,3 +887,361 @@ def test_a_cycle_over_memory_budget_is_refused_with_advice_for_its_kind_of_data(
             device="cpu",
         )
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+
+
+# --- an exception raised in the user's code reaches the caller ------------------------------------------------
+
+X48, Y48 = data.digits(48)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenError(Exception):
+    why: str
+
+
+class ReadOnlyHistory(Exception):
+    @property
+    def history(self):
+        return "its own"
+
+
+def raising(error):
+    def raise_it(*_):
+        raise error
+
+    return raise_it
+
+
+@pytest.mark.parametrize("error", [FrozenError("the loss"), ReadOnlyHistory("the loss")], ids=["frozen", "read-only"])
+@pytest.mark.parametrize("where", ["loss_fn", "on_step"])
+def test_an_exception_that_takes_no_history_is_raised_as_it_is(error, where):
+    """A frozen-dataclass exception, or one whose history is read-only, reaches the caller itself (not the
+    AttributeError of attaching the history, nor contextlib's FrozenInstanceError of setting its __traceback__)."""
+    model = nn.Linear(64, 10)
+    callbacks = {where: raising(error)}
+    with pytest.raises(type(error)) as raised:
+        accumlib.train(
+            model,
+            (X48.flatten(1), Y48),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=1,
+            device="cpu",
+            **callbacks,
+        )
+    assert raised.value is error
+    plain = ValueError("a plain one")  # one that takes attributes carries the records so far, as before
+    with pytest.raises(ValueError) as raised:
+        accumlib.train(
+            model,
+            (X48.flatten(1), Y48),
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=1,
+            device="cpu",
+            **{where: raising(plain)},
+        )
+    assert len(raised.value.history) == (1 if where == "on_step" else 0)
+
+
+# --- no host synchronisation per micro-batch: the loop reads the device once per optimizer step ------------------
+# Every read of a tensor's value on the host (`item`, `tolist`, `float()`, `bool()`, `int()`, use as an index) is
+# counted with a TorchFunctionMode (accumlib.timing.HostReads, tested in test_timing.py). On a GPU each one makes the
+# host wait until the device has caught up.
+
+
+def reads_of_a_run(normalize, extras):
+    """Train while recording the read count at every micro-batch and after every step."""
+    if normalize == "count":
+        X, y = data.token_sequences(72, seed=2)
+        model = models.sequence_model()
+        options = dict(loss_fn=models.token_loss_sum, loss_reduction="sum", count=data.count_tokens)
+    else:
+        X, y = data.digits(72, flat=True)
+        model = models.mlp()
+        options = {}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if "scheduler" in extras:
+        options["scheduler"] = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    if "plateau" in extras:
+        options["scheduler"] = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0)
+    if "clipping" in extras:
+        options["clip_grad_norm"] = 0.5
+    if "unchecked" in extras:
+        options["check_gradients"] = False
+    if "bf16" in extras or "fp16" in extras:
+        options["amp"] = "bf16" if "bf16" in extras else "fp16"
+    loss_fn = options.pop("loss_fn", torch.nn.functional.cross_entropy)
+    at_micro_batch, at_step = [], []
+
+    def counting_loss(output, target):
+        at_micro_batch.append(reads.count)
+        return loss_fn(output, target)
+
+    def on_step(record):
+        at_step.append((reads.count, len(at_micro_batch), record.skipped))
+
+    with HostReads() as reads:
+        history = accumlib.train(
+            model,
+            (X, y),
+            optimizer,
+            micro_batch_size=4,
+            accum_steps=5,
+            epochs=2,
+            normalize=normalize,
+            loss_fn=counting_loss,
+            device="cpu",
+            on_step=on_step,
+            **options,
+        )
+    return history, at_micro_batch, at_step
+
+
+@pytest.mark.parametrize(
+    "extras", [(), ("clipping", "scheduler"), ("bf16", "clipping", "plateau"), ("fp16",), ("unchecked",)]
+)
+@pytest.mark.parametrize("normalize", ["samples", "steps", "count"])
+def test_one_read_per_optimizer_step_and_none_per_micro_batch(normalize, extras):
+    history, at_micro_batch, at_step = reads_of_a_run(normalize, extras)
+    assert len(history) == 8  # 72 samples / (4 x 5), 2 epochs: 3 full cycles and one of 12 samples each
+    # before the first micro-batch: nothing, or the one read of the cycle's loss terms (normalize="count": the
+    # counts are read a cycle at a time, before its first forward, so a long run starts at once)
+    counted = normalize == "count"
+    assert at_micro_batch[0] == counted
+    first = 0
+    reads_before = 0
+    for reads_after, micro_batches_so_far, skipped in at_step:
+        cycle = at_micro_batch[first:micro_batches_so_far]
+        assert cycle == [cycle[0]] * len(cycle)  # no read between the micro-batches of a cycle
+        # one read per step: loss and gradient norm together (the loss alone unchecked); a GradScaler's step reads
+        # its own inf check; with normalize="count" one more, of the cycle's counts, before its first micro-batch
+        assert cycle[0] - reads_before == counted
+        assert reads_after - reads_before == (2 if "fp16" in extras and not skipped else 1) + counted
+        first, reads_before = micro_batches_so_far, reads_after
+
+
+# --- issue 19's silent overflow: a run whose every step is skipped raises ---------------------------------------
+
+
+def nan_gradient(output, target):
+    """A finite loss whose gradient is NaN on every step (sqrt's derivative at 0 is infinite, times 0): to a
+    GradScaler, an overflow that no scale cures."""
+    return nn.functional.cross_entropy(output, target) + torch.sqrt(output.sum() * 0)
+
+
+@pytest.mark.parametrize("amp", [False, "fp16"], ids=["no-scaler", "grad-scaler"])
+def test_persistent_skips_raise_naming_the_count_and_the_scale(amp):
+    """240 steps' worth of data, every gradient non-finite: NonFiniteError after max_skipped_steps=50 skips (today's
+    default), naming the count and, under a scaler, its scale; the 50 records travel with it."""
+    model = bn_model()
+    before = copy.deepcopy(model.state_dict())
+    X, y = data.digits(40, flat=True)
+    many = (X.repeat(48, 1), y.repeat(48))  # 1920 samples / 8 per step = 240 steps
+    with pytest.raises(accumlib.NonFiniteError) as info:
+        accumlib.train(
+            model,
+            many,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            micro_batch_size=4,
+            accum_steps=2,
+            loss_fn=nan_gradient,
+            amp=amp,
+            device="cpu",
+        )
+    message = str(info.value)
+    assert "50 optimizer steps in a row were skipped" in message and "max_skipped_steps=50" in message
+    history = info.value.history
+    assert len(history) == 50 and all(r.skipped for r in history)
+    assert accumlib.parameter_gap(model, before) == 0.0  # no step was applied
+    if amp:
+        scale = 2.0**16 * 0.5**50  # the GradScaler's default initial scale, halved at each skip
+        assert f"scale is now {scale:g}" in message
+
+
+def test_a_few_skips_in_a_row_do_not_raise():
+    calls = []
+
+    def nan_at_first(output, target):  # the first 3 steps (6 micro-batches) NaN, then finite
+        calls.append(1)
+        loss = nn.functional.cross_entropy(output, target)
+        return loss * math.nan if len(calls) <= 6 else loss
+
+    model = bn_model()
+    history = accumlib.train(
+        model, DIGITS, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nan_at_first, max_skipped_steps=4, **OPTIONS
+    )
+    assert [r.skipped for r in history] == [True, True, True, False, False]
+
+
+# --- runs that stop and go on ----------------------------------------------------------------------------------
+# A stopped, shuffled run resumed with `resume_from_step` gives the weights, the records and the sample order of the
+# uninterrupted run, bit for bit (the same micro-batches in the same order through the same operations: nothing may
+# differ, so the comparisons are exact). What the caller keeps: the model, optimizer, scheduler and scaler
+# state_dict()s, and the number of steps taken (history[-1].step). Through a checkpoint file: test_checkpoint.py.
+
+
+generator = torch.Generator().manual_seed(0)
+X, Y = torch.randn(50, 6, generator=generator), torch.randint(0, 3, (50,), generator=generator)
+
+
+STEPS_PER_EPOCH = 5  # 50 samples in cycles of 4 x 3 = 12: four of 12 and one of 2
+
+
+def build(amp=False):
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3) if amp else None
+    return model, optimizer, scheduler, scaler
+
+
+def seen_by(model):
+    """Every micro-batch's first sample, as the model is called with it."""
+    inputs = []
+    model.register_forward_pre_hook(lambda module, args: inputs.append(args[0][0].clone()))
+    return inputs
+
+
+def state(model, optimizer, scheduler, scaler):
+    return copy.deepcopy(
+        [model.state_dict(), optimizer.state_dict(), scheduler.state_dict(), scaler.state_dict() if scaler else None]
+    )
+
+
+def restored(saved, amp):
+    model, optimizer, scheduler, scaler = build(amp)
+    model.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    scheduler.load_state_dict(saved[2])
+    if scaler:
+        scaler.load_state_dict(saved[3])
+    return model, optimizer, scheduler, scaler
+
+
+def stop_at(step):
+    def on_step(record):
+        if record.step == step:
+            raise accumlib.StopTraining
+
+    return on_step
+
+
+@pytest.mark.parametrize("amp", [False, "fp16"], ids=["float32", "fp16-with-a-scaler"])
+@pytest.mark.parametrize("stop", [3, STEPS_PER_EPOCH, 7])  # within epoch 0, at its end, within epoch 1
+def test_a_resumed_shuffled_run_equals_the_uninterrupted_one(amp, stop):
+    options = dict(micro_batch_size=4, accum_steps=3, epochs=3, seed=5, amp=amp, device="cpu")
+    model, optimizer, scheduler, scaler = build(amp)
+    inputs = seen_by(model)
+    whole = accumlib.train(model, (X, Y), optimizer, scheduler=scheduler, scaler=scaler, **options)
+
+    first = build(amp)
+    first_inputs = seen_by(first[0])
+    stopped = accumlib.train(
+        first[0], (X, Y), first[1], scheduler=first[2], scaler=first[3], on_step=stop_at(stop), **options
+    )
+    assert stopped.stopped == "StopTraining" and stopped[-1].step == stop
+    saved = state(*first)  # what a checkpoint holds
+    second = restored(saved, amp)
+    second_inputs = seen_by(second[0])
+    resumed = accumlib.train(
+        second[0],
+        (X, Y),
+        second[1],
+        scheduler=second[2],
+        scaler=second[3],
+        resume_from_step=stopped[-1].step,
+        **options,
+    )
+
+    assert accumlib.parameter_gap(second[0], model) == 0.0
+    assert [r["step"] for r in stable_records(resumed)] == list(range(stop + 1, 3 * STEPS_PER_EPOCH + 1))
+    assert stable_records(stopped) + stable_records(resumed) == stable_records(whole)
+    assert all(torch.equal(a, b) for a, b in zip(first_inputs + second_inputs, inputs, strict=True))
+    if amp:
+        assert second[3].get_scale() == scaler.get_scale()
+
+
+def test_without_resume_the_second_run_replays_epoch_0():
+    """What resume_from_step fixes: a second call starts the sample order again (the 6.6e-2 of issue 19)."""
+    options = dict(micro_batch_size=4, accum_steps=3, epochs=2, seed=5, device="cpu")
+    model, optimizer, scheduler, _ = build()
+    accumlib.train(model, (X, Y), optimizer, scheduler=scheduler, **options)
+    first = build()
+    accumlib.train(first[0], (X, Y), first[1], scheduler=first[2], on_step=stop_at(3), **options)
+    accumlib.train(first[0], (X, Y), first[1], scheduler=first[2], **options)  # no resume_from_step
+    assert accumlib.parameter_gap(first[0], model) > 1e-4
+
+
+def loader(seed):
+    """The caller's DataLoader, shuffled by a seeded generator: built again the same way when resuming."""
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(X, Y), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def test_a_resumed_run_over_the_caller_s_dataloader_equals_the_uninterrupted_one():
+    model, optimizer, scheduler, _ = build()
+    whole = accumlib.train(model, loader(7), optimizer, scheduler=scheduler, accum_steps=3, epochs=3)
+    first = build()
+    stopped = accumlib.train(
+        first[0], loader(7), first[1], scheduler=first[2], accum_steps=3, epochs=3, on_step=stop_at(8)
+    )
+    second = restored(state(*first), False)
+    resumed = accumlib.train(
+        second[0], loader(7), second[1], scheduler=second[2], accum_steps=3, epochs=3, resume_from_step=8
+    )
+    assert accumlib.parameter_gap(second[0], model) == 0.0
+    assert stable_records(stopped) + stable_records(resumed) == stable_records(whole)
+
+
+def test_max_steps_and_a_one_cycle_lr_sized_to_it_resume_too():
+    def one_cycle(optimizer):
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=12)
+
+    options = dict(micro_batch_size=4, accum_steps=3, max_steps=12, seed=2)  # epochs: as many as 12 steps take
+    model, optimizer, _, _ = build()
+    whole = accumlib.train(model, (X, Y), optimizer, scheduler=one_cycle(optimizer), **options)
+    assert len(whole) == 12 and whole[-1].epoch == 2  # 5 + 5 + 2 steps
+    first = build()
+    first_scheduler = one_cycle(first[1])
+    accumlib.train(first[0], (X, Y), first[1], scheduler=first_scheduler, on_step=stop_at(4), **options)
+    saved = copy.deepcopy([first[0].state_dict(), first[1].state_dict(), first_scheduler.state_dict()])
+    second = build()
+    second_scheduler = one_cycle(second[1])  # built first, then every state loaded (PyTorch's order)
+    second[0].load_state_dict(saved[0])
+    second[1].load_state_dict(saved[1])
+    second_scheduler.load_state_dict(saved[2])
+    resumed = accumlib.train(second[0], (X, Y), second[1], scheduler=second_scheduler, resume_from_step=4, **options)
+    assert len(resumed) == 8
+    assert accumlib.parameter_gap(second[0], model) == 0.0
+
+
+@pytest.mark.parametrize(
+    "options,error,names",
+    [
+        (dict(resume_from_step=10), ValueError, ["resume_from_step=10", "10 optimizer steps", "0 to 9"]),
+        (dict(resume_from_step=-1), ValueError, ["resume_from_step", "-1"]),
+        (dict(resume_from_step=2.0), TypeError, ["resume_from_step", "2.0"]),
+        (dict(max_steps=0), ValueError, ["max_steps", "0"]),
+        (dict(max_steps=True), TypeError, ["max_steps", "True"]),
+        (dict(max_steps=4, resume_from_step=4), ValueError, ["resume_from_step=4", "4 optimizer steps"]),
+    ],
+)
+def test_bad_resumes_are_refused_before_anything_changes(options, error, names):
+    model, optimizer, _, _ = build()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(error) as info:
+        accumlib.train(model, (X, Y), optimizer, micro_batch_size=4, accum_steps=3, epochs=2, **options)
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert accumlib.parameter_gap(model, before) == 0.0
+
+
+def test_a_resume_past_the_end_of_a_loader_without_len_is_refused_before_anything_changes():
+    model, optimizer, _, _ = build()
+    before = copy.deepcopy(model.state_dict())
+    stream = [(X[i : i + 4], Y[i : i + 4]) for i in range(0, 50, 4)]  # 13 batches: 5 steps of 3
+    with pytest.raises(ValueError, match="resume_from_step=9 is past the end of the run: data gives 5 optimizer"):
+        accumlib.train(model, iter(stream), optimizer, accum_steps=3, resume_from_step=9)
+    assert accumlib.parameter_gap(model, before) == 0.0

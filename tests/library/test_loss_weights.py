@@ -1,6 +1,8 @@
-"""accumlib.loss_weights: each micro-batch's share of its cycle (the last-cycle rule) and count's calling rule."""
+"""accumlib.loss_weights: each micro-batch's share of its cycle (the last-cycle rule) and count's calling rule; with
+normalize="count", the cycle's loss terms counted a cycle at a time as train reaches it (issue 23, case 6)."""
 
 import copy
+import signal
 import warnings
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 
 import accumlib
 from accumlib import loss_weights
+from builders import data, models
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -65,3 +68,118 @@ def test_counts_whose_sum_float64_cannot_hold_are_refused_by_name_before_the_cyc
         )
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values(), strict=True))
     assert not optimizer.state and all(p.grad is None for p in model.parameters())
+
+
+# --- issue 23, case 6: token counts are computed a cycle at a time ---------------------------------------------
+# A run of 10**9 epochs starts at once, Ctrl-C while counting stops cleanly, a cycle without loss terms is not
+# stepped. Comparisons of weights are exact (== 0.0) where both runs do the same operations on the same data in the
+# same order.
+
+X, Y = data.token_sequences(48, seed=3)  # token sequences for normalize="count": micro-batch 4 x 2 = 6 steps/epoch
+
+
+COUNTED = dict(
+    loss_fn=models.token_loss_sum,
+    loss_reduction="sum",
+    normalize="count",
+    micro_batch_size=4,
+    accum_steps=2,
+    shuffle=False,
+)
+
+
+def counting(calls):
+    """data.count_tokens, noting each call."""
+
+    def count(y):
+        calls.append(1)
+        return data.count_tokens(y)
+
+    return count
+
+
+def reference(steps, **options):
+    """The same run, stopped by max_steps after `steps` steps."""
+    model = models.sequence_model()
+    accumlib.train(
+        model,
+        (X, Y),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        count=data.count_tokens,
+        max_steps=steps,
+        **(COUNTED | options),
+    )
+    return model
+
+
+def stop_at(step):
+    def on_step(record):
+        if record.step == step:
+            raise accumlib.StopTraining
+
+    return on_step
+
+
+def test_case_6_a_counted_run_of_a_billion_epochs_starts_at_once():
+    """Stopped by StopTraining at step 2, the run has counted 2 cycles' micro-batches: 4, not 10**9 epochs' worth."""
+    calls = []
+    model = models.sequence_model()
+    history = accumlib.train(
+        model,
+        (X, Y),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        count=counting(calls),
+        epochs=10**9,
+        on_step=stop_at(2),
+        **COUNTED,
+    )
+    assert history.stopped == "StopTraining" and len(history) == 2
+    assert len(calls) == 2 * 2
+    assert accumlib.parameter_gap(model, reference(2)) == 0.0
+
+
+def test_case_6_ctrl_c_while_counting_stops_cleanly():
+    """A real SIGINT delivered inside count, at step 3's counting: history.stopped, the two steps taken, no more."""
+    calls = []
+
+    def interrupted(y):
+        calls.append(1)
+        if len(calls) == 5:  # the first micro-batch of step 3
+            signal.raise_signal(signal.SIGINT)
+        return data.count_tokens(y)
+
+    model = models.sequence_model()
+    history = accumlib.train(
+        model, (X, Y), torch.optim.SGD(model.parameters(), lr=0.5), count=interrupted, epochs=10**9, **COUNTED
+    )
+    assert history.stopped == "KeyboardInterrupt"
+    assert [r.step for r in history] == [1, 2]
+    assert accumlib.parameter_gap(model, reference(2)) == 0.0
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_case_6_a_cycle_without_loss_terms_is_not_stepped_and_the_run_goes_on():
+    """Counting a cycle at a time, the cycle without terms (step 2) has nothing to learn: it is recorded as empty
+    (not skipped), not stepped, and the run goes on: the run without step 2's samples, bit for bit."""
+    blank = Y.clone()
+    blank[8:16] = data.PAD  # step 2's targets: nothing but padding
+    model = models.sequence_model()
+    history = accumlib.train(
+        model, (X, blank), torch.optim.SGD(model.parameters(), lr=0.5), count=data.count_tokens, **COUNTED
+    )
+    assert [(r.step, r.empty, r.skipped) for r in history][:3] == [
+        (1, False, False),
+        (2, True, False),
+        (3, False, False),
+    ]
+    assert [r.empty for r in history].count(True) == 1
+    without = models.sequence_model()
+    kept = torch.cat([torch.arange(8), torch.arange(16, len(X))])
+    accumlib.train(
+        without,
+        (X[kept], blank[kept]),
+        torch.optim.SGD(without.parameters(), lr=0.5),
+        count=data.count_tokens,
+        **COUNTED,
+    )
+    assert accumlib.parameter_gap(model, without) == 0.0

@@ -1,12 +1,21 @@
-"""accumlib.memory: what a step's peak is made of, by category, and plans that train() accepts."""
+"""accumlib.memory: what a step's peak is made of, by category, and plans that train() accepts: train's peak is
+measure_step's byte for byte (one recipe, issue 19), for every optimizer torch ships (issue 23, case 2), at a plan's
+exact boundary (case 10); bad input to fit_batch, measure_step and batch_of refused naming the parameter, with the
+caller's model and optimizer untouched (refusals.py)."""
+
+import warnings
 
 import pytest
+import refusals
 import torch
+from peaks import Masked, batchnorm, trained_peaks
+from refusals import snapshot
+from torch import nn
 
 import accumlib
 from accumlib import measured_step, memory
 from builders import data, models
-from states import stable_records
+from states import same, stable_records
 
 X, Y = data.digits(256)
 XF, YF = data.digits(256, flat=True)
@@ -531,3 +540,262 @@ def test_a_measurement_takes_the_cycles_options_as_keywords_or_in_options_not_bo
         memory.check_fits(net, XF[:8], YF[:8], options=options, loss_fn=torch.nn.functional.cross_entropy, **fits)
     with pytest.raises(TypeError, match="^check_fits got scaler: the options of the cycle it takes are amp, "):
         memory.check_fits(net, XF[:8], YF[:8], scaler=torch.amp.GradScaler("cpu"), **fits)
+
+
+# --- bad input, refused naming the parameter, with the caller's model and optimizer untouched (refusals.py) ------
+
+CASES = refusals.MEMORY
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_refused_naming_the_parameter_and_nothing_changes(case):
+    call, error, parameter = CASES[case]
+    before = snapshot()
+    with pytest.raises(error) as info:
+        call()
+    assert parameter in str(info.value)
+    assert same(before, snapshot())
+
+
+# --- issue 23, case 2: every optimizer torch ships (AdamW included), in measure_step, fit_batch and train ---------
+
+XF24, YF24 = data.digits(24, flat=True)
+
+
+def torch_optimizers():
+    """Every optimizer class torch.optim exports (but LBFGS, refused above), built with its defaults."""
+    found = [getattr(torch.optim, name) for name in dir(torch.optim)]
+    found = [
+        c
+        for c in found
+        if isinstance(c, type)
+        and issubclass(c, torch.optim.Optimizer)
+        and c is not torch.optim.Optimizer
+        and c is not torch.optim.LBFGS
+    ]
+    assert {torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Muon} <= set(found)
+    return sorted(found, key=lambda c: c.__name__)
+
+
+def small():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))
+
+
+@pytest.mark.parametrize("optimizer_class", torch_optimizers(), ids=lambda c: c.__name__)
+def test_every_optimizer_in_torch_optim_is_measured_as_it_trains(optimizer_class):
+    if optimizer_class is torch.optim.Muon:  # Muon takes 2-D weights only: the biases go to another optimizer
+
+        def build(model):
+            return optimizer_class([p for p in model.parameters() if p.dim() == 2], lr=0.02)
+    else:
+
+        def build(model):
+            return optimizer_class(model.parameters(), **({"lr": 0.01} if optimizer_class is torch.optim.SGD else {}))
+
+    model = small()
+    if optimizer_class is torch.optim.SparseAdam:  # it refuses dense gradients: in training and measuring alike
+        with pytest.raises((RuntimeError, ValueError), match="dense"):
+            accumlib.train(model, (XF24, YF24), build(model), micro_batch_size=4, accum_steps=2)
+        with pytest.raises(ValueError, match="dense"):
+            memory.measure_step(model, XF24[:4], YF24[:4], optimizer=build(small()), accum_steps=2, fake=True)
+        return
+    real = memory.measure_step(model, XF24[:4], YF24[:4], optimizer=build(model), accum_steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fake = memory.measure_step(model, XF24[:4], YF24[:4], optimizer=build(model), accum_steps=2, fake=True)
+        plan = memory.fit_batch(model, (XF24[:1], YF24[:1]), 8, real.peak, optimizer=build(model))
+    # the same storages, nothing computed; or, for an optimizer whose step reads a value (ASGD, Adafactor), said
+    # and measured with a real step
+    assert fake.peak == real.peak
+    assert all("the optimizer's step (" in str(w.message) and "/optim/" in str(w.message) for w in caught)
+    assert plan.micro_batch_size * plan.accum_steps == 8 and plan.peak_bytes <= real.peak
+    optimizer = build(model)
+    history = accumlib.train(
+        model,
+        (XF24, YF24),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=2,
+        epochs=2,
+        memory_budget=real.peak,
+        measure_memory=True,
+        device="cpu",
+    )
+    assert max(r.peak_memory_bytes for r in history) <= real.peak
+    # and a step once the optimizer has its state (the heavier of the two measure_step reports) is within it too
+    later = accumlib.train(
+        model,
+        (XF24[:8], YF24[:8]),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=2,
+        memory_budget=real.peak,
+        measure_memory=True,
+        device="cpu",
+    )
+    assert later[0].peak_memory_bytes <= real.peak
+    assert max(later[0].peak_memory_bytes, history[0].peak_memory_bytes) == real.peak  # exact, not a bound
+
+
+# --- issue 23, case 10: a fit_batch plan at its exact boundary with Adam fits the step it trains ------------------
+
+X48, Y48 = data.digits(48)
+
+
+def test_a_plan_at_its_exact_boundary_with_adam_trains_within_it():
+    model = models.cnn(norm="batch")
+
+    def adam(m):
+        return torch.optim.Adam(m.parameters(), lr=0.01)
+
+    loose = memory.fit_batch(model, (X48[:1], Y48[:1]), 16, 10**9, optimizer=adam(model))
+    wanted = memory.measure_step(model, X48[:4], Y48[:4], optimizer=adam(model), accum_steps=4).peak
+    plan = memory.fit_batch(model, (X48[:1], Y48[:1]), 16, wanted, optimizer=adam(model))  # the exact boundary
+    assert loose.micro_batch_size == 16 and (plan.micro_batch_size, plan.peak_bytes) == (4, wanted)
+    optimizer = adam(model)
+    history = accumlib.train(
+        model,
+        (X48, Y48),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=4,
+        epochs=2,
+        memory_budget=plan.budget_bytes,
+        measure_memory=True,
+        device="cpu",
+    )
+    later = accumlib.train(
+        model,
+        (X48[:16], Y48[:16]),
+        optimizer,
+        micro_batch_size=4,
+        accum_steps=4,
+        memory_budget=plan.budget_bytes,
+        measure_memory=True,
+        device="cpu",
+    )
+    peaks = [r.peak_memory_bytes for r in history] + [later[0].peak_memory_bytes]
+    assert max(peaks) == plan.budget_bytes  # the step it trains reaches its plan, and not a byte over
+    with pytest.raises(memory.OutOfMemory):  # one byte less is refused before anything changes
+        accumlib.train(
+            model, (X48, Y48), optimizer, micro_batch_size=4, accum_steps=4, memory_budget=plan.budget_bytes - 1
+        )
+
+
+# --- one recipe (issue 19): measure_step, fit_batch, train(memory_budget=...) run train's own cycle ---------------
+# So the planned peak is the trained peak, byte for byte on the CPU, for a model with a large buffer and for one with
+# BatchNorm (peaks.py). Bytes are exact integers on the CPU (live tensor storages), so every comparison is ==.
+
+X96, Y96 = data.digits(96, flat=True)  # peaks.X, peaks.Y: the data of peaks.trained_peaks
+
+
+@pytest.mark.parametrize("build", [Masked, batchnorm], ids=["a 256x256 buffer", "BatchNorm"])
+@pytest.mark.parametrize("m, k", [(8, 1), (8, 4), (5, 3)])
+def test_trains_peak_is_measure_steps_byte_for_byte(build, m, k):
+    model = build()
+    planned = memory.measure_step(
+        model, X96[:m], Y96[:m], optimizer=torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=k
+    )
+    fake = memory.measure_step(
+        model, X96[:m], Y96[:m], optimizer=torch.optim.SGD(model.parameters(), lr=0.1), accum_steps=k, fake=True
+    )
+    checked = memory.check_fits(
+        model,
+        X96[:m],
+        Y96[:m],
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss_fn=None,
+        accum_steps=k,
+        budget_bytes=10**9,
+    )
+    peaks = trained_peaks(model, torch.optim.SGD(model.parameters(), lr=0.1), m, k)
+    assert peaks == [planned.peak] * 2 and fake.peak == planned.peak and checked.peak == planned.peak
+
+
+@pytest.mark.parametrize("build", [Masked, batchnorm], ids=["a 256x256 buffer", "BatchNorm"])
+def test_with_adam_the_first_and_a_later_step_are_each_measured(build):
+    """measure_step reports the heavier of the run's first step (Adam makes its state in it) and a later one (the
+    state alive through the passes); train traces the first cycle of a layout, so a second run on the same
+    optimizer shows the later one."""
+    model = build()
+    planned = memory.measure_step(
+        model, X96[:8], Y96[:8], optimizer=torch.optim.Adam(model.parameters()), accum_steps=4
+    )
+    optimizer = torch.optim.Adam(model.parameters())
+    first = trained_peaks(model, optimizer, 8, 4)
+    later = trained_peaks(model, optimizer, 8, 4)
+    assert max(first + later) == planned.peak
+
+
+def test_fit_batchs_plan_is_accepted_and_fits():
+    # BatchNorm1d refuses one sample per pass in training: its plan starts from the smallest divisor above 1 (its
+    # accumulated steps undercut the whole batch only at a larger target: its activations are small)
+    for build, target in ((Masked, 16), (batchnorm, 96)):
+        model = build()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        whole = memory.measure_step(model, X96[:target], Y96[:target], optimizer=optimizer).peak
+        plan = memory.fit_batch(model, (X96[:1], Y96[:1]), target, whole - 1, optimizer=optimizer)
+        assert plan.accum_steps > 1 and plan.peak_bytes <= plan.budget_bytes < whole
+        history = accumlib.train(
+            model,
+            (X96, Y96),
+            optimizer,
+            micro_batch_size=plan.micro_batch_size,
+            accum_steps=plan.accum_steps,
+            memory_budget=plan.budget_bytes,
+            measure_memory=True,
+            device="cpu",
+        )
+        assert max(r.peak_memory_bytes for r in history) == plan.peak_bytes
+        with pytest.raises(memory.OutOfMemory):
+            accumlib.train(
+                model,
+                (X96, Y96),
+                optimizer,
+                micro_batch_size=plan.next_micro_batch_size,
+                accum_steps=target // plan.next_micro_batch_size,
+                memory_budget=plan.budget_bytes,
+            )
+
+
+def test_a_batchnorm_model_too_large_for_two_samples_per_pass_is_refused_naming_them():
+    model = batchnorm()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    two = memory.measure_step(model, X96[:2], Y96[:2], optimizer=optimizer, accum_steps=48).peak
+    with pytest.raises(memory.OutOfMemory, match="even 2 samples per pass") as refused:
+        memory.fit_batch(model, (X96[:1], Y96[:1]), 96, two - 1, optimizer=optimizer)
+    assert refused.value.needed_bytes == two  # the smallest micro-batch BatchNorm accepts, measured as train runs it
+    assert memory.fit_batch(model, (X96[:1], Y96[:1]), 96, two, optimizer=optimizer).micro_batch_size == 2
+
+
+def test_the_measurements_move_the_data_to_the_models_device():
+    """Issue 20: a device mix-up in the measurements fails here without a GPU. Under FakeTensorMode a model on
+    another device than its data raises FakeTensorDeviceMismatchError (the control below); the library moves the
+    micro-batch to the model's device (here the meta device, the one besides the CPU this build can trace; a fake
+    'cuda' model aborts the process in backward on a CPU build), so a meta model measures as the CPU one does."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+
+    on_cpu = Masked()
+    with torch.device("meta"):
+        on_meta = Masked()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    weight, x = mode.from_tensor(on_meta.linear.weight), mode.from_tensor(X96[:8])
+    with mode, pytest.raises(FakeTensorDeviceMismatchError):
+        nn.functional.linear(x, weight)  # what a measurement that forgot to move its data would meet
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
+    expected = memory.measure_step(on_cpu, X96[:8], Y96[:8], optimizer=sgd(on_cpu), accum_steps=4, fake=True).peak
+    assert (
+        memory.measure_step(on_meta, X96[:8], Y96[:8], optimizer=sgd(on_meta), accum_steps=4, fake=True).peak
+        == expected
+    )
+    assert (
+        memory.check_fits(
+            on_meta, X96[:8], Y96[:8], optimizer=sgd(on_meta), loss_fn=None, accum_steps=4, budget_bytes=expected
+        ).peak
+        == expected
+    )
+    assert memory.fit_batch(on_meta, (X96[:1], Y96[:1]), 32, expected).peak_bytes <= expected

@@ -3,6 +3,7 @@
 What the cycle sets on FSDP's parameter groups is put back after every cycle, a failed one included, and a failed
 cycle leaves no half-accumulated gradient inside FSDP. (Two and more processes: tests/test_torchrun.py.)
 Tolerance: one SGD step on 12 samples of a 5-7-3 network in float64, ~1e-16 relative per operation: far below 1e-12.
+A compiled DDP model (torch.compile(DDP(model))) is DDP: one all-reduce per step (issue 19).
 """
 
 import pytest
@@ -13,6 +14,7 @@ from torch.distributed.fsdp import fully_shard
 
 import accumlib
 from accumlib import sharded
+from builders import data
 
 
 @pytest.fixture
@@ -118,3 +120,37 @@ def test_start_outside_torchrun_is_refused_by_name(monkeypatch):
     with pytest.raises(RuntimeError, match=r"^LOCAL_RANK, WORLD_SIZE not set: .* torchrun --standalone"):
         sharded.start()
     assert not dist.is_initialized()
+
+
+# --- DDP: no_sync() on every micro-batch but the last, under torch.compile too --------------------------------
+
+X, Y = data.digits(96, flat=True)
+
+
+@pytest.mark.slow
+def test_a_compiled_ddp_model_is_recognised_and_syncs_once_per_step(tmp_path):
+    """Issue 19: torch.compile(DDP(model)) is DDP: no_sync() on every micro-batch but the last (one all-reduce per
+    step), and the step equals the plain model's (one process, gloo: DDP's mean over one process is the gradient)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = nn.Linear(64, 10)
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(64, 10))
+        ddp.module.load_state_dict(plain.state_dict())
+        compiled = torch.compile(ddp, backend="eager")  # eager: no compiler needed, the wrapper is what matters
+        calls = []
+        real = ddp.no_sync
+        ddp.no_sync = lambda: calls.append(None) or real()
+        micro_batches = list(zip(X[:12].split(4), Y[:12].split(4), strict=True))
+        result = accumlib.accumulate_and_step(
+            compiled, micro_batches, torch.optim.SGD(compiled.parameters(), lr=0.1), [1 / 3] * 3
+        )
+        reference = accumlib.accumulate_and_step(
+            plain, micro_batches, torch.optim.SGD(plain.parameters(), lr=0.1), [1 / 3] * 3
+        )
+        assert len(calls) == 2  # micro-batches 1 and 2 under no_sync, the last one all-reduces
+        assert result.loss == reference.loss and torch.equal(ddp.module.weight, plain.weight)
+    finally:
+        dist.destroy_process_group()

@@ -1,12 +1,20 @@
-"""accumlib.timing: whole steps of train, and a pass's time taken apart into fixed overhead and per-sample compute."""
+"""accumlib.timing: whole steps of train, and a pass's time taken apart into fixed overhead and per-sample compute
+(the passes of train's own cycle); the count of host reads (HostReads); bad input to time_config and decompose_time
+refused naming the parameter, with the caller's model and optimizer untouched (refusals.py)."""
 
 import statistics
 
 import pytest
+import refusals
 import torch
+from peaks import batchnorm
+from refusals import snapshot
+from states import same
+from torch import nn
 
 import accumlib
 from accumlib import timing
+from accumlib.timing import HostReads
 from builders import data, models
 
 X, Y = data.digits(256)
@@ -103,3 +111,49 @@ def test_decompose_time_without_loss_fn_takes_the_models_own_loss_as_time_config
     assert [p.micro_batch_size for p in split.passes] == [4, 8]
     report = accumlib.time_config(OwnLoss(), (XF, YF), micro_batch_size=4, accum_steps=2, warmup=0, repeats=1)
     assert len(report.step_seconds) == 1 and report.effective_batch == 8
+
+
+# --- HostReads: every read of a tensor's value on the host is counted (the loop's one read per step: test_loop.py) -
+
+
+def test_the_counter_sees_every_kind_of_read():
+    t, i = torch.tensor(2.0), torch.tensor(1)
+    with HostReads() as reads:
+        t.item(), t.tolist(), float(t), bool(t), int(t), [0, 1][i]
+    assert reads.count == 6
+
+
+# --- bad input, refused naming the parameter, with the caller's model and optimizer untouched (refusals.py) ------
+
+CASES = refusals.TIMING
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_refused_naming_the_parameter_and_nothing_changes(case):
+    call, error, parameter = CASES[case]
+    before = snapshot()
+    with pytest.raises(error) as info:
+        call()
+    assert parameter in str(info.value)
+    assert same(before, snapshot())
+
+
+# --- one recipe (issue 19): decompose_time times train's own cycle ----------------------------------------------
+
+X96, Y96 = data.digits(96, flat=True)
+
+
+def test_decompose_time_times_trains_cycle():
+    """Its passes are the cycle's: each timed step has accum_steps passes, each one forward and backward of the
+    cycle (counted through loss_fn), and the model it times is trained by the cycle's weights 1/accum_steps."""
+    calls = []
+
+    def counting(output, target):
+        calls.append(len(target))
+        return nn.functional.cross_entropy(output, target)
+
+    result = timing.decompose_time(
+        batchnorm(), (X96, Y96), effective_batch=16, accum_steps=(1, 4), loss_fn=counting, repeats=2, warmup=0
+    )
+    assert calls == [16, 4, 4, 4, 4, 4, 4, 4, 4, 16]  # two rounds, ABBA: 1, 4 then 4, 1
+    assert [len(p.all_seconds) for p in result.passes] == [8, 2]  # micro-batch 4: 2 rounds x 4; 16: 2 x 1
