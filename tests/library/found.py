@@ -4,7 +4,8 @@ The cycle's caller: a BatchNorm CNN (buffers that a forward pass changes) and an
 first run (`trained`), also with a non-zero .grad on every parameter (`setup`), so that "as found" is tested on
 something that can change; `cycle(n)`, n micro-batches of 8 samples over it; `Built`, an argument made from the
 test's model and optimizer just before the call. train's BatchNorm MLP (`bn_model`, on `DIGITS` with `OPTIONS`):
-the model whose modes, skips and notes a run is checked on. Comparing what a call left: states.py.
+the model whose modes, skips and notes a run is checked on; `stop_at(step)`, an on_step that ends a run there.
+Comparing what a call left: states.py.
 """
 
 import torch
@@ -55,3 +56,13 @@ DIGITS = data.digits(40, flat=True)
 
 
 OPTIONS = dict(micro_batch_size=4, accum_steps=2, seed=1)
+
+
+def stop_at(step):
+    """An on_step that ends the run with StopTraining once step `step` is recorded."""
+
+    def on_step(record):
+        if record.step == step:
+            raise accumlib.StopTraining
+
+    return on_step

@@ -1,10 +1,12 @@
 """Bad input to the measurements, each case with its error type and the parameter its message must name, and the
 caller's models and optimizer, which every refusal must leave untouched: weights, buffers, gradients, modes, Adam's
-state and torch's random state (`snapshot`). The cases of each module are run by its tests: `MEMORY` (fit_batch,
-measure_step, batch_of) by test_memory.py, `TIMING` (time_config, decompose_time) by test_timing.py, `BATCHNORM` by
-test_batchnorm.py (the lessons' model builders: tests/lessons/test_models.py)."""
+state and torch's random state (`snapshot`). `check(case)` runs one. Each module's cases are run by its tests:
+`MEMORY` (fit_batch, measure_step, batch_of) by test_memory.py, `TIMING` (time_config, decompose_time) by
+test_timing.py, `BATCHNORM` by test_batchnorm.py (the lessons' model builders: tests/lessons/test_models.py)."""
 
+import pytest
 import torch
+from states import same
 from torch import nn
 
 import accumlib
@@ -164,3 +166,14 @@ def snapshot():
     modes = [m.training for net in (NET, BN_NET) for m in net.modules()]
     optimizer = [(k, v.clone()) for state in ADAM.state.values() for k, v in state.items()]
     return models_state, grads, modes, optimizer, torch.random.get_rng_state()
+
+
+def check(case) -> None:
+    """One case's call raises its error type, with a message naming its parameter, and changes nothing `snapshot`
+    sees."""
+    call, error, parameter = case
+    before = snapshot()
+    with pytest.raises(error) as info:
+        call()
+    assert parameter in str(info.value)
+    assert same(before, snapshot())

@@ -20,6 +20,7 @@ from torch import nn
 
 import accumlib
 from accumlib import checkpoint as checkpoints, checkpoint_parts
+from found import stop_at
 from states import stable_records
 
 generator = torch.Generator().manual_seed(0)
@@ -84,14 +85,6 @@ def run(data, seed=1, amp=False, **extra):
         model, DATA[data](dtype), optimizer, scheduler=scheduler, scaler=scaler, **options(data, amp), **extra
     )
     return model, optimizer, scheduler, scaler, history
-
-
-def stop_at(step):
-    def on_step(record):
-        if record.step == step:
-            raise accumlib.StopTraining
-
-    return on_step
 
 
 def equal_states(a, b):

@@ -5,14 +5,13 @@ train); and the rest of accumulate_and_step's arguments, refused alike. The mode
 pass changes) and the .grad found is a non-zero tensor left by the caller (found.setup), so "as found" is tested on
 something that can change."""
 
-import copy
 import math
 
 import numpy as np
 import pytest
 import torch
 from found import X, Y, Built, ce, cycle, setup, trained
-from states import state, unchanged
+from states import same, snapshot, state, unchanged
 from torch import nn
 
 import accumlib
@@ -46,25 +45,6 @@ def test_a_micro_batch_without_samples_or_off_the_models_device_is_refused():
         cycle_checks._check_micro_batches(MODEL, [(torch.zeros(2, 3), torch.zeros(2)), (torch.zeros(0, 3), None)])
     with pytest.raises(ValueError, match=r"^micro_batches\[0\] holds a tensor on meta but the model is on cpu"):
         cycle_checks._check_micro_batches(MODEL, [(torch.zeros(2, 3, device="meta"), None)])
-
-
-def snapshot(model, optimizer):
-    return (
-        copy.deepcopy(model.state_dict()),
-        copy.deepcopy(optimizer.state_dict()),
-        [None if p.grad is None else p.grad.clone() for p in model.parameters()],
-    )
-
-
-def same(a, b) -> bool:
-    """Equal tensors (NaN equal to NaN), dicts, lists and plain values, recursively."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a.nan_to_num(), b.nan_to_num())
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, z) for x, z in zip(a, b, strict=True))
-    return a == b
 
 
 CYCLE_CASES = [
@@ -105,7 +85,7 @@ def test_the_cycle_function_refuses_before_anything_changes(case, changes, error
     with pytest.raises(error) as info:
         accumlib.accumulate_and_step(**arguments)
     assert all(name in str(info.value) for name in names), str(info.value)
-    assert same(snapshot(model, optimizer)[:2], before[:2])  # weights, buffers (put back) and optimizer state
+    assert same(snapshot(model, optimizer), before)  # weights, buffers (put back), each .grad, optimizer state
 
 
 def test_an_optimizer_without_the_models_parameters_is_refused():

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from found import DIGITS, OPTIONS, bn_model
+from found import DIGITS, OPTIONS, bn_model, stop_at
 from torch import nn
 
 import accumlib
@@ -1118,14 +1118,6 @@ def restored(saved, amp):
     if scaler:
         scaler.load_state_dict(saved[3])
     return model, optimizer, scheduler, scaler
-
-
-def stop_at(step):
-    def on_step(record):
-        if record.step == step:
-            raise accumlib.StopTraining
-
-    return on_step
 
 
 @pytest.mark.parametrize("amp", [False, "fp16"], ids=["float32", "fp16-with-a-scaler"])

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from found import stop_at
 
 import accumlib
 from accumlib import loss_weights
@@ -110,14 +111,6 @@ def reference(steps, **options):
         **(COUNTED | options),
     )
     return model
-
-
-def stop_at(step):
-    def on_step(record):
-        if record.step == step:
-            raise accumlib.StopTraining
-
-    return on_step
 
 
 def test_case_6_a_counted_run_of_a_billion_epochs_starts_at_once():
