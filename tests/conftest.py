@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 def _sigint_given_back():
     """Every test leaves Ctrl-C as it found it: the SIGINT handler, and accumlib's step guard at rest (no run, no
     unit open on this thread). A test (or the library code it runs) that leaves the guard's handler installed made
-    later tests of the same process fail at random (test_sigint's, under xdist)."""
+    later tests of the same process fail at random (test_interrupts.py's whole runs, under xdist)."""
     before = signal.getsignal(signal.SIGINT)
     yield
     from accumlib.interrupts import STEP

@@ -107,7 +107,7 @@ def test_gradient_size_is_the_largest_entry_and_leaves_the_model_as_it_was(train
 
 
 # Hostile inputs: each refused up front with the right error type and a message naming the parameter, the caller's
-# models and optimizer untouched (as tests/library/test_hostile_measurements.py checks the library's measurements).
+# models and optimizer untouched (as tests/library/refusals.py's cases check the library's measurements).
 HX, HY = data.digits(64)
 NET = models.cnn()
 BN_NET = models.cnn(norm="batch")

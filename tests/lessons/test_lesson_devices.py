@@ -59,7 +59,8 @@ X, Y = data.digits(16, flat=True)
 
 
 # --- The lessons' functions on the device the lesson chose (issue 20): each family run on a stand-in GPU. ---------
-# The stand-in is the meta device (shapes, no values), as in test_recipe.py: in this CPU build FakeTensorMode's
+# The stand-in is the meta device (shapes, no values), as in tests/library/test_memory.py's
+# test_the_measurements_move_the_data_to_the_models_device: in this CPU build FakeTensorMode's
 # 'cuda' tensors refuse `.to('cuda')` and autograd (measured: "PyTorch is not linked with support for cuda devices",
 # and an abort in backward), so a training run cannot go there, while on meta every forward, backward and optimizer
 # step runs. A tensor left on the CPU meets the meta model or data and raises a device mismatch, as it would on

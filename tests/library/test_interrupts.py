@@ -78,7 +78,7 @@ def _sigint_at(code, line: int):
 def test_a_sigint_while_a_run_gives_the_handler_back_is_delivered_after_it(where):
     """A Ctrl-C that lands inside the run's own exit, between the count going to 0 and the handler given back, is
     raised once the handler is back (before: KeyboardInterrupt raised there left the holding handler installed, and
-    later steps of the process held Ctrl-C for no run: test_sigint failed at random under xdist)."""
+    later steps of the process held Ctrl-C for no run: the whole-run tests below failed at random under xdist)."""
     import inspect
     import sys
 

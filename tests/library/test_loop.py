@@ -559,7 +559,7 @@ def test_an_exception_from_user_code_carries_the_records_so_far(where, recorded)
 def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_nothing_in_the_norm():
     """A parameter the loss does not depend on (no .grad) beside the model's: untouched, and the norm is the
     model's alone. (An optimizer holding none of the model's parameters is refused:
-    tests/test_hostile_newer_cycle.py.)"""
+    tests/library/test_cycle_checks.py.)"""
     model = models.mlp(dtype=torch.float64)
     unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     twin = copy.deepcopy(model)

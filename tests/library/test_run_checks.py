@@ -44,9 +44,8 @@ CASES = [
     ),
     ("data-dict-inputs", dict(data=({"pixels": X}, Y)), TypeError, ["data[0] (X)", "dict", "'pixels'"]),
     # a Dataset of dict samples, or of ({"pixels": x}, y) pairs, trains (model(**inputs)):
-    # tests/library/test_pipeline.py; a cycle without loss terms is refused when its counts are computed, before
-    # that cycle changes anything (the cycles before it have stepped): tests/library/test_hostile_newer_train.py,
-    # case 6
+    # tests/library/test_pipeline.py; a cycle without loss terms is recorded as empty and not stepped, the run goes
+    # on: tests/library/test_loss_weights.py, case 6
     ("data-one-tensor", dict(data=[X]), TypeError, ["data", "tuple (X, y)"]),
     ("data-three-items", dict(data=(X, Y, Y)), TypeError, ["data", "3 items"]),
     ("data-numpy", dict(data=(X.numpy(), Y)), TypeError, ["data", "X"]),

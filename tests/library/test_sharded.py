@@ -1,7 +1,7 @@
 """accumlib.sharded in this process: an FSDP2 (fully_shard) model on a gloo group of one process, float64.
 
 What the cycle sets on FSDP's parameter groups is put back after every cycle, a failed one included, and a failed
-cycle leaves no half-accumulated gradient inside FSDP. (Two and more processes: tests/test_torchrun.py.)
+cycle leaves no half-accumulated gradient inside FSDP. (Two and more processes: tests/library/test_torchrun.py.)
 Tolerance: one SGD step on 12 samples of a 5-7-3 network in float64, ~1e-16 relative per operation: far below 1e-12.
 A compiled DDP model (torch.compile(DDP(model))) is DDP: one all-reduce per step (issue 19).
 """
