@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ACCUM_STEPS = (1, 2, 4, 8, 16)
 EFFECTIVE_BATCH = 64
 UNCHECKED = "check_gradients=False"  # section 1's column of accumlib.train(..., check_gradients=False)
+CHECKED = "hand-written, checked"  # section 1's column of the hand-written step with accumlib's finite check
 
 
 def hand_written_step(model, optimizer, X, y, idx, m, k):
@@ -51,6 +52,24 @@ def hand_written_step(model, optimizer, X, y, idx, m, k):
         loss = torch.nn.functional.cross_entropy(model(X[part]), y[part]) / k
         loss.backward()
     optimizer.step()
+    optimizer.zero_grad()
+
+
+def checked_step(model, optimizer, X, y, idx, m, k):
+    """The six-line recipe with accumlib's finite check written into it: the cycle's loss and its gradients' norm
+    read in one transfer after the last backward(), the step taken only when both are finite. What the check costs a
+    loop of one's own, measured beside accumlib's (whose default is this check)."""
+    total = None
+    for part in idx.split(m):
+        loss = torch.nn.functional.cross_entropy(model(X[part]), y[part]) / k
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    norms = torch._foreach_norm(
+        [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    )
+    loss, *norms = torch.stack([total, *norms]).tolist()
+    if math.isfinite(loss) and math.isfinite(math.hypot(*norms)):
+        optimizer.step()
     optimizer.zero_grad()
 
 
@@ -138,12 +157,22 @@ MODELS = {
 }
 
 
+HAND_WRITTEN_TWINS = ("hand-written", "hand-written again")  # the twins of section 1's pairs, by default
+
+
 def adjacent_steps(
-    device: torch.device, k: int, epochs: int, accelerate: bool, model_name: str = "CNN", **train_options
+    device: torch.device,
+    k: int,
+    epochs: int,
+    accelerate: bool,
+    model_name: str = "CNN",
+    twins_asked: tuple[str, ...] = HAND_WRITTEN_TWINS,
+    **train_options,
 ) -> dict[str, list[float]]:
     """Per optimizer step of accumlib.train (after the first; with train_options), its time over that of a
-    hand-written step taken right after it; likewise a second hand-written step (the machine's noise: an A/A
-    comparison) and an Accelerate step.
+    hand-written step taken right after it; likewise each other twin of `twins_asked` (after "hand-written", the
+    base: "hand-written again", a second hand-written step, the machine's noise in an A/A comparison; CHECKED, the
+    hand-written step with accumlib's finite check) and an Accelerate step.
 
     train's on_step runs the other loops' steps on twin models (the same CNN, the same micro-batch sizes), in an
     order that alternates from step to step, so each pair of steps sees the machine alike. accumlib's step is the
@@ -153,11 +182,12 @@ def adjacent_steps(
     X, y = (t.to(device) for t in digits())
     m = EFFECTIVE_BATCH // k
     batches = torch.randperm(len(X), generator=torch.Generator().manual_seed(1)).split(EFFECTIVE_BATCH)
+    steps = {"hand-written": hand_written_step, "hand-written again": hand_written_step, CHECKED: checked_step}
     twins = {}
-    for name in ("hand-written", "hand-written again"):
+    for name in twins_asked:
         model = build().to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        twins[name] = functools.partial(hand_written_step, model, optimizer, X, y, m=m, k=k)
+        twins[name] = functools.partial(steps[name], model, optimizer, X, y, m=m, k=k)
     if accelerate:
         from accelerate import Accelerator
 
@@ -196,7 +226,11 @@ def adjacent_steps(
     base = times.pop("hand-written")
     return {name: [a / b for a, b in zip(t, base, strict=True)] for name, t in times.items()} | {
         "hand-written seconds": base,
-        "accumlib seconds over hand-written": [a - b for a, b in zip(times["accumlib"], base, strict=True)],
+        **{
+            f"{name} seconds over hand-written": [a - b for a, b in zip(times[name], base, strict=True)]
+            for name in ("accumlib", CHECKED)
+            if name in times
+        },
     }
 
 
@@ -463,28 +497,36 @@ def overhead_table(device: torch.device, epochs: int, accelerate: bool, model_na
         pairs[k] = adjacent_steps(device, k, epochs, accelerate, model_name)
         # the same, without the gradient norm of the finite check: what that check costs, measured in place
         pairs[k][UNCHECKED] = adjacent_steps(device, k, epochs, False, model_name, check_gradients=False)["accumlib"]
+        # the hand-written step with the same check, beside a hand-written one (two twins, as above): the check's cost
+        checked = adjacent_steps(device, k, epochs, False, model_name, ("hand-written", CHECKED))
+        pairs[k][CHECKED] = checked[CHECKED]
+        pairs[k]["checked seconds over hand-written"] = checked[f"{CHECKED} seconds over hand-written"]
     compared = [name for name in pairs[1] if not name.endswith("seconds") and "over" not in name]
     count = len(pairs[1]["accumlib"])
     print(f"{number}. time of an optimizer step over the hand-written step taken right after it, {model_name} on 1,792")
     print(f"   digits, effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent")
     print("   steps. 'hand-written again' is a second hand-written step: how far this machine's noise alone moves a")
-    print(f"   ratio; '{UNCHECKED}' is accumlib without the gradient norm of its finite check (the loss alone")
-    print("   checked); 'us/step' is the median of what accumlib's step takes over the hand-written one beside it")
+    print(f"   ratio; '{CHECKED}' is the hand-written step with accumlib's finite check written into it (the")
+    print(f"   loss and the gradients' norm read once, the step taken when both are finite); '{UNCHECKED}' is")
+    print("   accumlib without the gradient norm of that check (the loss alone checked). 'us/step' is the median of")
+    print("   what accumlib's step takes over the hand-written one beside it, 'check us' what the checked one takes")
     print(
-        f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13} {'us/step':>8}"
+        f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13} {'us/step':>8} {'check us':>8}"
         + "".join(f" {n:>22}" for n in compared)
     )
     table = {}
     for k, row in pairs.items():
         added = statistics.median(row["accumlib seconds over hand-written"]) * 1e6
+        check = statistics.median(row["checked seconds over hand-written"]) * 1e6
         table[k] = {name: dict(zip(("q1", "median", "q3"), quartiles(row[name]), strict=True)) for name in compared}
         table[k] |= {
             "hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
             "accumlib_microseconds_over_hand_written": added,
+            "checked_microseconds_over_hand_written": check,
         }
         print(
             f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms "
-            f"{added:>+8.0f}"
+            f"{added:>+8.0f} {check:>+8.0f}"
             + "".join(
                 f"  {table[k][n]['median']:5.3f}x ({table[k][n]['q1']:.3f}-{table[k][n]['q3']:.3f})" for n in compared
             )
