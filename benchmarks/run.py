@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import accumlib
-from accumlib import batches, loss_weights, memory, restore, source
+from accumlib import batches, cycle, interrupts, loss_weights, memory, restore, sharded, source
 from accumlib.timing import HostReads
 from accumlib.lessons import data, ddp_lab, models, widgets
 
@@ -298,58 +298,73 @@ def fixed_cost_microseconds(loops: dict, rounds: int, device: torch.device) -> d
 
 
 def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> dict[str, float]:
-    """What accumlib's cycle does per optimizer step that the hand-written loop does not, each piece timed alone
-    right after a forward and backward pass of the CNN at micro-batch 64 (as in a real step: caches hold the
-    convolutions, not this code), in microseconds: the median over `repeats`, less that of timing nothing."""
-    X, y = (t.to(device) for t in data.digits(64))
-    model = models.cnn(seed=0).to(device)
+    """What accumlib's cycle does per optimizer step that the hand-written loop does not, at accum_steps 1 on the
+    MLP of section 1b, each piece (the library's own code) timed alone right after a forward and backward pass of the
+    MLP at micro-batch 64 (as in a real step: caches hold the pass, not this code), in microseconds: the median over
+    `repeats`, less that of timing nothing. On the CPU a piece is timed by the wall clock (time.perf_counter), not
+    this process's CPU time as section 1 is: reading that is a system call, which for pieces of a few microseconds
+    costs more than they do and leaves the caches colder."""
+    build, digits = MODELS["MLP"]
+    X, y = (t[:64].to(device) for t in digits())
+    model = build().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
+    checked, unchecked = accumlib.CycleOptions(), accumlib.CycleOptions(check_gradients=False)
     indexed = source._Indexed(source._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
     order = [torch.arange(64)]  # the cycle's one micro-batch of indices, as the sample order gives it
 
     stepped = restore._Kept.__new__(restore._Kept)  # a cycle's kept .grad at its step: stepped() zeroes
     stepped.optimizer, stepped.params = optimizer, params
 
-    def per_micro_batch(loss):  # what the cycle adds for a micro-batch: the loss detached, the running total, the seed
-        value = loss.detach()
-        return torch.add(value, value, alpha=0.25), torch.full_like(value, 0.25)
-
-    def gradient_norms():  # what the cycle's one read takes its norms from
-        return torch._foreach_norm([p.grad for p in params])
-
-    def read_once(loss, norms):
-        values = torch.stack([loss.detach(), *norms]).tolist()
-        return math.fsum(values[:1]), math.hypot(*values[1:])
+    def unit():  # Ctrl-C held around the step (train's run has installed the handler: STEP.run() below)
+        with interrupts.STEP.unit() as step:
+            step.result = None
 
     pieces = {
-        "nothing": lambda loss, norms: None,
-        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: gradient_norms(),
-        "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
-        "buffer snapshot (walk over the modules, copies)": lambda loss, norms: restore._BuffersKept(model),
-        "detached loss, running total, backward's seed (per micro-batch)": lambda loss, norms: per_micro_batch(loss),
-        "zeroing in place": lambda loss, norms: stepped.stepped(),
-        "torch's zero_grad": lambda loss, norms: optimizer.zero_grad(),
-        "weights, micro-batch view, step record (Python)": lambda loss, norms: (
+        "nothing": lambda loss: None,
+        "set-up: the parameters, alone or DDP/FSDP2, which micro-batches run": lambda loss: (
+            [p for group in optimizer.param_groups for p in group["params"]],
+            cycle._runs([1.0], sharded.cycle_sync(model, True)),
+        ),
+        "set aside: the .grad found, the buffers a forward changes (restore._Kept)": lambda loss: restore._Kept(
+            model, optimizer, params
+        ),
+        "the micro-batch: its loss detached, the cycle's total (cycle._weighted)": lambda loss: cycle._weighted(
+            loss, 1.0, None, None, False
+        ),
+        "the one host read: the loss and the gradient norm (cycle._read, the default check)": lambda loss: cycle._read(
+            optimizer, params, loss.detach(), checked, None
+        ),
+        "  of which the loss alone (cycle._read with check_gradients=False)": lambda loss: cycle._read(
+            optimizer, params, loss.detach(), unchecked, None
+        ),
+        "Ctrl-C held around the step (interrupts.STEP.unit, in a run)": lambda loss: unit(),
+        "zeroing in place": lambda loss: stepped.stepped(),
+        "torch's zero_grad": lambda loss: optimizer.zero_grad(),
+        "loss weights, micro-batch view (Python)": lambda loss: (
             loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1),
             batches._MicroBatches(order, indexed.samples.fetch, indexed.moved_to),
+        ),
+        "the cycle's result and the step's record (frozen dataclasses)": lambda loss: (
+            accumlib.CycleResult(0.0, 0.0, 0.05, False),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None),
         ),
     }
+    timer = time.perf_counter if device.type == "cpu" else functools.partial(clock, device)
     times = {name: [] for name in pieces}
-    for repeat in range(repeats):
-        for name, piece in list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]:
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(X), y)
-            loss.backward()
-            norms = gradient_norms() if piece is read_once else None  # the read needs them
-            started = clock(device)
-            piece(loss, norms)
-            times[name].append(clock(device) - started)
+    with interrupts.STEP.run():
+        for repeat in range(repeats):
+            for name, piece in list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]:
+                optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(X), y)
+                loss.backward()
+                started = timer()
+                piece(loss)
+                times[name].append(timer() - started)
     nothing = statistics.median(times.pop("nothing"))
     extras = {name: (statistics.median(t) - nothing) * 1e6 for name, t in times.items()}
-    # the hand-written loop zeroes too: accumlib's zeroing (every .grad None without torch's profiler label, and
-    # setting .grad aside as a cycle starts) adds only what it takes over torch's zero_grad()
+    # the hand-written loop zeroes too: accumlib's zeroing (every .grad None without torch's profiler label)
+    # adds only what it takes over torch's zero_grad()
     in_place, torchs = extras.pop("zeroing in place"), extras.pop("torch's zero_grad")
     extras["zeroing (.grad None in place, less the hand-written loop's zero_grad())"] = in_place - torchs
     return extras
@@ -577,8 +592,12 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
         f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)"
     )
     extras = accumlib_extras_microseconds(device)
-    print("   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
-    print(f"   (CNN, micro-batch 64): {sum(extras.values()):.0f} us in all")
+    alone = "  of which the loss alone (cycle._read with check_gradients=False)"
+    print("   what accumlib's cycle adds per optimizer step at accum_steps 1, each piece timed alone right after a")
+    print(
+        f"   backward pass (the MLP of 1b, micro-batch 64): "
+        f"{sum(us for name, us in extras.items() if name != alone):.0f} us in all"
+    )
     for name, microseconds in extras.items():
         print(f"   {microseconds:>8.1f} us  {name}")
 

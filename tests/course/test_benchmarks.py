@@ -27,8 +27,9 @@ def bench():
 
 def test_the_pieces_of_a_step_are_timed_with_the_library_s_own_code(bench):
     extras = bench.accumlib_extras_microseconds(torch.device("cpu"), repeats=2)
-    assert len(extras) == 6 and all(math.isfinite(us) for us in extras.values())
+    assert len(extras) == 9 and all(math.isfinite(us) for us in extras.values())
     assert any(name.startswith("zeroing") for name in extras)  # the saving over torch's zero_grad, counted
+    assert sum("cycle._read" in name for name in extras) == 2  # the read with the default check, and without
 
 
 @pytest.mark.parametrize("model_name", ["CNN", "MLP"])
