@@ -116,6 +116,11 @@ def _amp_dtype(amp, device_type: str) -> torch.dtype | None:
     return torch.float16 if amp == "fp16" else torch.bfloat16
 
 
+def _autocast(amp, device_type: str) -> torch.autocast:
+    """The autocast context `amp` (a checked `CycleOptions.amp`, not False) asks for on a device of `device_type`."""
+    return torch.autocast(device_type, _amp_dtype(amp, device_type))
+
+
 def _check_amp(amp, device: torch.device) -> torch.dtype | None:
     """`_amp_dtype` on `device`, refused before anything runs for bf16 on a CUDA GPU without native bf16 kernels
     (a T4: `devices.supports_bf16`), which would only emulate it, slowly."""
@@ -146,8 +151,7 @@ def _cycle(
     if runs.last is None:  # nothing to learn: no step, nothing changed
         return CycleResult(math.nan, None, float(optimizer.param_groups[0]["lr"]), False, True)
     loss_fn = _own_loss if options.loss_fn is None else options.loss_fn
-    device_type = params[0].device.type
-    autocast = _NOTHING if options.amp is False else torch.autocast(device_type, _amp_dtype(options.amp, device_type))
+    autocast = _NOTHING if options.amp is False else _autocast(options.amp, params[0].device.type)
     plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
     # kept: the optimizer's .grad set aside (None from here), buffers copied; told: under DDP, a failure on this
     # process before its all-reducing backward is told to the others, which stop too
@@ -247,14 +251,42 @@ def _weighted(loss: torch.Tensor, weight, total: torch.Tensor | None, scaler, no
 def _read(
     optimizer: torch.optim.Optimizer, params: list[torch.Tensor], total: torch.Tensor, options: CycleOptions, sync
 ) -> tuple[float, float | None]:
-    """The cycle's loss and gradient norm, the gradients unscaled (a scaler's) and clipped first: one host read.
-    The norm is read even with check_gradients=False when clipping computes it anyway, or with a scaler (a step it
-    skips for an overflow must be recorded as skipped)."""
+    """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm (None unless read),
+    read from the device at once: the one host read of the cycle. A scaler's gradients are unscaled first, and
+    clipped when clip_grad_norm is given (the norm returned is the one before clipping).
+
+    The norm is read with check_gradients, and without it when clipping computes it anyway, or with a scaler (a
+    step it skips for an overflow must be recorded as skipped). Under DDP and FSDP2 (`sync`) the loss is averaged
+    over the processes, as they average their gradients; under FSDP2 the norm is over every process's shards. The
+    norms' tensors are freed on return, before the optimizer step.
+    """
     scaler, clip_grad_norm = options.scaler, options.clip_grad_norm
     if scaler:
         scaler.unscale_(optimizer)  # the true gradients, once per cycle, before clipping and the norm
     with_norm = options.check_gradients or clip_grad_norm is not None or scaler is not None
-    return _read_loss_and_norm(total, params, clip_grad_norm, with_norm, sync)
+    if sync is not None and sync.fsdp:  # each process holds a shard of each gradient: one all-reduce for both
+        total, norms = sync.loss_and_norm(total, params, clip_grad_norm, with_norm)
+    elif clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
+        norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
+    elif with_norm:
+        grads = [grad for p in params if (grad := p.grad) is not None]  # no .grad: the loss does not depend on it
+        norms = torch._foreach_norm(grads) if grads else ()  # each gradient's L2 norm, in one call
+    else:
+        norms = ()  # the loss alone
+    if not norms and sync is None:  # the loss alone, on one process: read as it is (a stack costs more than the read)
+        values = total.view(1)
+    else:
+        try:
+            values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
+        except RuntimeError:  # parameters on several devices (a model split over GPUs): the norms go to the loss's
+            values = torch.stack([total, *(norm.to(total.device) for norm in norms)])
+    if sync is not None and not sync.fsdp:  # DDP: every process holds the same, all-reduced, gradient
+        dist.all_reduce(values[:1])
+        values[:1] /= dist.get_world_size()
+    if isinstance(values, FakeTensor):  # traced (memory.measure_step): no values; the cycle goes on as if finite
+        return 0.0, 0.0 if with_norm else None
+    loss, *norms = values.tolist()
+    return loss, math.hypot(*norms) if with_norm else None
 
 
 def _step(optimizer: torch.optim.Optimizer, options: CycleOptions, kept: _Kept, result: CycleResult) -> CycleResult:
@@ -267,9 +299,11 @@ def _step(optimizer: torch.optim.Optimizer, options: CycleOptions, kept: _Kept, 
         kept.stepped()  # the gradients used: freed, so the next cycle holds no second copy
         if scaler:
             scaler.update()  # a higher scale after many good steps
-        if isinstance(scheduler, ReduceLROnPlateau):
+        if scheduler is None:
+            pass
+        elif isinstance(scheduler, ReduceLROnPlateau):
             scheduler.step(result.loss)  # its metric: this cycle's loss (its patience counts optimizer steps)
-        elif scheduler is not None:
+        else:
             scheduler.step()  # once per optimizer step, after it
     return step.result
 
@@ -280,35 +314,3 @@ def _forward(model: torch.nn.Module, loss_fn: Callable, x, y) -> torch.Tensor:
     if type(loss) is torch.Tensor and loss.requires_grad and not loss.dim():  # a plain scalar with a gradient
         return loss
     return _scalar_loss(loss)  # any other: checked there (a tensor subclass passes as well)
-
-
-def _read_loss_and_norm(
-    total: torch.Tensor, params: list[torch.Tensor], clip_grad_norm: float | None, with_norm: bool, sync
-) -> tuple[float, float | None]:
-    """The cycle's loss (`total`, the sum of its weighted losses) and its gradients' L2 norm (None unless
-    with_norm), read from the device at once.
-
-    Clips the gradients first when clip_grad_norm is given (the norm returned is the one before clipping). Under DDP
-    and FSDP2 (`sync`) the loss is averaged over the processes, as they average their gradients; under FSDP2 the
-    norm is over every process's shards. The norms' tensors are freed on return, before the optimizer step.
-    """
-    if sync is not None and sync.fsdp:  # each process holds a shard of each gradient: one all-reduce for both
-        total, norms = sync.loss_and_norm(total, params, clip_grad_norm, with_norm)
-    elif clip_grad_norm is not None:  # clipping: scale the accumulated gradient down to norm <= clip_grad_norm
-        norms = [torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)]  # their total norm, before clipping
-    elif with_norm:
-        grads = [grad for p in params if (grad := p.grad) is not None]  # no .grad: the loss does not depend on it
-        norms = torch._foreach_norm(grads) if grads else ()  # each gradient's L2 norm, in one call
-    else:
-        norms = ()  # the loss alone
-    try:
-        values = torch.stack([total, *norms])  # the loss, then the norms: one tensor, one transfer
-    except RuntimeError:  # parameters on several devices (a model split over GPUs): the norms go to the loss's device
-        values = torch.stack([total, *(norm.to(total.device) for norm in norms)])
-    if sync is not None and not sync.fsdp:  # DDP: every process holds the same, all-reduced, gradient
-        dist.all_reduce(values[:1])
-        values[:1] /= dist.get_world_size()
-    if isinstance(values, FakeTensor):  # traced (memory.measure_step): no values; the cycle goes on as if finite
-        return 0.0, 0.0 if with_norm else None
-    loss, *norms = values.tolist()
-    return loss, math.hypot(*norms) if with_norm else None

@@ -8,6 +8,8 @@ import _signal
 import signal
 import threading
 
+_SIGINT = signal.SIGINT  # a module constant: no enum lookup at every step
+
 
 class _Unit:
     """One step's block of `_Step` (see there): SIGINT held from __enter__; an error after `result` is set (the
@@ -20,7 +22,8 @@ class _Unit:
 
     def __enter__(self) -> _Unit:
         step = self.step
-        step.install()  # unless a run installed it (and nobody replaced it since): until the unit is released
+        if not step.runs or _signal.getsignal(_SIGINT) is not step.handler:  # a run's handler in place: as it is
+            step.install()  # unless a run installed it (and nobody replaced it since): until the unit is released
         step.held = True
         return self
 
@@ -51,7 +54,10 @@ class _Recorded:
         step.depth -= 1
         waiting, step.error = step.error, None
         if not step.depth:
-            step.release()
+            if step.runs and step.pending is None:  # in a run, nothing waiting: release() does no more
+                step.held = False
+            else:
+                step.release()
         if waiting is not None:
             raise waiting
 
@@ -122,17 +128,17 @@ class _Step(threading.local):
         """The holding handler in place of the current one, unless it is already installed (main thread only)."""
         if threading.get_ident() != _MAIN_THREAD:
             return
-        previous = _signal.getsignal(signal.SIGINT)  # the C function: no enum conversion
+        previous = _signal.getsignal(_SIGINT)  # the C function: no enum conversion
         if previous is self.handler:
             return
         if previous is not None:  # None: a handler installed outside Python; left alone
-            _signal.signal(signal.SIGINT, self.handler)
+            _signal.signal(_SIGINT, self.handler)
             self.previous = previous
 
     def uninstall(self) -> None:
         previous = self.previous  # kept until the handler is given back: a SIGINT meanwhile still reaches it
-        if previous is not None and _signal.getsignal(signal.SIGINT) is self.handler:  # not replaced meanwhile
-            _signal.signal(signal.SIGINT, previous)
+        if previous is not None and _signal.getsignal(_SIGINT) is self.handler:  # not replaced meanwhile
+            _signal.signal(_SIGINT, previous)
         self.previous = None
 
     def hold(self, signum, frame) -> None:

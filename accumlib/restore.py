@@ -27,6 +27,8 @@ class _BuffersKept:
         self.saved, self.watched, self.model = [], [], model
         modules = [model]
         for module in modules:  # the list grows as it is walked: model.buffers() without building names, 3x faster
+            if module is None:  # a child slot set to None
+                continue
             if module._buffers:  # most modules have none
                 updates = isinstance(module, _NormBase) and module.training and module.track_running_stats
                 for buffer in module._buffers.values():
@@ -37,7 +39,7 @@ class _BuffersKept:
                     else:
                         self.watched.append((buffer, buffer._version))
             if module._modules:  # a leaf has none
-                modules += [child for child in module._modules.values() if child is not None]
+                modules.extend(module._modules.values())
 
     def __enter__(self) -> _BuffersKept:
         return self
@@ -88,9 +90,11 @@ class _Kept(_BuffersKept):
         super().__init__(model)
         self.optimizer, self.params = optimizer, params
         # the .grad found, where there is one (after a step there is none: nothing to set aside, nothing to set)
-        self.grads = [(p, grad) for p in params if (grad := p.grad) is not None]
-        for p, _grad in self.grads:
-            p.grad = None  # once per cycle: from here on, every backward() adds into .grad
+        self.grads = []
+        for p in params:
+            if p.grad is not None:
+                self.grads.append((p, p.grad))
+                p.grad = None  # once per cycle: from here on, every backward() adds into .grad
 
     def restore(self) -> None:
         super().restore()

@@ -151,9 +151,10 @@ def cycle_sync(model: torch.nn.Module, no_sync: bool):
     for a model on one process, else a `_DDPSync` or `_FSDPSync` (no_sync: gradients synchronised in the last
     micro-batch's backward only)."""
     inner = _unwrapped(model)
-    if isinstance(inner, DistributedDataParallel):
+    kinds = type(inner).__mro__  # not isinstance(): DDP's abc base would make that a Python call every cycle
+    if DistributedDataParallel in kinds:
         return _DDPSync(inner, no_sync)
-    if isinstance(inner, FSDPModule):
+    if FSDPModule in kinds:
         return _FSDPSync(inner, no_sync)
     return None
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import accumlib
-from accumlib import batches, loss_weights, memory, restore, source
+from accumlib import batches, cycle, interrupts, loss_weights, memory, restore, sharded, source
 from accumlib.timing import HostReads
 from accumlib.lessons import data, ddp_lab, models, widgets
 
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ACCUM_STEPS = (1, 2, 4, 8, 16)
 EFFECTIVE_BATCH = 64
 UNCHECKED = "check_gradients=False"  # section 1's column of accumlib.train(..., check_gradients=False)
+CHECKED = "hand-written, checked"  # section 1's column of the hand-written step with accumlib's finite check
 
 
 def hand_written_step(model, optimizer, X, y, idx, m, k):
@@ -51,6 +52,24 @@ def hand_written_step(model, optimizer, X, y, idx, m, k):
         loss = torch.nn.functional.cross_entropy(model(X[part]), y[part]) / k
         loss.backward()
     optimizer.step()
+    optimizer.zero_grad()
+
+
+def checked_step(model, optimizer, X, y, idx, m, k):
+    """The six-line recipe with accumlib's finite check written into it: the cycle's loss and its gradients' norm
+    read in one transfer after the last backward(), the step taken only when both are finite. What the check costs a
+    loop of one's own, measured beside accumlib's (whose default is this check)."""
+    total = None
+    for part in idx.split(m):
+        loss = torch.nn.functional.cross_entropy(model(X[part]), y[part]) / k
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    norms = torch._foreach_norm(
+        [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    )
+    loss, *norms = torch.stack([total, *norms]).tolist()
+    if math.isfinite(loss) and math.isfinite(math.hypot(*norms)):
+        optimizer.step()
     optimizer.zero_grad()
 
 
@@ -138,12 +157,22 @@ MODELS = {
 }
 
 
+HAND_WRITTEN_TWINS = ("hand-written", "hand-written again")  # the twins of section 1's pairs, by default
+
+
 def adjacent_steps(
-    device: torch.device, k: int, epochs: int, accelerate: bool, model_name: str = "CNN", **train_options
+    device: torch.device,
+    k: int,
+    epochs: int,
+    accelerate: bool,
+    model_name: str = "CNN",
+    twins_asked: tuple[str, ...] = HAND_WRITTEN_TWINS,
+    **train_options,
 ) -> dict[str, list[float]]:
     """Per optimizer step of accumlib.train (after the first; with train_options), its time over that of a
-    hand-written step taken right after it; likewise a second hand-written step (the machine's noise: an A/A
-    comparison) and an Accelerate step.
+    hand-written step taken right after it; likewise each other twin of `twins_asked` (after "hand-written", the
+    base: "hand-written again", a second hand-written step, the machine's noise in an A/A comparison; CHECKED, the
+    hand-written step with accumlib's finite check) and an Accelerate step.
 
     train's on_step runs the other loops' steps on twin models (the same CNN, the same micro-batch sizes), in an
     order that alternates from step to step, so each pair of steps sees the machine alike. accumlib's step is the
@@ -153,11 +182,12 @@ def adjacent_steps(
     X, y = (t.to(device) for t in digits())
     m = EFFECTIVE_BATCH // k
     batches = torch.randperm(len(X), generator=torch.Generator().manual_seed(1)).split(EFFECTIVE_BATCH)
+    steps = {"hand-written": hand_written_step, "hand-written again": hand_written_step, CHECKED: checked_step}
     twins = {}
-    for name in ("hand-written", "hand-written again"):
+    for name in twins_asked:
         model = build().to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        twins[name] = functools.partial(hand_written_step, model, optimizer, X, y, m=m, k=k)
+        twins[name] = functools.partial(steps[name], model, optimizer, X, y, m=m, k=k)
     if accelerate:
         from accelerate import Accelerator
 
@@ -196,7 +226,11 @@ def adjacent_steps(
     base = times.pop("hand-written")
     return {name: [a / b for a, b in zip(t, base, strict=True)] for name, t in times.items()} | {
         "hand-written seconds": base,
-        "accumlib seconds over hand-written": [a - b for a, b in zip(times["accumlib"], base, strict=True)],
+        **{
+            f"{name} seconds over hand-written": [a - b for a, b in zip(times[name], base, strict=True)]
+            for name in ("accumlib", CHECKED)
+            if name in times
+        },
     }
 
 
@@ -264,58 +298,73 @@ def fixed_cost_microseconds(loops: dict, rounds: int, device: torch.device) -> d
 
 
 def accumlib_extras_microseconds(device: torch.device, repeats: int = 200) -> dict[str, float]:
-    """What accumlib's cycle does per optimizer step that the hand-written loop does not, each piece timed alone
-    right after a forward and backward pass of the CNN at micro-batch 64 (as in a real step: caches hold the
-    convolutions, not this code), in microseconds: the median over `repeats`, less that of timing nothing."""
-    X, y = (t.to(device) for t in data.digits(64))
-    model = models.cnn(seed=0).to(device)
+    """What accumlib's cycle does per optimizer step that the hand-written loop does not, at accum_steps 1 on the
+    MLP of section 1b, each piece (the library's own code) timed alone right after a forward and backward pass of the
+    MLP at micro-batch 64 (as in a real step: caches hold the pass, not this code), in microseconds: the median over
+    `repeats`, less that of timing nothing. On the CPU a piece is timed by the wall clock (time.perf_counter), not
+    this process's CPU time as section 1 is: reading that is a system call, which for pieces of a few microseconds
+    costs more than they do and leaves the caches colder."""
+    build, digits = MODELS["MLP"]
+    X, y = (t[:64].to(device) for t in digits())
+    model = build().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
+    checked, unchecked = accumlib.CycleOptions(), accumlib.CycleOptions(check_gradients=False)
     indexed = source._Indexed(source._Samples((X, y)), 64, 1, 1, 0, 0, False, device, [])
     order = [torch.arange(64)]  # the cycle's one micro-batch of indices, as the sample order gives it
 
     stepped = restore._Kept.__new__(restore._Kept)  # a cycle's kept .grad at its step: stepped() zeroes
     stepped.optimizer, stepped.params = optimizer, params
 
-    def per_micro_batch(loss):  # what the cycle adds for a micro-batch: the loss detached, the running total, the seed
-        value = loss.detach()
-        return torch.add(value, value, alpha=0.25), torch.full_like(value, 0.25)
-
-    def gradient_norms():  # what the cycle's one read takes its norms from
-        return torch._foreach_norm([p.grad for p in params])
-
-    def read_once(loss, norms):
-        values = torch.stack([loss.detach(), *norms]).tolist()
-        return math.fsum(values[:1]), math.hypot(*values[1:])
+    def unit():  # Ctrl-C held around the step (train's run has installed the handler: STEP.run() below)
+        with interrupts.STEP.unit() as step:
+            step.result = None
 
     pieces = {
-        "nothing": lambda loss, norms: None,
-        "gradient norms (one foreach-norm over the gradients)": lambda loss, norms: gradient_norms(),
-        "the one host read (stack of loss and norms, tolist, fsum, hypot)": read_once,
-        "buffer snapshot (walk over the modules, copies)": lambda loss, norms: restore._BuffersKept(model),
-        "detached loss, running total, backward's seed (per micro-batch)": lambda loss, norms: per_micro_batch(loss),
-        "zeroing in place": lambda loss, norms: stepped.stepped(),
-        "torch's zero_grad": lambda loss, norms: optimizer.zero_grad(),
-        "weights, micro-batch view, step record (Python)": lambda loss, norms: (
+        "nothing": lambda loss: None,
+        "set-up: the parameters, alone or DDP/FSDP2, which micro-batches run": lambda loss: (
+            [p for group in optimizer.param_groups for p in group["params"]],
+            cycle._runs([1.0], sharded.cycle_sync(model, True)),
+        ),
+        "set aside: the .grad found, the buffers a forward changes (restore._Kept)": lambda loss: restore._Kept(
+            model, optimizer, params
+        ),
+        "the micro-batch: its loss detached, the cycle's total (cycle._weighted)": lambda loss: cycle._weighted(
+            loss, 1.0, None, None, False
+        ),
+        "the one host read: the loss and the gradient norm (cycle._read, the default check)": lambda loss: cycle._read(
+            optimizer, params, loss.detach(), checked, None
+        ),
+        "  of which the loss alone (cycle._read with check_gradients=False)": lambda loss: cycle._read(
+            optimizer, params, loss.detach(), unchecked, None
+        ),
+        "Ctrl-C held around the step (interrupts.STEP.unit, in a run)": lambda loss: unit(),
+        "zeroing in place": lambda loss: stepped.stepped(),
+        "torch's zero_grad": lambda loss: optimizer.zero_grad(),
+        "loss weights, micro-batch view (Python)": lambda loss: (
             loss_weights._loss_weights("samples", "mean", [64], 64, 1, 1),
             batches._MicroBatches(order, indexed.samples.fetch, indexed.moved_to),
+        ),
+        "the cycle's result and the step's record (frozen dataclasses)": lambda loss: (
+            accumlib.CycleResult(0.0, 0.0, 0.05, False),
             accumlib.StepRecord(1, 0, 64, 1, 64, 0.0, 0.0, 0.0, 1.0, None),
         ),
     }
+    timer = time.perf_counter if device.type == "cpu" else functools.partial(clock, device)
     times = {name: [] for name in pieces}
-    for repeat in range(repeats):
-        for name, piece in list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]:
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(X), y)
-            loss.backward()
-            norms = gradient_norms() if piece is read_once else None  # the read needs them
-            started = clock(device)
-            piece(loss, norms)
-            times[name].append(clock(device) - started)
+    with interrupts.STEP.run():
+        for repeat in range(repeats):
+            for name, piece in list(pieces.items()) if repeat % 2 else list(pieces.items())[::-1]:
+                optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(X), y)
+                loss.backward()
+                started = timer()
+                piece(loss)
+                times[name].append(timer() - started)
     nothing = statistics.median(times.pop("nothing"))
     extras = {name: (statistics.median(t) - nothing) * 1e6 for name, t in times.items()}
-    # the hand-written loop zeroes too: accumlib's zeroing (every .grad None without torch's profiler label, and
-    # setting .grad aside as a cycle starts) adds only what it takes over torch's zero_grad()
+    # the hand-written loop zeroes too: accumlib's zeroing (every .grad None without torch's profiler label)
+    # adds only what it takes over torch's zero_grad()
     in_place, torchs = extras.pop("zeroing in place"), extras.pop("torch's zero_grad")
     extras["zeroing (.grad None in place, less the hand-written loop's zero_grad())"] = in_place - torchs
     return extras
@@ -463,28 +512,36 @@ def overhead_table(device: torch.device, epochs: int, accelerate: bool, model_na
         pairs[k] = adjacent_steps(device, k, epochs, accelerate, model_name)
         # the same, without the gradient norm of the finite check: what that check costs, measured in place
         pairs[k][UNCHECKED] = adjacent_steps(device, k, epochs, False, model_name, check_gradients=False)["accumlib"]
+        # the hand-written step with the same check, beside a hand-written one (two twins, as above): the check's cost
+        checked = adjacent_steps(device, k, epochs, False, model_name, ("hand-written", CHECKED))
+        pairs[k][CHECKED] = checked[CHECKED]
+        pairs[k]["checked seconds over hand-written"] = checked[f"{CHECKED} seconds over hand-written"]
     compared = [name for name in pairs[1] if not name.endswith("seconds") and "over" not in name]
     count = len(pairs[1]["accumlib"])
     print(f"{number}. time of an optimizer step over the hand-written step taken right after it, {model_name} on 1,792")
     print(f"   digits, effective batch {EFFECTIVE_BATCH}: median (interquartile range) over {count} pairs of adjacent")
     print("   steps. 'hand-written again' is a second hand-written step: how far this machine's noise alone moves a")
-    print(f"   ratio; '{UNCHECKED}' is accumlib without the gradient norm of its finite check (the loss alone")
-    print("   checked); 'us/step' is the median of what accumlib's step takes over the hand-written one beside it")
+    print(f"   ratio; '{CHECKED}' is the hand-written step with accumlib's finite check written into it (the")
+    print(f"   loss and the gradients' norm read once, the step taken when both are finite); '{UNCHECKED}' is")
+    print("   accumlib without the gradient norm of that check (the loss alone checked). 'us/step' is the median of")
+    print("   what accumlib's step takes over the hand-written one beside it, 'check us' what the checked one takes")
     print(
-        f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13} {'us/step':>8}"
+        f"   {'accum_steps':>11} {'micro':>5} {'hand-written':>13} {'us/step':>8} {'check us':>8}"
         + "".join(f" {n:>22}" for n in compared)
     )
     table = {}
     for k, row in pairs.items():
         added = statistics.median(row["accumlib seconds over hand-written"]) * 1e6
+        check = statistics.median(row["checked seconds over hand-written"]) * 1e6
         table[k] = {name: dict(zip(("q1", "median", "q3"), quartiles(row[name]), strict=True)) for name in compared}
         table[k] |= {
             "hand_written_seconds_per_step": statistics.median(row["hand-written seconds"]),
             "accumlib_microseconds_over_hand_written": added,
+            "checked_microseconds_over_hand_written": check,
         }
         print(
             f"   {k:>11} {EFFECTIVE_BATCH // k:>5} {table[k]['hand_written_seconds_per_step'] * 1e3:>8.2f} ms "
-            f"{added:>+8.0f}"
+            f"{added:>+8.0f} {check:>+8.0f}"
             + "".join(
                 f"  {table[k][n]['median']:5.3f}x ({table[k][n]['q1']:.3f}-{table[k][n]['q3']:.3f})" for n in compared
             )
@@ -535,8 +592,12 @@ def measure(device: torch.device, rounds: int, epochs: int, quick: bool, only_fi
         f"(+{fixed['accumlib'] - fixed['hand-written']:.0f} us)"
     )
     extras = accumlib_extras_microseconds(device)
-    print("   what accumlib's cycle adds per optimizer step, each piece timed alone right after a backward pass")
-    print(f"   (CNN, micro-batch 64): {sum(extras.values()):.0f} us in all")
+    alone = "  of which the loss alone (cycle._read with check_gradients=False)"
+    print("   what accumlib's cycle adds per optimizer step at accum_steps 1, each piece timed alone right after a")
+    print(
+        f"   backward pass (the MLP of 1b, micro-batch 64): "
+        f"{sum(us for name, us in extras.items() if name != alone):.0f} us in all"
+    )
     for name, microseconds in extras.items():
         print(f"   {microseconds:>8.1f} us  {name}")
 
