@@ -5,6 +5,9 @@ first run (`trained`), also with a non-zero .grad on every parameter (`setup`), 
 something that can change; `cycle(n)`, n micro-batches of 8 samples over it; `Built`, an argument made from the
 test's model and optimizer just before the call. train's BatchNorm MLP (`bn_model`, on `DIGITS` with `OPTIONS`):
 the model whose modes, skips and notes a run is checked on; `stop_at(step)`, an on_step that ends a run there.
+A small linear model (`linear()`, a Linear(6, 3)) on `X6, Y6` and `SMALL`, 8 batches of 4 of them: the cycle's old
+argument order and train's memory budget over a loader; `nan_gradient_on_label_99`, a loss_fn whose value is finite
+and whose gradient is NaN for a planted label.
 Comparing what a call left: states.py.
 """
 
@@ -66,3 +69,44 @@ def stop_at(step):
             raise accumlib.StopTraining
 
     return on_step
+
+
+X64, Y64 = data.digits(flat=True, dtype=torch.float64)
+X6 = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))  # a small linear model's data: 6 features
+Y6 = torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(1))  # and 3 classes
+
+
+def linear():
+    torch.manual_seed(0)
+    return nn.Linear(6, 3)
+
+
+SMALL = [(X6[i : i + 4], Y6[i : i + 4]) for i in range(0, 32, 4)]  # 8 batches of 4: 4 cycles of 2 at accum_steps=2
+
+
+def nan_gradient_on_label_99(out, target):
+    """cross-entropy, plus for a micro-batch holding the planted label 99 a term whose value is 0 and whose gradient
+    is NaN: the square root of a zero length (its derivative at 0 is infinite, times 0 from the square: NaN)."""
+    value = torch.nn.functional.cross_entropy(out, target.clamp(max=9))
+    if (target == 99).any():
+        value = value + torch.sqrt((out - out.detach()).pow(2).sum())
+    return value
+
+
+def nan_gradient_run(**options):
+    X, y = X64[:24].clone(), Y64[:24].clone()
+    y[13] = 99  # in the second cycle (micro-batch 4, accum_steps 3, in order)
+    model = models.mlp(dtype=torch.float64)
+    weights = []
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=nan_gradient_on_label_99,
+        on_step=lambda r: weights.append(model[0].weight.detach().clone()),
+        **options,
+    )
+    return history, weights

@@ -1,7 +1,8 @@
 """What a refusal must leave as it found: a model's and an optimizer's state, compared exactly (the library's tests).
 
 `snapshot` and `same`: the values; `state` and `unchanged`: the values and each .grad's very tensor (a call that
-set .grad aside must give back the tensor it found, not a copy); `stable_records`: a run's records, comparable.
+set .grad aside must give back the tensor it found, not a copy); `stable_records`: a run's records, comparable;
+`identical`: two state dicts equal bit for bit, each tensor's dtype too.
 """
 
 import copy
@@ -59,3 +60,14 @@ def unchanged(before, model, optimizer) -> bool:
     )
     same_grads = all(a[0] is b[0] and torch.equal(a[1], b[1]) for a, b in zip(before[2], after[2], strict=True))
     return same_model and same_state and same_grads
+
+
+def identical(a, b) -> bool:
+    """Two nested structures (state dicts) equal, every tensor bit for bit (its dtype and shape too)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(identical, a, b))
+    return a == b

@@ -1,259 +1,406 @@
-"""accumlib.cycle: one optimizer step from a cycle of micro-batches. Here: what a step leaves (.grad freed) and what
-it reads on the host (tensor weights once, not per micro-batch); `train(memory_budget=...)` with a loader measured,
-cycle layout by cycle layout, instead of refused (issue 19); the old argument order refused (the cycle's options in
-one object: test_options.py; what it is given, refused: test_cycle_checks.py; what it puts back: test_restore.py).
+"""accumlib.cycle: one optimizer step from a cycle of micro-batches (`accumulate_and_step`, `CycleResult`,
+`NonFiniteError`). Here: a cycle's step equals one hand-written step on the whole batch, and its seeded backward
+the six-line recipe's gradient bit for bit; the scheduler, clipping, the AMP scaler and zero_grad once per step; a
+disabled GradScaler is no scaler; a weight-0 micro-batch is not run; a parameter without a gradient counts nothing;
+the norms moved to the loss's device before the one host read; a NaN or infinite loss or gradient skips the step
+(the model as found) or raises, and a scaler's overflow is skipped; the old argument order refused; what a step
+leaves (.grad freed) and what it reads on the host (tensor weights once, not per micro-batch). Some of these run the
+cycle through train, which only drives it. Elsewhere: the cycle's options in one object (test_options.py); what it
+is given, refused (test_cycle_checks.py); what it puts back (test_restore.py); train driving it (test_loop.py); DDP
+and FSDP2 (test_sharded.py).
 
 "Nothing changed" compares every weight and buffer exactly (torch.equal): a refusal computes nothing, so nothing may
-differ in any digit. Bytes on the CPU are exact integers (live tensor storages), so the budget comparisons are exact
-too.
+differ in any digit. float64 where a step is compared with another computation of it.
 """
 
 import copy
+import math
 
 import pytest
 import torch
 import found
-from torch import nn
-from states import same
+from found import SMALL, X64, Y64, linear, nan_gradient_on_label_99, nan_gradient_run
+from states import identical, same
 
 import accumlib
-from accumlib import cycle, memory
 from accumlib.timing import HostReads
+from builders import data, models
 
-X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
-Y = torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(1))
-
-
-# --- memory_budget with a loader ------------------------------------------------------------------------------
+max_param_diff = accumlib.parameter_gap
 
 
-def linear():
-    torch.manual_seed(0)
-    return nn.Linear(6, 3)
+# --- one step: the recipe's gradient, its once-per-step work, its non-finite rule --------------------------
 
 
-def cycle_peak(model, batches):
-    """The traced peak of one cycle of `batches`, as train weighs a cycle of equal micro-batches."""
-    weights = [len(x) / sum(len(b[0]) for b in batches) for x, _y in batches]
-    return memory.check_cycle_fits(
-        model,
-        batches,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        weights,
-        options=accumlib.CycleOptions(),
-        budget_bytes=2**40,
-        what="",
-        advice="",
-    ).peak
-
-
-SMALL = [(X[i : i + 4], Y[i : i + 4]) for i in range(0, 32, 4)]  # 8 batches of 4: 4 cycles of 2 at accum_steps=2
-LARGE = [(X[:32], Y[:32]), (X[32:64], Y[32:64])]  # a last cycle of two batches of 32 (a padded tail, say)
-
-
-def test_a_loader_whose_last_cycle_crosses_the_budget_raises_before_that_cycle_changes_anything():
-    model = linear()
-    small, large = cycle_peak(model, SMALL[:2]), cycle_peak(model, LARGE)
-    assert small < large  # 32-sample batches take more than 4-sample ones
-    reference = linear()  # the run without the large cycle: what the weights must be when the error comes
-    accumlib.train(reference, SMALL, torch.optim.SGD(reference.parameters(), lr=0.1), accum_steps=2, device="cpu")
-    with pytest.raises(memory.OutOfMemory) as error:
-        accumlib.train(
+def test_the_cycle_function_takes_exactly_one_full_batch_step():
+    """accumulate_and_step over 4 micro-batches weighted 1/4 = one hand-written step on the whole batch."""
+    x, y = X64[:64], Y64[:64]
+    full = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(full.parameters(), lr=0.5)
+    loss = torch.nn.functional.cross_entropy(full(x), y)
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in full.parameters()])).item()
+    optimizer.step()
+    model = models.mlp(dtype=torch.float64)
+    result = accumlib.accumulate_and_step(
+        model, list(zip(x.split(16), y.split(16), strict=True)), torch.optim.SGD(model.parameters(), lr=0.5), [0.25] * 4
+    )
+    assert max_param_diff(model, full) <= 1e-14
+    assert result.loss == pytest.approx(loss.item(), abs=1e-14) and result.grad_norm == pytest.approx(norm, rel=1e-12)
+    assert (result.lr, result.skipped) == (0.5, False)
+    with pytest.raises(ValueError, match="loss_weights has 3 values but micro_batches has 4"):
+        accumlib.accumulate_and_step(
             model,
-            SMALL + LARGE,
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            accum_steps=2,
-            memory_budget=small,
-            device="cpu",
+            list(zip(x.split(16), y.split(16), strict=True)),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            [1 / 3] * 3,
         )
-    assert error.value.needed_bytes == large and error.value.available_bytes == small
-    assert f"{large:,} bytes" in str(error.value) and f"budget is {small:,} bytes" in str(error.value)
-    assert "step 5 (epoch 0, 2 batches, 64 samples)" in str(error.value)  # the cycle that does not fit
-    assert len(error.value.history) == 4  # the four cycles that fit were trained
-    assert torch.equal(model.weight, reference.weight) and torch.equal(model.bias, reference.bias)
-    assert model.weight.grad is None  # nothing half-accumulated
 
 
-def test_a_loader_that_fits_trains_within_the_budget_and_each_layout_is_traced_once(monkeypatch):
-    model = linear()
-    budget = cycle_peak(model, LARGE)
-    traced = []
-    check = memory.check_cycle_fits
-    monkeypatch.setattr(memory, "check_cycle_fits", lambda *a, **k: traced.append(a[1]) or check(*a, **k))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("weights", [[0.1, 1 / 3, 0.7], [0.0, 2.0, 1 / 3]], ids=["shares", "padding-and-two"])
+def test_the_cycles_seeded_backward_gives_the_six_line_recipes_gradient_bit_for_bit(dtype, weights):
+    """The cycle backpropagates micro-batch i's loss with its gradient seeded with w_i (no multiply in the graph)
+    and sums the weighted losses in one op per micro-batch; backward() must add exactly w_i * grad(loss_i) into
+    .grad, as (loss_i * w_i).backward() does. Weights that are not powers of two (so a different rounding would
+    show), 0 (a padding micro-batch) and 2 (a DDP share), in float32, float64 and bfloat16: the step from either
+    gradient is equal bit for bit; the recorded loss is the sum of the weighted losses, to the dtype's rounding
+    (its machine epsilon per operation, 6 of them)."""
+    x, y = data.digits(48)
+    x = x.to(dtype)
+    micro_batches = [(x[:8], y[:8]), (x[8:24], y[8:24]), (x[24:48], y[24:48])]
+    model, reference = models.cnn(seed=3).to(dtype), models.cnn(seed=3).to(dtype)
+    result = accumlib.accumulate_and_step(model, micro_batches, torch.optim.SGD(model.parameters(), lr=1.0), weights)
+    losses = []
+    for (xs, ys), w in zip(micro_batches, weights, strict=True):
+        weighted = torch.nn.functional.cross_entropy(reference(xs), ys) * w
+        losses.append(weighted.item())
+        weighted.backward()
+    torch.optim.SGD(reference.parameters(), lr=1.0).step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(), strict=True))
+    assert result.loss == pytest.approx(math.fsum(losses), rel=6 * torch.finfo(dtype).eps)
+
+
+def test_an_optimizer_parameter_without_a_gradient_is_left_alone_and_counts_nothing_in_the_norm():
+    """A parameter the loss does not depend on (no .grad) beside the model's: untouched, and the norm is the
+    model's alone. (An optimizer holding none of the model's parameters is refused:
+    tests/library/test_cycle_checks.py.)"""
+    model = models.mlp(dtype=torch.float64)
+    unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    twin = copy.deepcopy(model)
+    alone = accumlib.accumulate_and_step(twin, [(X64[:8], Y64[:8])], torch.optim.SGD(twin.parameters(), lr=0.5), [1.0])
+    result = accumlib.accumulate_and_step(
+        model, [(X64[:8], Y64[:8])], torch.optim.SGD([unused, *model.parameters()], lr=0.5), [1.0]
+    )
+    assert (result.grad_norm, result.skipped) == (alone.grad_norm, False)
+    assert torch.equal(unused, torch.ones(3, dtype=torch.float64)) and unused.grad is None
+
+
+def test_norms_on_another_device_than_the_loss_are_moved_before_the_one_read(monkeypatch):
+    """A model split over devices: stacking the loss with the norms fails; they are moved to the loss's device and the
+    loss, norm and step are those of a one-device run. (A CPU has one device: the first stack raises as it would.)"""
+    x, y = X64[:32], Y64[:32]
+    results, stacks = {}, []
+    real_stack = torch.stack
+
+    def stack_on_one_device_only(tensors, *args, **kwargs):
+        stacks.append(len(tensors))
+        if len(stacks) == 1:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices")
+        return real_stack(tensors, *args, **kwargs)
+
+    for split in (False, True):
+        if split:
+            monkeypatch.setattr(torch, "stack", stack_on_one_device_only)
+        model = models.mlp(dtype=torch.float64)
+        result = accumlib.accumulate_and_step(
+            model,
+            list(zip(x.split(8), y.split(8), strict=True)),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            [0.25] * 4,
+        )
+        results[split] = (result, [p.detach().clone() for p in model.parameters()])
+    assert len(stacks) == 2 and stacks[0] == stacks[1] > 1  # the loss and the norms, tried, then moved and stacked
+    assert results[True][0] == results[False][0] and not results[True][0].skipped
+    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1], strict=True))
+
+
+class Counting(torch.optim.lr_scheduler.StepLR):
+    calls = 0
+
+    def step(self, *args, **kwargs):
+        Counting.calls += 1
+        return super().step(*args, **kwargs)
+
+
+def test_scheduler_and_clipping_run_once_per_optimizer_step(monkeypatch):
+    clip_calls = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: clip_calls.append(1) or real_clip(*a, **k))
+    model = models.mlp(dtype=torch.float64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = Counting(opt, step_size=1, gamma=0.9)
+    Counting.calls = 0  # the constructor's own initial step() is not ours
     history = accumlib.train(
         model,
-        SMALL + LARGE,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        accum_steps=2,
-        memory_budget=budget,
-        measure_memory=True,
+        (X64[:100], Y64[:100]),
+        opt,
+        micro_batch_size=4,
+        accum_steps=5,
         epochs=2,
+        scheduler=scheduler,
+        clip_grad_norm=0.1,
+    )
+    assert len(history) == 10  # 100 / 20 per epoch, 2 epochs
+    assert Counting.calls == 10 and len(clip_calls) == 10
+    assert [r.lr for r in history] == pytest.approx([0.5 * 0.9**i for i in range(10)])
+    assert all(r.grad_norm > 0.1 for r in history)  # the recorded norm is before clipping, so clipping did act
+
+
+class CountingScaler(torch.amp.GradScaler):
+    def __init__(self):
+        super().__init__("cpu")
+        self.calls = {"unscale_": 0, "step": 0, "update": 0, "scale": 0}
+
+    def scale(self, outputs):
+        self.calls["scale"] += 1
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):
+        self.calls["unscale_"] += 1
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.calls["step"] += 1
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        self.calls["update"] += 1
+        return super().update(new_scale)
+
+
+def test_amp_scaler_unscale_step_update_once_per_cycle():
+    X, y = data.digits(96, flat=True)
+    model = models.mlp()
+    scaler = CountingScaler()
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=8,
+        accum_steps=4,
+        amp="fp16",
+        scaler=scaler,
         device="cpu",
     )
-    assert len(history) == 10 and all(0 < r.peak_memory_bytes <= budget for r in history)
-    assert [[len(x) for x, _y in batches] for batches in traced] == [[4, 4], [32, 32]]  # two layouts, two epochs
+    assert len(history) == 3
+    assert scaler.calls == {"scale": 12, "unscale_": 3, "step": 3, "update": 3}
+    assert all(math.isfinite(r.loss) for r in history)
 
 
-class OwnLoss(nn.Module):
-    """A model that computes its own loss from a dict batch, as a Hugging Face model given labels does."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = linear()
-
-    def forward(self, inputs, labels):
-        return {"loss": nn.functional.cross_entropy(self.linear(inputs), labels)}
-
-
-def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target():
-    """A dict batch is the model's inputs and loss_fn's target: the trace copies its tensors once (a second copy
-    would count them twice), so its step peaks as the same step on (x, y) pairs does, byte for byte."""
-    batches = [{"inputs": X[i : i + 8], "labels": Y[i : i + 8]} for i in range(0, 16, 8)]
-    model, plain = OwnLoss(), linear()
-
-    def sgd(model):
-        return torch.optim.SGD(model.parameters(), lr=0.1)
-
-    own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
-    as_dicts = memory.check_cycle_fits(
-        model,
-        [(cycle.Inputs((), b), b) for b in batches],
-        sgd(model),
-        [0.5, 0.5],
-        options=own,
-        budget_bytes=2**40,
-        what="",
-        advice="",
-    )
-    as_pairs = memory.check_cycle_fits(
-        plain,
-        [(b["inputs"], b["labels"]) for b in batches],
-        sgd(plain),
-        [0.5, 0.5],
-        options=accumlib.CycleOptions(),
-        budget_bytes=2**40,
-        what="",
-        advice="",
-    )
-    assert as_dicts.inputs == as_pairs.inputs > 0 and as_dicts.peak == as_pairs.peak
+def test_a_disabled_grad_scaler_is_no_scaler_in_accumulate_and_step():
+    """A NaN gradient under a finite loss raises with on_nonfinite="raise" (a real scaler would take it for an
+    overflow and skip), the model and .grad left as they were; a finite cycle steps as without a scaler."""
+    x, y = X64[:16].clone(), Y64[:16].clone()
+    y[5] = 99
+    micro_batches = list(zip(x.split(8), y.split(8), strict=True))
+    model = models.mlp(dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(memory.OutOfMemory):
-        accumlib.train(model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak - 1, device="cpu")
-    assert same(model.state_dict(), before)
-    history = accumlib.train(
-        model, batches, sgd(model), accum_steps=2, memory_budget=as_dicts.peak, measure_memory=True, device="cpu"
-    )
-    assert len(history) == 1 and history[0].peak_memory_bytes <= as_dicts.peak
-
-
-# --- the recorded peak of a stateful optimizer -----------------------------------------------------------------
-
-
-class Masked(nn.Module):
-    """A small model with one large buffer its forward reads but never changes (a causal mask, say)."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
-        self.register_buffer("mask", torch.ones(256, 256))
-
-    def forward(self, x):
-        return self.linear(x) * self.mask[0, :3]
-
-
-@pytest.mark.parametrize(
-    "make",
-    [lambda p: torch.optim.Adam(p), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
-    ids=["Adam", "SGD with momentum"],
-)
-@pytest.mark.parametrize("m, k", [(8, 2), (16, 2), (4, 4)])
-def test_trains_recorded_peak_with_a_stateful_optimizer_is_measure_steps_from_the_first_step(make, m, k):
-    """measure_step reports the heavier of a run's first step (the optimizer makes its state in it) and a later
-    one; train records that same number for every full cycle of one run, the first included (before, its first
-    record was the first step's alone, fewer bytes: the state did not yet live through its passes)."""
-    model = Masked()
-    planned = memory.measure_step(model, X[:m], Y[:m], optimizer=make(model.parameters()), accum_steps=k).peak
-    history = accumlib.train(
-        model, (X, Y), make(model.parameters()), micro_batch_size=m, accum_steps=k, measure_memory=True, device="cpu"
-    )
-    assert len(history) == 64 // (m * k) and [r.peak_memory_bytes for r in history] == [planned] * len(history)
-
-
-class DictSamples(torch.utils.data.Dataset):
-    """A map-style Dataset of dict samples (what a tokenised Hugging Face dataset gives)."""
-
-    def __len__(self):
-        return 32
-
-    def __getitem__(self, i):
-        return {"inputs": X[i], "labels": Y[i]}
-
-
-def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget():
-    """Its samples are not two tensors, so no (x, y) step can be measured before the run: each cycle is traced as
-    it comes, before it changes anything (it was refused before)."""
-    model = OwnLoss()
-
-    def sgd(model):
-        return torch.optim.SGD(model.parameters(), lr=0.1)
-
-    own = accumlib.CycleOptions(loss_fn=lambda output, batch: output["loss"])
-    batches = [{"inputs": X[i : i + 8], "labels": Y[i : i + 8]} for i in (0, 8)]
-    peak = memory.check_cycle_fits(
-        model,
-        [(cycle.Inputs((), b), b) for b in batches],
-        sgd(model),
-        [0.5, 0.5],
-        options=own,
-        budget_bytes=2**40,
-        what="",
-        advice="",
-    ).peak
-    before = copy.deepcopy(model.state_dict())
-    with pytest.raises(memory.OutOfMemory) as error:
-        accumlib.train(
-            model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2, memory_budget=peak - 1, device="cpu"
-        )
-    assert error.value.needed_bytes == peak and "step 1 (epoch 0, 2 batches, 16 samples)" in str(error.value)
-    assert same(model.state_dict(), before)
-    history = accumlib.train(
-        model, DictSamples(), sgd(model), micro_batch_size=8, accum_steps=2, memory_budget=peak, device="cpu"
-    )
-    assert len(history) == 2
-
-
-class Noisy(torch.utils.data.Dataset):
-    """Samples with noise drawn from torch's global generator as they are fetched (a random augmentation)."""
-
-    def __len__(self):
-        return 32
-
-    def __getitem__(self, i):
-        return X[i] + 0.1 * torch.randn(6), Y[i]
-
-
-def test_measuring_a_stateful_optimizers_later_step_changes_nothing_of_the_run():
-    """The later-step trace fetches the cycle again (under its own random state) and traces copies: the run with
-    measure_memory=True trains bit for bit as the one without, dropout and a random augmentation included."""
-
-    def run(measure_memory):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
-        history = accumlib.train(
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        accumlib.accumulate_and_step(
             model,
-            Noisy(),
-            torch.optim.Adam(model.parameters()),
+            micro_batches,
+            optimizer,
+            [0.5, 0.5],
+            loss_fn=nan_gradient_on_label_99,
+            scaler=torch.amp.GradScaler("cpu", enabled=False),
+            on_nonfinite="raise",
+        )
+    assert identical(before, model.state_dict()) and all(p.grad is None for p in model.parameters())
+    y[5] = 0
+    reference = copy.deepcopy(model)
+    accumlib.accumulate_and_step(
+        reference,
+        list(zip(x.split(8), y.split(8), strict=True)),
+        torch.optim.SGD(reference.parameters(), lr=0.5),
+        [0.5, 0.5],
+    )
+    result = accumlib.accumulate_and_step(
+        model,
+        list(zip(x.split(8), y.split(8), strict=True)),
+        optimizer,
+        [0.5, 0.5],
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+    )
+    assert not result.skipped and max_param_diff(model, reference) == 0
+
+
+def test_accumulate_and_step_runs_no_micro_batch_of_weight_0():
+    """A weight-0 micro-batch whose loss is NaN does not poison the cycle (it is not run: the step on the others,
+    bit for bit); all weights 0: nothing run or changed, the result says empty."""
+    x, y = X64[:12], Y64[:12]
+    micro_batches = list(zip(x.split(4), y.split(4), strict=True))
+    model, reference = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    calls = []
+
+    def loss_fn(out, target):
+        calls.append(len(target))
+        return torch.nn.functional.cross_entropy(out, target) * (math.nan if target is micro_batches[1][1] else 1.0)
+
+    result = accumlib.accumulate_and_step(
+        model, micro_batches, torch.optim.SGD(model.parameters(), lr=0.5), [0.5, 0, 0.5], loss_fn=loss_fn
+    )
+    accumlib.accumulate_and_step(
+        reference, [micro_batches[0], micro_batches[2]], torch.optim.SGD(reference.parameters(), lr=0.5), [0.5, 0.5]
+    )
+    assert not result.skipped and not result.empty and max_param_diff(model, reference) == 0
+    before, calls[:] = copy.deepcopy(model.state_dict()), []
+    optimizer = torch.optim.Adam(model.parameters())
+    result = accumlib.accumulate_and_step(model, micro_batches, optimizer, [0, 0.0, 0], loss_fn=loss_fn)
+    assert (result.empty, result.skipped, result.grad_norm, calls, optimizer.state) == (True, False, None, [], {})
+    assert math.isnan(result.loss) and identical(before, model.state_dict())
+
+
+# --- a non-finite loss or gradient: the step skipped (the model as found) or raised; a scaler's overflow skipped ---
+
+
+def nan_on_label_99(out, target):
+    """cross-entropy, but NaN for a micro-batch holding the planted label 99."""
+    value = torch.nn.functional.cross_entropy(out, target.clamp(max=9))
+    return value * float("nan") if (target == 99).any() else value
+
+
+def test_nan_cycle_is_skipped_and_training_continues():
+    X, y = X64[:60].clone(), Y64[:60].clone()
+    y[7] = 99  # a planted bad label makes one cycle's loss NaN
+    model = models.mlp(dtype=torch.float64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    weights_seen = []
+    history = accumlib.train(
+        model,
+        (X, y),
+        opt,
+        micro_batch_size=4,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=nan_on_label_99,
+        on_step=lambda r: weights_seen.append(model[0].weight.detach().clone()),
+    )
+    assert [r.skipped for r in history] == [True, False, False, False, False]
+    assert math.isnan(history[0].loss)
+    assert torch.equal(weights_seen[0], models.mlp(dtype=torch.float64)[0].weight)  # untouched by the bad cycle
+    assert not torch.equal(weights_seen[1], weights_seen[0])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_can_raise_instead():
+    X, y = X64[:60].clone(), Y64[:60].clone()
+    y[30] = 99
+    model = models.mlp(dtype=torch.float64)
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
             micro_batch_size=4,
-            accum_steps=2,
-            epochs=2,
-            measure_memory=measure_memory,
+            accum_steps=3,
+            shuffle=False,
+            loss_fn=nan_on_label_99,
+            on_nonfinite="raise",
+        )
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_nan_gradient_under_a_finite_loss_is_skipped_by_default_and_reaches_the_weights_unchecked():
+    history, weights = nan_gradient_run()
+    assert math.isfinite(history[1].loss) and math.isnan(history[1].grad_norm)
+    assert [r.skipped for r in history] == [False, True]
+    assert torch.equal(weights[1], weights[0])  # the bad step left the weights as they were
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite"):
+        nan_gradient_run(on_nonfinite="raise")
+    unchecked, weights = nan_gradient_run(check_gradients=False)  # the loss alone is checked: the NaN gets through
+    assert [(r.skipped, r.grad_norm) for r in unchecked] == [(False, None), (False, None)]
+    assert torch.isnan(weights[1]).any() and torch.isfinite(weights[0]).all()
+    assert [r.loss for r in unchecked] == [r.loss for r in history]  # the same losses, read without the norm
+    clipped, weights = nan_gradient_run(check_gradients=False, clip_grad_norm=1.0)  # clipping computes the norm
+    assert [r.skipped for r in clipped] == [False, True] and math.isnan(clipped[1].grad_norm)
+    assert torch.equal(weights[1], weights[0])
+
+
+def test_raise_with_a_grad_scaler_raises_on_a_nonfinite_loss():
+    X, y = X64[:60].float(), Y64[:60].clone()
+    y[30] = 99
+    model = models.mlp()
+    with pytest.raises(accumlib.NonFiniteError, match="non-finite loss") as info:
+        accumlib.train(
+            model,
+            (X, y),
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            micro_batch_size=4,
+            accum_steps=3,
+            shuffle=False,
+            loss_fn=nan_on_label_99,
+            on_nonfinite="raise",
+            amp="fp16",
             device="cpu",
         )
-        return [r.loss for r in history], model.state_dict()
+    assert [r.skipped for r in info.value.history] == [False, False]  # the records so far travel with the error
 
-    (measured, weights), (plain, plain_weights) = run(True), run(False)
-    assert measured == plain and same(weights, plain_weights)
+
+def test_a_grad_scaler_overflow_is_skipped_and_not_raised():
+    """With a scaler, inf gradients are its routine: the step is skipped and the scale lowered, even with "raise"."""
+    X, y = data.digits(192, flat=True)
+    model = models.mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**30)
+    history = accumlib.train(
+        model,
+        (X, y),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        micro_batch_size=8,
+        accum_steps=2,
+        amp="fp16",
+        scaler=scaler,
+        on_nonfinite="raise",
+        device="cpu",
+    )
+    skipped = [r.skipped for r in history]
+    assert skipped[0] and not skipped[-1] and skipped == sorted(skipped, reverse=True)
+    assert scaler.get_scale() == 2.0**30 * 0.5 ** sum(skipped)
+
+
+class CountingSGD(torch.optim.SGD):
+    """An SGD whose zero_grad (as a sharded or fused optimizer's override would) notes each call's set_to_none."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.calls = [*getattr(self, "calls", []), set_to_none]
+        super().zero_grad(set_to_none)
+
+
+def test_the_optimizer_s_own_zero_grad_runs_once_per_step_with_set_to_none():
+    """5 cycles, the second holding a NaN (skipped: the model left as found, no zeroing): 4 steps, 4 calls, each
+    set_to_none=True, in train; one call per accumulate_and_step step; the weights those of plain SGD."""
+    X, y = X64[:60].clone(), Y64[:60].clone()
+    y[13] = 99  # the second cycle (micro-batches of 4, accum_steps 3)
+    model, plain = models.mlp(dtype=torch.float64), models.mlp(dtype=torch.float64)
+    optimizer = CountingSGD(model.parameters(), lr=0.5)
+    history = accumlib.train(
+        model, (X, y), optimizer, micro_batch_size=4, accum_steps=3, shuffle=False, loss_fn=nan_on_label_99
+    )
+    accumlib.train(
+        plain,
+        (X, y),
+        torch.optim.SGD(plain.parameters(), lr=0.5),
+        micro_batch_size=4,
+        accum_steps=3,
+        shuffle=False,
+        loss_fn=nan_on_label_99,
+    )
+    assert [r.skipped for r in history] == [False, True, False, False, False]
+    assert optimizer.calls == [True] * 4 and max_param_diff(model, plain) == 0
+    optimizer.calls = []
+    accumlib.accumulate_and_step(model, list(zip(X[:8].split(4), Y64[:8].split(4), strict=True)), optimizer, [0.5, 0.5])
+    assert optimizer.calls == [True] and all(p.grad is None for p in model.parameters())
 
 
 # --- accumulate_and_step in 0.x's order ------------------------------------------------------------------------
@@ -285,7 +432,7 @@ def test_accumulate_and_step_in_the_old_order_is_refused_by_name_before_anything
 
 # --- what a step leaves, and what it reads on the host ----------------------------------------------------------
 # found.setup: a BatchNorm CNN, Adam with state, and a .grad left by the caller on every parameter; found.cycle(n):
-# n micro-batches of 8 samples (this file's `cycle` is accumlib.cycle).
+# n micro-batches of 8 samples.
 
 
 def test_after_a_step_the_gradients_are_freed():
