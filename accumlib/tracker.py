@@ -84,6 +84,10 @@ class LiveTensorBytes(TorchDispatchMode):
         self._live: dict[int, _Storage] = {}
         self._at_peak: list[_Storage] = []
         self._finalizers: list[weakref.finalize] = []
+        # the storages of the copies a collective hands the backend (by id; weak: an entry dies with its storage, so
+        # an id used again is another storage's): never counted, also when the backend writes into one later from
+        # this thread (gloo's reduce-scatter copies its result into the output as the caller waits)
+        self._handed: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def track(self, tensors: Iterable[torch.Tensor], category: str = "other") -> None:
         """Count these (already existing) tensors' storages from now on, under `category` (final)."""
@@ -112,7 +116,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def _track(self, t: torch.Tensor, category: str, final: bool) -> None:
         storage = sharded.local(t).untyped_storage()  # an FSDP2 DTensor: the shard this process holds
         key = id(storage)
-        if key in self._live:
+        if key in self._live or self._handed.get(key) is storage:
             return
         record = self._live[key] = _Storage(allocation_bytes(storage.nbytes(), t.device), category, final)
         self.current += record.nbytes
@@ -149,7 +153,7 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = _collective(func, args, kwargs) if func.namespace == "c10d" else func(*args, **kwargs)
+        out = _collective(func, args, kwargs, self._handed) if func.namespace == "c10d" else func(*args, **kwargs)
         category = _CREATED_IN.get(self.now(), "other")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -163,7 +167,7 @@ class LiveTensorBytes(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-def _collective(func, args, kwargs):
+def _collective(func, args, kwargs, handed: weakref.WeakValueDictionary):
     """Run a collective (an op of the c10d namespace: FSDP2's all-gathers and reduce-scatters) on copies of its
     tensors, the counted ones held by this thread alone: wait for it, write what it left in the copies back into
     the caller's tensors, and return its result with the caller's tensors in place of the copies.
@@ -174,14 +178,18 @@ def _collective(func, args, kwargs):
     counted storage is freed where this thread drops it, as it is on CUDA, where the caching allocator frees a block
     on its stream's order. The copies are made inside the mode's dispatch and so are not counted, as the step itself
     does not make them; the collective's values are the same. The Work returned gives the caller's tensors back
-    from its future too (DDP's reducer reads the all-reduced bucket there: a copy it kept was counted then)."""
+    from its future too (DDP's reducer reads the all-reduced bucket there: a copy it kept was counted then). Each
+    copy's storage goes into `handed`, which the tracker never counts."""
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id of the caller's tensor: (it, its copy)
 
     def copy_of(t):
         if not isinstance(t, torch.Tensor):
             return t
         if id(t) not in copies:
-            copies[id(t)] = (t, t.clone())
+            copy = t.clone()
+            storage = copy.untyped_storage()
+            handed[id(storage)] = storage
+            copies[id(t)] = (t, copy)
         return copies[id(t)][1]
 
     out = func(*tree_map(copy_of, args), **tree_map(copy_of, kwargs))

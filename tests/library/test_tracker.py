@@ -8,13 +8,13 @@ from accumlib import tracker as tracking
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-seen = []  # the storages each collective hands the backend, as it reaches the backend
+seen = []  # the storages each collective hands the backend, as it reaches the backend (held: their ids stay theirs)
 
 
 class Spy(TorchDispatchMode):  # entered before the tracker: it sees what the tracker passes on
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d":
-            seen.extend(id(t.untyped_storage()) for t in torch.utils._pytree.tree_leaves(args)
+            seen.extend(t.untyped_storage() for t in torch.utils._pytree.tree_leaves(args)
                         if isinstance(t, torch.Tensor))
         return func(*args, **(kwargs or {}))
 
@@ -40,7 +40,7 @@ with Spy(), tracker:
     del x, summed, gathered, shard, work, again, future, chunks
     freed = before - tracker.current
 with open(sys.argv[2] + f".{rank}", "w") as f:
-    json.dump({"handed counted": len(counted & set(seen)), "handed": len(seen), "values": values, "freed": freed,
+    json.dump({"handed counted": len(counted & {id(s) for s in seen}), "handed": len(seen), "values": values, "freed": freed,
                "results": results}, f)
 dist.destroy_process_group()
 """
