@@ -59,8 +59,8 @@ class OutOfMemory(torch.OutOfMemoryError):
         )
 
 
-def cuda_budget(device: torch.device, budget_bytes: int | None):
-    """On CUDA, cap this process's caching allocator for the block where a real card could honour `budget_bytes`;
+def cuda_budget(device: torch.device, memory_budget: int | None):
+    """On CUDA, cap this process's caching allocator for the block where a real card could honour `memory_budget`;
     the allocator's OOM becomes OutOfMemory. Elsewhere, or without a budget, it does nothing.
 
     The budget itself is B bytes of the step's tensors as the allocator allocates them (512-byte blocks, see the
@@ -76,17 +76,17 @@ def cuda_budget(device: torch.device, budget_bytes: int | None):
     Where it does nothing it is a plain nullcontext (no generator, whose exit would set an error's __traceback__:
     a frozen dataclass exception would be replaced by the FrozenInstanceError of that).
     """
-    if device.type != "cuda" or budget_bytes is None or budget_bytes < CUDA_CAP_MINIMUM:
+    if device.type != "cuda" or memory_budget is None or memory_budget < CUDA_CAP_MINIMUM:
         return contextlib.nullcontext()
-    return _capped(device, budget_bytes)
+    return _capped(device, memory_budget)
 
 
 @contextlib.contextmanager
-def _capped(device: torch.device, budget_bytes: int):
+def _capped(device: torch.device, memory_budget: int):
     """`cuda_budget` where it caps the allocator."""
     _take_workspaces(device)
     torch.cuda.synchronize(device)
-    cap = torch.cuda.memory_reserved(device) + budget_bytes + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT
+    cap = torch.cuda.memory_reserved(device) + memory_budget + CUDA_SMALL_SEGMENT + CUDA_LARGE_SEGMENT
     total = torch.cuda.get_device_properties(device).total_memory
     callers = torch.cuda.get_per_process_memory_fraction(device)  # 1.0 unless the caller capped it: put back after
     torch.cuda.set_per_process_memory_fraction(min(cap / total, callers), device)  # never looser than the caller's
@@ -95,7 +95,7 @@ def _capped(device: torch.device, budget_bytes: int):
     except OutOfMemory:
         raise
     except torch.OutOfMemoryError as error:
-        raise OutOfMemory(torch.cuda.max_memory_allocated(device), budget_bytes) from error
+        raise OutOfMemory(torch.cuda.max_memory_allocated(device), memory_budget) from error
     finally:
         torch.cuda.set_per_process_memory_fraction(callers, device)
 

@@ -164,7 +164,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: _Run) 
             optimizer=optimizer,
             options=options,
             accum_steps=accum_steps,
-            budget_bytes=run.memory_budget,
+            memory_budget=run.memory_budget,
             device=device,
         )  # traced on the run's device, not moved
     each_cycle = run.memory_budget is not None and example is None  # a loader's or dicts: as each cycle comes
@@ -332,7 +332,7 @@ def _check_fits(
         try:
             batches, kept = cycle.real(weights)
             memory.check_cycle_fits(
-                model, batches, optimizer, kept, options=options, budget_bytes=budget, what=what, advice=advice
+                model, batches, optimizer, kept, options=options, memory_budget=budget, what=what, advice=advice
             )
             fitted.add(cycle.layout)
         except Exception as error:  # under DDP the others learn of it below

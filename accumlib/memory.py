@@ -208,20 +208,20 @@ def check_fits(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     accum_steps: int,
-    budget_bytes: int,
+    memory_budget: int,
     loss_fn: Callable | None = None,
     options: CycleOptions | None = None,
     device: str | torch.device | None = None,
     **cycle_options,
 ) -> MemoryReport:
-    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `budget_bytes`, traced
+    """Raise OutOfMemory when one step of accum_steps micro-batches (x, y) needs more than `memory_budget`, traced
     under FakeTensorMode (see `_step_peak`) with `train`'s cycle.
 
     Args:
         model, x, y, optimizer, loss_fn, options: as for `measure_step` (train passes the options it runs its
             cycles with).
         accum_steps: passes per step.
-        budget_bytes: the bytes a step may take.
+        memory_budget: the bytes a step may take.
         device: where the step will run (default: where the model is); a fake copy is traced there (on CUDA each
             block as the allocator rounds it) and the model does not move, so a refusal leaves it where it was.
 
@@ -229,11 +229,11 @@ def check_fits(
         The `MemoryReport` of that step.
     """
     accum_steps = _check_step_inputs(model, x, y, optimizer, accum_steps)
-    budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
+    memory_budget = _validate.positive_int("memory_budget", memory_budget)
     options = _step_options("check_fits", loss_fn, options, cycle_options)
     report = _step_peak(model, optimizer, x, y, options, accum_steps, None if device is None else torch.device(device))
-    if report.peak > budget_bytes:
-        raise OutOfMemory(report.peak, budget_bytes, _("a micro-batch of {n} samples").format(n=len(x)))
+    if report.peak > memory_budget:
+        raise OutOfMemory(report.peak, memory_budget, _("a micro-batch of {n} samples").format(n=len(x)))
     return report
 
 
@@ -267,6 +267,7 @@ def _traced_cycle(model, optimizer, batches, loss_weights, options: CycleOptions
     )
 
 
+@_validate.new_order
 def check_cycle_fits(
     model: torch.nn.Module,
     batches: Sequence,
@@ -274,41 +275,41 @@ def check_cycle_fits(
     loss_weights: Sequence[float],
     *,
     options: CycleOptions,
-    budget_bytes: int,
+    memory_budget: int,
     what: str,
     advice: str,
 ) -> MemoryReport:
     """Raise OutOfMemory (needing `what`, with `advice`) when the cycle of `batches` ((x, y) pairs as
     `cycle.accumulate_and_step` takes them, any shapes, in its order) with `loss_weights` needs more than
-    `budget_bytes`.
+    `memory_budget`.
 
     Traced as `check_fits` traces a step (FakeTensorMode, on copies of the model and optimizer, where the model
     is), every micro-batch as it is: `train` checks a loader's cycles with it, one per layout of batch shapes.
     """
-    order = "model, batches, optimizer, loss_weights, *, options, budget_bytes, what, advice"
+    order = "model, batches, optimizer, loss_weights, *, options, memory_budget, what, advice"
     _validate.not_optimizer("check_cycle_fits", order, "batches", batches)
     report = _traced_cycle(model, optimizer, batches, loss_weights, options)
-    if report.peak > budget_bytes:
-        raise OutOfMemory(report.peak, budget_bytes, what, advice=advice)
+    if report.peak > memory_budget:
+        raise OutOfMemory(report.peak, memory_budget, what, advice=advice)
     return report
 
 
 @dataclass(frozen=True)
 class FitPlan:
-    """How to train with an effective batch of `target_batch` samples per step on a card of `budget_bytes`.
+    """How to train with an effective batch of `target_batch` samples per step on a card of `memory_budget`.
 
     The plan fits exactly when `train(..., micro_batch_size=plan.micro_batch_size, accum_steps=plan.accum_steps,
-    memory_budget=plan.budget_bytes)` accepts it: both measure the step of accum_steps passes under FakeTensorMode.
+    memory_budget=plan.memory_budget)` accepts it: both measure the step of accum_steps passes under FakeTensorMode.
     """
 
     target_batch: int  # the effective batch asked for: micro_batch_size * accum_steps samples per step
-    budget_bytes: int  # the card: bytes available to one training step
+    memory_budget: int  # the card: bytes available to one training step
     micro_batch_size: int  # samples per pass: the largest divisor of target_batch whose step fits the budget
     accum_steps: int  # passes per optimizer step: target_batch // micro_batch_size
-    peak_bytes: int  # peak of one step of accum_steps passes of micro_batch_size (<= budget_bytes)
+    peak_bytes: int  # peak of one step of accum_steps passes of micro_batch_size (<= memory_budget)
     largest_fitting: int  # the largest micro-batch (samples, <= target_batch) that fits, dividing target_batch or not
     next_micro_batch_size: int | None  # the next larger divisor of target_batch (None when micro_batch_size is it)
-    next_peak_bytes: int | None  # its step's peak, with target_batch // it passes (> budget_bytes)
+    next_peak_bytes: int | None  # its step's peak, with target_batch // it passes (> memory_budget)
 
 
 MAX_TARGET_BATCH = 10**9  # samples: fit_batch lists the divisors of target_batch by trial division
@@ -319,19 +320,20 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+@_validate.new_order
 def fit_batch(
     model: torch.nn.Module,
     example_batch: tuple[torch.Tensor, torch.Tensor],
     target_batch: int,
-    budget_bytes: int,
+    memory_budget: int,
     *,
     optimizer: torch.optim.Optimizer | None = None,
     loss_fn: Callable | None = None,
 ) -> FitPlan:
-    """Plan (micro_batch_size, accum_steps) for an effective batch of exactly `target_batch` under `budget_bytes`.
+    """Plan (micro_batch_size, accum_steps) for an effective batch of exactly `target_batch` under `memory_budget`.
 
     The micro-batch is the largest divisor d of target_batch whose step -- target_batch // d passes of d samples
-    and one optimizer step, as `train` runs it -- peaks at most at budget_bytes. With accumulation the whole
+    and one optimizer step, as `train` runs it -- peaks at most at memory_budget. With accumulation the whole
     gradient stays alive through the cycle, so each candidate is measured with its own accum_steps.
     example_batch: (x, y) with at least one sample (its first sample stands for every sample: only shapes matter;
     nothing of the size of a candidate batch is allocated). target_batch: 1 to 10**9 samples. optimizer and
@@ -349,7 +351,7 @@ def fit_batch(
                 most=MAX_TARGET_BATCH, value=target_batch
             )
         )
-    budget_bytes = _validate.positive_int("budget_bytes", budget_bytes)
+    memory_budget = _validate.positive_int("memory_budget", memory_budget)
 
     def peak(size: int) -> int:  # a step of `size` samples per pass, with the passes an effective batch needs
         views = x[:1].expand(size, *x.shape[1:]), y[:1].expand(size, *y.shape[1:])  # no memory: fake copies below
@@ -357,8 +359,8 @@ def fit_batch(
 
     candidates = _divisors(target_batch)
     peaks = {target_batch: peak(target_batch)}
-    if peaks[target_batch] <= budget_bytes:
-        return FitPlan(target_batch, budget_bytes, target_batch, 1, peaks[target_batch], target_batch, None, None)
+    if peaks[target_batch] <= memory_budget:
+        return FitPlan(target_batch, memory_budget, target_batch, 1, peaks[target_batch], target_batch, None, None)
     try:
         peaks[1] = peak(1)
     except ValueError:  # BatchNorm in training refuses one value per channel: its smallest micro-batch is 2 or more
@@ -368,7 +370,7 @@ def fit_batch(
     smallest = candidates[0]
     if smallest not in peaks:
         peaks[smallest] = peak(smallest)
-    if peaks[smallest] > budget_bytes:
+    if peaks[smallest] > memory_budget:
         what = (
             _("even one sample per pass")
             if smallest == 1
@@ -379,7 +381,7 @@ def fit_batch(
         )
         raise OutOfMemory(
             peaks[smallest],
-            budget_bytes,
+            memory_budget,
             what,
             advice=_("a larger card, a smaller model or an optimizer with less state is needed"),
         )
@@ -389,14 +391,14 @@ def fit_batch(
     while low < high:
         mid = (low + high + 1) // 2
         peaks[candidates[mid]] = peak(candidates[mid])
-        low, high = (mid, high) if peaks[candidates[mid]] <= budget_bytes else (low, mid - 1)
+        low, high = (mid, high) if peaks[candidates[mid]] <= memory_budget else (low, mid - 1)
     micro, following = candidates[low], candidates[low + 1]
     if following not in peaks:
         peaks[following] = peak(following)
     fitting, too_big = micro, following  # the largest micro-batch that fits lies in [micro, following)
     while too_big - fitting > 1:
         mid = (fitting + too_big) // 2
-        fitting, too_big = (mid, too_big) if peak(mid) <= budget_bytes else (fitting, mid)
+        fitting, too_big = (mid, too_big) if peak(mid) <= memory_budget else (fitting, mid)
     return FitPlan(
-        target_batch, budget_bytes, micro, target_batch // micro, peaks[micro], fitting, following, peaks[following]
+        target_batch, memory_budget, micro, target_batch // micro, peaks[micro], fitting, following, peaks[following]
     )

@@ -356,15 +356,15 @@ def loss_curves(curves: dict[str, dict[str, list]], title: str, alt: str, *, log
 
 
 @_drawn
-def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], budget_bytes: int, title: str, alt: str) -> Plot:
+def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], memory_budget: int, title: str, alt: str) -> Plot:
     """Measured peak bytes of one training step against batch size, with the card's budget line."""
     figure, ax = _figure()
     ax.plot(batch_sizes, [p / MIB for p in peaks], color=OKABE_ITO[0], marker="o", label=_("measured peak"))
     ax.axhline(
-        budget_bytes / MIB,
+        memory_budget / MIB,
         color=OKABE_ITO[3],
         linestyle="--",
-        label=_("card budget ({budget})").format(budget=mib(budget_bytes)),
+        label=_("card budget ({budget})").format(budget=mib(memory_budget)),
     )
     ax.set_xscale("log", base=2)
     _finish(ax, title, _("batch size (samples, log scale)"), _("peak memory of one step (MiB)"))
@@ -372,7 +372,7 @@ def memory_by_batch(batch_sizes: Sequence[int], peaks: Sequence[int], budget_byt
 
 
 @_drawn
-def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budget_bytes: int | None = None) -> Plot:
+def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, memory_budget: int | None = None) -> Plot:
     """Stacked bars of bytes by category; reports: bar label -> {category: bytes} (accumlib.memory's categories).
 
     A category that is zero in every bar is left out of the bars and the legend; each keeps its colour and hatch.
@@ -395,12 +395,12 @@ def memory_stack(reports: dict[str, dict[str, int]], title: str, alt: str, budge
             edgecolor="white",
         )
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    if budget_bytes is not None:
+    if memory_budget is not None:
         ax.axhline(
-            budget_bytes / MIB,
+            memory_budget / MIB,
             color="black",
             linestyle="--",
-            label=_("card budget ({budget})").format(budget=mib(budget_bytes)),
+            label=_("card budget ({budget})").format(budget=mib(memory_budget)),
         )
     ax.set_xlim(-0.6, len(reports) - 0.4)
     _finish(ax, title, None, _("peak memory (MiB)"), grid=False, categories=list(reports))

@@ -803,7 +803,7 @@ class MemoryDashboard(Dashboard):
     def current_settings(self) -> dict:
         return {
             **super().current_settings(),
-            "budget_bytes": int(self.budget.value * plots.MIB),
+            "memory_budget": int(self.budget.value * plots.MIB),
             "model": "cnn(16, 32)",
             "optimizer": "SGD",
             "measured_with": "accumlib.measure_step",
@@ -819,7 +819,7 @@ class MemoryDashboard(Dashboard):
 
     def compute(self, settings: dict, job: _Job):
         m, k = settings["micro_batch_size"], settings["accum_steps"]
-        budget = settings["budget_bytes"]
+        budget = settings["memory_budget"]
         accumulated, one_batch = self._report(m, k, job), self._report(m * k, 1, job)
         values = dict(
             accum_steps=k,

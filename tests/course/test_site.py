@@ -453,7 +453,7 @@ def test_a_dashboards_sliders_change_its_figure_and_findings(served, browser, wi
         summary = memory.locator(".wd-summary").inner_text()
         card.fill("4")  # 4 MiB
         assert memory.locator(".wd-summary").inner_text() != summary
-        assert f"budget_bytes={4 * 2**20}" in memory.locator(".wd-summary").inner_text()
+        assert f"memory_budget={4 * 2**20}" in memory.locator(".wd-summary").inner_text()
         width_now = page.evaluate("document.documentElement.scrollWidth")
         assert width_now <= width, (lang, width_now)
     assert errors == [], errors

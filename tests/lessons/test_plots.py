@@ -134,7 +134,7 @@ def test_fixed_labels_come_from_the_catalogue(monkeypatch):
             return "".join(p if p.startswith("{") else p.upper() for p in re.split(r"(\{[^}]*\})", message))
 
     monkeypatch.setattr(i18n, "catalogue", lambda code: Upper())
-    figure = plots.memory_stack({"a": {"parameters": 2**20, "other": 2**19}}, "T", "alt", budget_bytes=2**20)
+    figure = plots.memory_stack({"a": {"parameters": 2**20, "other": 2**19}}, "T", "alt", memory_budget=2**20)
     ax = figure.figure.axes[0]
     assert ax.get_ylabel() == "PEAK MEMORY (MIB)"
     assert {t.get_text() for t in ax.get_legend().get_texts()} == {"PARAMETERS", "OTHER", "CARD BUDGET (1.00 MIB)"}

@@ -95,7 +95,7 @@ def test_accumulation_effect_refuses_pairs_of_different_splits(wide_pairs):
 
 
 def test_the_plan_is_said_with_the_next_larger_split_that_train_refuses(capsys):
-    plan = memory.fit_batch(models.cnn(), (X[:1], Y[:1]), target_batch=256, budget_bytes=2**19)
+    plan = memory.fit_batch(models.cnn(), (X[:1], Y[:1]), target_batch=256, memory_budget=2**19)
     show.plan(plan)
     out = capsys.readouterr().out
     assert "micro-batch × accum_steps = 8 × 32, peak 310,940 bytes" in out
@@ -108,7 +108,7 @@ def test_the_plan_is_said_with_the_next_larger_split_that_train_refuses(capsys):
         torch.optim.SGD(model.parameters(), lr=0.05),
         micro_batch_size=8,
         accum_steps=32,
-        memory_budget=plan.budget_bytes,
+        memory_budget=plan.memory_budget,
         measure_memory=False,
     )
     show.trained(history)
@@ -118,7 +118,7 @@ def test_the_plan_is_said_with_the_next_larger_split_that_train_refuses(capsys):
 
 
 def test_a_plan_that_needs_no_accumulation_names_no_larger_split(capsys):
-    show.plan(memory.fit_batch(models.cnn(), (X[:1], Y[:1]), target_batch=16, budget_bytes=2**20))
+    show.plan(memory.fit_batch(models.cnn(), (X[:1], Y[:1]), target_batch=16, memory_budget=2**20))
     out = capsys.readouterr().out
     assert "micro-batch × accum_steps = 16 × 1" in out and "next larger" not in out and "at all" not in out
 

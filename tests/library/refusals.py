@@ -29,12 +29,12 @@ with torch.device("meta"):
 
 
 def fit(**kwargs):
-    arguments = {"model": NET, "example_batch": EXAMPLE, "target_batch": 64, "budget_bytes": 2**20, **kwargs}
+    arguments = {"model": NET, "example_batch": EXAMPLE, "target_batch": 64, "memory_budget": 2**20, **kwargs}
     return memory.fit_batch(
         arguments.pop("model"),
         arguments.pop("example_batch"),
         arguments.pop("target_batch"),
-        arguments.pop("budget_bytes"),
+        arguments.pop("memory_budget"),
         **arguments,
     )
 
@@ -60,12 +60,12 @@ MEMORY = {  # id: (call, error type, the parameter its message must name)
     "fit: one tensor as example": (lambda: fit(example_batch=X[:1]), TypeError, "example_batch"),
     "fit: numpy example": (lambda: fit(example_batch=(X[:1].numpy(), Y[:1].numpy())), TypeError, "example_batch"),
     "fit: x and y of different lengths": (lambda: fit(example_batch=(X[:2], Y[:1])), ValueError, "example_batch"),
-    "fit: budget 0": (lambda: fit(budget_bytes=0), ValueError, "budget_bytes"),
-    "fit: negative budget": (lambda: fit(budget_bytes=-5), ValueError, "budget_bytes"),
-    "fit: float budget": (lambda: fit(budget_bytes=2.5e5), TypeError, "budget_bytes"),
-    "fit: bool budget": (lambda: fit(budget_bytes=True), TypeError, "budget_bytes"),
-    "fit: budget as text": (lambda: fit(budget_bytes="1MB"), TypeError, "budget_bytes"),
-    "fit: budget None": (lambda: fit(budget_bytes=None), TypeError, "budget_bytes"),
+    "fit: budget 0": (lambda: fit(memory_budget=0), ValueError, "memory_budget"),
+    "fit: negative budget": (lambda: fit(memory_budget=-5), ValueError, "memory_budget"),
+    "fit: float budget": (lambda: fit(memory_budget=2.5e5), TypeError, "memory_budget"),
+    "fit: bool budget": (lambda: fit(memory_budget=True), TypeError, "memory_budget"),
+    "fit: budget as text": (lambda: fit(memory_budget="1MB"), TypeError, "memory_budget"),
+    "fit: budget None": (lambda: fit(memory_budget=None), TypeError, "memory_budget"),
     "fit: target 0": (lambda: fit(target_batch=0), ValueError, "target_batch"),
     "fit: float target": (lambda: fit(target_batch=3.0), TypeError, "target_batch"),
     "fit: bool target": (lambda: fit(target_batch=True), TypeError, "target_batch"),

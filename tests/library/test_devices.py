@@ -148,7 +148,7 @@ def test_memory_budget_traces_a_cpu_model_on_the_device_it_trains_on_and_a_refus
     state = {name: t.clone() for name, t in net.state_dict().items()}
     storages = [p.data_ptr() for p in net.parameters()]
     # on the CPU, for real
-    report = memory.check_fits(net, X[:4], Y[:4], optimizer=opt, accum_steps=2, budget_bytes=2**30)
+    report = memory.check_fits(net, X[:4], Y[:4], optimizer=opt, accum_steps=2, memory_budget=2**30)
     seen = []
 
     def spy(model, optimizer, batches, *args, **kwargs):

@@ -362,7 +362,7 @@ REFUSALS = {
     ),
     "memory: target_batch past the largest": (
         lambda: memory.fit_batch(
-            torch.nn.Linear(3, 4), _data(), target_batch=memory.MAX_TARGET_BATCH + 1, budget_bytes=2**20
+            torch.nn.Linear(3, 4), _data(), target_batch=memory.MAX_TARGET_BATCH + 1, memory_budget=2**20
         ),
         f"target_batch must be between 1 and {memory.MAX_TARGET_BATCH:,} samples, got {memory.MAX_TARGET_BATCH + 1:,}",
     ),

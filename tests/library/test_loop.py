@@ -496,7 +496,7 @@ def cycle_peak(model, batches):
         torch.optim.SGD(model.parameters(), lr=0.1),
         weights,
         options=accumlib.CycleOptions(),
-        budget_bytes=2**40,
+        memory_budget=2**40,
         what="",
         advice="",
     ).peak
@@ -575,7 +575,7 @@ def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target()
         sgd(model),
         [0.5, 0.5],
         options=own,
-        budget_bytes=2**40,
+        memory_budget=2**40,
         what="",
         advice="",
     )
@@ -585,7 +585,7 @@ def test_dict_batches_are_measured_once_each_though_they_are_inputs_and_target()
         sgd(plain),
         [0.5, 0.5],
         options=accumlib.CycleOptions(),
-        budget_bytes=2**40,
+        memory_budget=2**40,
         what="",
         advice="",
     )
@@ -660,7 +660,7 @@ def test_a_dataset_of_dict_samples_is_measured_cycle_by_cycle_under_the_budget()
         sgd(model),
         [0.5, 0.5],
         options=own,
-        budget_bytes=2**40,
+        memory_budget=2**40,
         what="",
         advice="",
     ).peak

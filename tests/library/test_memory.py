@@ -170,7 +170,7 @@ def train_quickly(model, optimizer, plan, **kwargs):
         optimizer,
         micro_batch_size=plan.micro_batch_size,
         accum_steps=plan.accum_steps,
-        memory_budget=plan.budget_bytes,
+        memory_budget=plan.memory_budget,
         measure_memory=True,
         **kwargs,
     )
@@ -414,7 +414,7 @@ for name, data, options in [("X, y", (X, Y), dict(micro_batch_size=4)), ("list",
 for view in (False, True):
     model = build(view)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    traced, module = (memory.check_fits(m, X[:4], Y[:4], optimizer=optimizer, accum_steps=3, budget_bytes=2 ** 30)
+    traced, module = (memory.check_fits(m, X[:4], Y[:4], optimizer=optimizer, accum_steps=3, memory_budget=2 ** 30)
                       for m in (model, model.module))
     out[f"peak, view={view}"] = traced.peak
     reported = 0 if view else sum(map(int, str(model._get_ddp_logging_data()["bucket_sizes"]).split(",")))
@@ -432,7 +432,7 @@ out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, model.module.st
 rows = [2, 200]
 peaks = [memory.check_fits(build().module, X.repeat(5, 1)[:n], Y.repeat(5)[:n],
                            optimizer=torch.optim.SGD(build().parameters(), lr=0.1), accum_steps=3,
-                           budget_bytes=2 ** 40).peak for n in rows]
+                           memory_budget=2 ** 40).peak for n in rows]
 uneven = [(X.repeat(5, 1)[:rows[rank]], Y.repeat(5)[:rows[rank]])] * 6
 model = build()
 try:
@@ -488,17 +488,38 @@ def test_the_memory_checks_in_the_old_order_are_refused_by_name():
     model = models.cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches, weights = [(X[:4], Y[:4])] * 2, [0.5, 0.5]
-    with pytest.raises(TypeError, match=r"check_fits takes \(model, x, y, \*, optimizer, accum_steps, budget_bytes"):
-        memory.check_fits(model, optimizer, X[:4], Y[:4], accum_steps=2, budget_bytes=2**30)
+    with pytest.raises(TypeError, match=r"check_fits takes \(model, x, y, \*, optimizer, accum_steps, memory_budget"):
+        memory.check_fits(model, optimizer, X[:4], Y[:4], accum_steps=2, memory_budget=2**30)
     options = accumlib.CycleOptions()
     with pytest.raises(TypeError, match=r"check_cycle_fits takes \(model, batches, optimizer, loss_weights, \*"):
         memory.check_cycle_fits(
-            model, optimizer, batches, weights, options=options, budget_bytes=2**30, what="", advice=""
+            model, optimizer, batches, weights, options=options, memory_budget=2**30, what="", advice=""
         )
     with pytest.raises(TypeError, match=r"measured_cycle_peak takes \(model, batches, optimizer, loss_weights"):
         memory.measured_cycle_peak(model, optimizer, batches, weights, options)
-    new = memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=2, budget_bytes=2**30).peak
+    new = memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=2, memory_budget=2**30).peak
     assert memory.measured_cycle_peak(model, batches, optimizer, weights, options) == new
+
+
+def test_the_budget_s_old_keyword_is_refused_naming_its_new_name():
+    """0.x's `budget_bytes` is `memory_budget` in 1.0, as train calls it (one word for one idea): a call with the old
+    keyword is refused naming the new one and the value to pass, in each measurement that takes a budget."""
+    model = models.cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = {
+        "check_fits": lambda: memory.check_fits(model, X[:4], Y[:4], accum_steps=2, budget_bytes=2**30),
+        "check_cycle_fits": lambda: memory.check_cycle_fits(
+            model, [(X[:4], Y[:4])], optimizer, [1.0], options=accumlib.CycleOptions(), budget_bytes=2**30, what=""
+        ),
+        "fit_batch": lambda: memory.fit_batch(model, (X[:1], Y[:1]), 8, budget_bytes=2**30),
+    }
+    for function, call in calls.items():
+        with pytest.raises(TypeError) as refused:
+            call()
+        assert str(refused.value) == (
+            f"{function}: budget_bytes is called memory_budget since accumlib 1.0, as in train(memory_budget=...); "
+            f"pass memory_budget={2**30!r}"
+        )
 
 
 class _OwnLoss(torch.nn.Module):
@@ -518,7 +539,7 @@ def test_without_loss_fn_a_measurement_takes_the_models_own_loss_as_train_does()
     model = _OwnLoss()
     report = memory.measure_step(model, XF[:8], YF[:8], accum_steps=2)
     assert report.peak == memory.measure_step(model, XF[:8], YF[:8], accum_steps=2, loss_fn=lambda o, t: o["loss"]).peak
-    assert memory.check_fits(model, XF[:8], YF[:8], accum_steps=2, budget_bytes=report.peak).peak == report.peak
+    assert memory.check_fits(model, XF[:8], YF[:8], accum_steps=2, memory_budget=report.peak).peak == report.peak
     assert memory.fit_batch(model, (XF[:1], YF[:1]), 16, 2**30).micro_batch_size == 16
 
 
@@ -530,7 +551,7 @@ def test_a_measurement_takes_the_cycles_options_as_keywords_or_in_options_not_bo
     by_keyword = memory.measure_step(net, XF[:8], YF[:8], accum_steps=2, amp="bf16").peak
     options = accumlib.CycleOptions(amp="bf16")
     assert memory.measure_step(net, XF[:8], YF[:8], accum_steps=2, options=options).peak == by_keyword != plain
-    fits = {"accum_steps": 2, "budget_bytes": 2**30}
+    fits = {"accum_steps": 2, "memory_budget": 2**30}
     checked = memory.check_fits(net, XF[:8], YF[:8], amp="bf16", **fits).peak
     assert checked == memory.check_fits(net, XF[:8], YF[:8], options=options, **fits).peak == by_keyword
     with pytest.raises(TypeError, match=r"^measure_step\(\) got 'amp' both as a keyword and in options="):
@@ -653,7 +674,7 @@ def test_a_plan_at_its_exact_boundary_with_adam_trains_within_it():
         micro_batch_size=4,
         accum_steps=4,
         epochs=2,
-        memory_budget=plan.budget_bytes,
+        memory_budget=plan.memory_budget,
         measure_memory=True,
         device="cpu",
     )
@@ -663,15 +684,15 @@ def test_a_plan_at_its_exact_boundary_with_adam_trains_within_it():
         optimizer,
         micro_batch_size=4,
         accum_steps=4,
-        memory_budget=plan.budget_bytes,
+        memory_budget=plan.memory_budget,
         measure_memory=True,
         device="cpu",
     )
     peaks = [r.peak_memory_bytes for r in history] + [later[0].peak_memory_bytes]
-    assert max(peaks) == plan.budget_bytes  # the step it trains reaches its plan, and not a byte over
+    assert max(peaks) == plan.memory_budget  # the step it trains reaches its plan, and not a byte over
     with pytest.raises(memory.OutOfMemory):  # one byte less is refused before anything changes
         accumlib.train(
-            model, (X48, Y48), optimizer, micro_batch_size=4, accum_steps=4, memory_budget=plan.budget_bytes - 1
+            model, (X48, Y48), optimizer, micro_batch_size=4, accum_steps=4, memory_budget=plan.memory_budget - 1
         )
 
 
@@ -699,7 +720,7 @@ def test_trains_peak_is_measure_steps_byte_for_byte(build, m, k):
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         loss_fn=None,
         accum_steps=k,
-        budget_bytes=10**9,
+        memory_budget=10**9,
     )
     peaks = trained_peaks(model, torch.optim.SGD(model.parameters(), lr=0.1), m, k)
     assert peaks == [planned.peak] * 2 and fake.peak == planned.peak and checked.peak == planned.peak
@@ -728,14 +749,14 @@ def test_fit_batchs_plan_is_accepted_and_fits():
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         whole = memory.measure_step(model, X96[:target], Y96[:target], optimizer=optimizer).peak
         plan = memory.fit_batch(model, (X96[:1], Y96[:1]), target, whole - 1, optimizer=optimizer)
-        assert plan.accum_steps > 1 and plan.peak_bytes <= plan.budget_bytes < whole
+        assert plan.accum_steps > 1 and plan.peak_bytes <= plan.memory_budget < whole
         history = accumlib.train(
             model,
             (X96, Y96),
             optimizer,
             micro_batch_size=plan.micro_batch_size,
             accum_steps=plan.accum_steps,
-            memory_budget=plan.budget_bytes,
+            memory_budget=plan.memory_budget,
             measure_memory=True,
             device="cpu",
         )
@@ -747,7 +768,7 @@ def test_fit_batchs_plan_is_accepted_and_fits():
                 optimizer,
                 micro_batch_size=plan.next_micro_batch_size,
                 accum_steps=target // plan.next_micro_batch_size,
-                memory_budget=plan.budget_bytes,
+                memory_budget=plan.memory_budget,
             )
 
 
@@ -786,7 +807,7 @@ def test_the_measurements_move_the_data_to_the_models_device():
     )
     assert (
         memory.check_fits(
-            on_meta, X96[:8], Y96[:8], optimizer=sgd(on_meta), loss_fn=None, accum_steps=4, budget_bytes=expected
+            on_meta, X96[:8], Y96[:8], optimizer=sgd(on_meta), loss_fn=None, accum_steps=4, memory_budget=expected
         ).peak
         == expected
     )

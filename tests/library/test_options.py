@@ -88,10 +88,10 @@ LOSS_FN_REFUSED = [5, nn.CrossEntropyLoss, "cross_entropy"]
 MEASUREMENTS = {  # every function of the library that takes loss_fn, called with a refused one
     "measure_step": lambda bad, model, opt: memory.measure_step(model, X[:8], Y[:8], optimizer=opt, loss_fn=bad),
     "check_fits": lambda bad, model, opt: memory.check_fits(
-        model, X[:8], Y[:8], optimizer=opt, accum_steps=2, budget_bytes=10**9, loss_fn=bad
+        model, X[:8], Y[:8], optimizer=opt, accum_steps=2, memory_budget=10**9, loss_fn=bad
     ),
     "fit_batch": lambda bad, model, opt: memory.fit_batch(
-        model, (X[:8], Y[:8]), target_batch=16, budget_bytes=10**9, optimizer=opt, loss_fn=bad
+        model, (X[:8], Y[:8]), target_batch=16, memory_budget=10**9, optimizer=opt, loss_fn=bad
     ),
     "time_config": lambda bad, model, opt: timing.time_config(
         model, (X, Y), micro_batch_size=8, accum_steps=2, loss_fn=bad

@@ -79,11 +79,11 @@ def test_an_untraceable_forward_is_measured_with_a_real_step_and_its_line_named(
             torch.optim.SGD(model.parameters(), lr=0.1),
             micro_batch_size=plan.micro_batch_size,
             accum_steps=plan.accum_steps,
-            memory_budget=plan.budget_bytes,
+            memory_budget=plan.memory_budget,
             measure_memory=True,
             device="cpu",
         )
-    assert len(history) == 24 // 8 and max(r.peak_memory_bytes for r in history) <= plan.budget_bytes
+    assert len(history) == 24 // 8 and max(r.peak_memory_bytes for r in history) <= plan.memory_budget
 
 
 def test_an_untraceable_forward_on_the_meta_device_is_refused_naming_its_line():

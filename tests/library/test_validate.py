@@ -169,15 +169,15 @@ def test_check_fits_refuses_options_that_are_no_cycle_options(options):
         TypeError,
         match=r"^options must be an accumlib.CycleOptions, got .* of type ",
     ):
-        memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=1, budget_bytes=2**30, options=options)
+        memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=1, memory_budget=2**30, options=options)
     assert same(snapshot(model, optimizer), before)
 
 
 @pytest.mark.parametrize("budget, error", [("1GB", TypeError), (0, ValueError), (2.0**30, TypeError)])
 def test_check_fits_refuses_a_budget_that_is_no_count_of_bytes(budget, error):
     model, optimizer = trained()
-    with pytest.raises(error, match=r"^budget_bytes must be a positive integer"):
-        memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=1, budget_bytes=budget)
+    with pytest.raises(error, match=r"^memory_budget must be a positive integer"):
+        memory.check_fits(model, X[:4], Y[:4], optimizer=optimizer, accum_steps=1, memory_budget=budget)
 
 
 @pytest.mark.parametrize("kind", [np.int64, np.float32, torch.tensor])

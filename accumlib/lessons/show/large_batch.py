@@ -136,13 +136,13 @@ class MemoryFinding:
 
     sizes: list[int]  # batch sizes measured, ascending
     peaks: list[int]  # peak bytes of one training step at each size
-    budget_bytes: int
+    memory_budget: int
     fitting: list[int]  # the sizes whose peak is within the budget
     first_too_large: int | None  # the smallest size from which on no measured size fits (None: the largest fits)
     plot: plots.Plot
 
 
-def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief: bool = False) -> MemoryFinding:
+def memory_by_batch(reports: Sequence[MemoryReport], memory_budget: int, *, brief: bool = False) -> MemoryFinding:
     """The peak memory of one training step at each batch size (`memory.measure_step` reports) against a card's
     budget in bytes: a table, the finding (which sizes fit, from which size on none does), how the activations and
     the peak grow, and the figure; brief=True (lesson 0): the finding and the figure alone. Returns what it found."""
@@ -151,14 +151,14 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief
     reports = sorted(reports, key=lambda r: r.micro_batch_size)
     sizes = [r.micro_batch_size for r in reports]
     peaks = [r.peak for r in reports]
-    fitting = [size for size, peak in zip(sizes, peaks, strict=True) if peak <= budget_bytes]
-    card = plots.mib(budget_bytes)
+    fitting = [size for size, peak in zip(sizes, peaks, strict=True) if peak <= memory_budget]
+    card = plots.mib(memory_budget)
     yes, no = _("yes"), _("no")
     if not brief:
         print_table(
             [_("batch"), _("peak of one step (bytes)"), _("activations (bytes)"), _("fits {card}?").format(card=card)],
             [
-                [size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= budget_bytes else no]
+                [size, f"{r.peak:,}", f"{r.activations:,}", yes if r.peak <= memory_budget else no]
                 for size, r in zip(sizes, reports, strict=True)
             ],
         )
@@ -219,11 +219,11 @@ def memory_by_batch(reports: Sequence[MemoryReport], budget_bytes: int, *, brief
         card=card,
         finding=finding,
     )
-    plot = figure(plots.memory_by_batch(sizes, peaks, budget_bytes, title, alt))
-    return MemoryFinding(sizes, peaks, budget_bytes, fitting, first_too_large, plot)
+    plot = figure(plots.memory_by_batch(sizes, peaks, memory_budget, title, alt))
+    return MemoryFinding(sizes, peaks, memory_budget, fitting, first_too_large, plot)
 
 
-def accumulated(history: History, budget_bytes: int, *, brief: bool = False) -> list[tuple[int, int, int]]:
+def accumulated(history: History, memory_budget: int, *, brief: bool = False) -> list[tuple[int, int, int]]:
     """What a run with accumulation really did: its optimizer steps grouped by (samples, micro-batches) in order,
     as a table (left out with brief=True, lesson 0), and its peak memory against the card's budget (bytes). The
     history must come from `accumlib.train(..., measure_memory=True)`. Returns the groups as (steps, samples per
@@ -256,16 +256,16 @@ def accumulated(history: History, budget_bytes: int, *, brief: bool = False) -> 
             ).format(last=groups[-1][1], total=total, full=groups[0][1])
         )
     peak = max(record.peak_memory_bytes for record in history)
-    if peak <= budget_bytes:
+    if peak <= memory_budget:
         print(
             _("The peak memory of a step, {peak:,} bytes, stays within the {card} card ({budget:,} bytes).").format(
-                peak=peak, card=plots.mib(budget_bytes), budget=budget_bytes
+                peak=peak, card=plots.mib(memory_budget), budget=memory_budget
             )
         )
     else:
         print(
             _(
                 "The peak memory of a step, {peak:,} bytes, is more than the {card} card holds ({budget:,} bytes)."
-            ).format(peak=peak, card=plots.mib(budget_bytes), budget=budget_bytes)
+            ).format(peak=peak, card=plots.mib(memory_budget), budget=memory_budget)
         )
     return [tuple(group) for group in groups]

@@ -349,8 +349,8 @@ def plan(fit: FitPlan) -> FitPlan:
         raise TypeError(_("fit must be a FitPlan (memory.fit_batch), got {kind}").format(kind=type(fit).__name__))
     values = dict(
         target=fit.target_batch,
-        budget=fit.budget_bytes,
-        budget_mib=plots.mib(fit.budget_bytes),
+        budget=fit.memory_budget,
+        budget_mib=plots.mib(fit.memory_budget),
         plan=split(fit.micro_batch_size, fit.accum_steps),
         peak=fit.peak_bytes,
         largest=fit.largest_fitting,
