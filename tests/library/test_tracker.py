@@ -40,8 +40,8 @@ with Spy(), tracker:
     del x, summed, gathered, shard, work, again, future, chunks
     freed = before - tracker.current
 with open(sys.argv[2] + f".{rank}", "w") as f:
-    json.dump({"handed counted": len(counted & {id(s) for s in seen}), "handed": len(seen), "values": values, "freed": freed,
-               "results": results}, f)
+    json.dump({"handed counted": len(counted & {id(s) for s in seen}), "handed": len(seen), "values": values,
+               "freed": freed, "results": results}, f)
 dist.destroy_process_group()
 """
 
