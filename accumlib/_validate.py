@@ -329,10 +329,26 @@ def not_optimizer(function: str, order: str, name: str, value) -> None:
 RENAMED = {"budget_bytes": "memory_budget"}  # 0.x's keyword: its 1.0 name (train's word for the idea)
 
 
+def renamed(fn):
+    """Decorate `fn`, one of whose keywords accumlib 0.x called otherwise (`RENAMED`): a call with the old keyword
+    is refused naming the new one and the value to pass, before anything runs."""
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        for old in RENAMED.keys() & kwargs.keys():
+            raise TypeError(
+                _(
+                    "{function}: {old} is called {new} since accumlib 1.0, as in train({new}=...); pass {new}={value!r}"
+                ).format(function=fn.__name__, old=old, new=RENAMED[old], value=kwargs[old])
+            )
+        return fn(*args, **kwargs)
+
+    return checked
+
+
 def new_order(fn):
-    """Decorate `fn`, which accumlib 0.x took with more positional arguments, in another order, or with a keyword
-    since renamed (`RENAMED`): a call with more positional arguments than it takes, or with an old keyword, is
-    refused naming its parameters or the new name, before anything runs."""
+    """Decorate `fn`, which accumlib 0.x took with more positional arguments, in another order: a call with more
+    positional arguments than it takes is refused naming its parameters, before anything runs."""
     parameters = inspect.signature(fn).parameters.values()
     positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters)
     stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
@@ -343,12 +359,6 @@ def new_order(fn):
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        for old in RENAMED.keys() & kwargs.keys():
-            raise TypeError(
-                _(
-                    "{function}: {old} is called {new} since accumlib 1.0, as in train({new}=...); pass {new}={value!r}"
-                ).format(function=fn.__name__, old=old, new=RENAMED[old], value=kwargs[old])
-            )
         if len(args) > positional:
             raise TypeError(
                 _(

@@ -116,11 +116,6 @@ def _amp_dtype(amp, device_type: str) -> torch.dtype | None:
     return torch.float16 if amp == "fp16" else torch.bfloat16
 
 
-def _autocast(amp, device_type: str) -> torch.autocast:
-    """The autocast context `amp` (a checked `CycleOptions.amp`, not False) asks for on a device of `device_type`."""
-    return torch.autocast(device_type, _amp_dtype(amp, device_type))
-
-
 def _check_amp(amp, device: torch.device) -> torch.dtype | None:
     """`_amp_dtype` on `device`, refused before anything runs for bf16 on a CUDA GPU without native bf16 kernels
     (a T4: `devices.supports_bf16`), which would only emulate it, slowly."""
@@ -151,7 +146,11 @@ def _cycle(
     if runs.last is None:  # nothing to learn: no step, nothing changed
         return CycleResult(math.nan, None, float(optimizer.param_groups[0]["lr"]), False, True)
     loss_fn = _own_loss if options.loss_fn is None else options.loss_fn
-    autocast = _NOTHING if options.amp is False else _autocast(options.amp, params[0].device.type)
+    if options.amp is False:
+        autocast = _NOTHING
+    else:  # the device's type read only here: every read makes a torch.device
+        device_type = params[0].device.type
+        autocast = torch.autocast(device_type, _amp_dtype(options.amp, device_type))
     plain = sync is None and autocast is _NOTHING  # no context to enter around a forward pass
     # kept: the optimizer's .grad set aside (None from here), buffers copied; told: under DDP, a failure on this
     # process before its all-reducing backward is told to the others, which stop too

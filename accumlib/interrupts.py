@@ -22,8 +22,7 @@ class _Unit:
 
     def __enter__(self) -> _Unit:
         step = self.step
-        if not step.runs or _signal.getsignal(_SIGINT) is not step.handler:  # a run's handler in place: as it is
-            step.install()  # unless a run installed it (and nobody replaced it since): until the unit is released
+        step.install()  # unless a run installed it (and nobody replaced it since): until the unit is released
         step.held = True
         return self
 
@@ -54,10 +53,7 @@ class _Recorded:
         step.depth -= 1
         waiting, step.error = step.error, None
         if not step.depth:
-            if step.runs and step.pending is None:  # in a run, nothing waiting: release() does no more
-                step.held = False
-            else:
-                step.release()
+            step.release()
         if waiting is not None:
             raise waiting
 
@@ -111,6 +107,9 @@ class _Step(threading.local):
         self.error = None  # an error raised after the optimizer step, waiting for the step's record
         self.handler = self.hold  # the one bound method installed (its identity tells whether it still is)
         self.recorded = _Recorded(self)  # `until_recorded`'s block, reused: its state is `depth`
+        self.main = (
+            threading.get_ident() == _MAIN_THREAD
+        )  # only the main thread receives signals (__init__ runs per thread)
 
     def unit(self) -> _Unit:
         """The step's block: a context manager whose `result` the block sets once the optimizer has stepped."""
@@ -126,7 +125,7 @@ class _Step(threading.local):
 
     def install(self) -> None:
         """The holding handler in place of the current one, unless it is already installed (main thread only)."""
-        if threading.get_ident() != _MAIN_THREAD:
+        if not self.main:
             return
         previous = _signal.getsignal(_SIGINT)  # the C function: no enum conversion
         if previous is self.handler:

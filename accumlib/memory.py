@@ -201,6 +201,7 @@ def _step_peak(
 
 
 @_validate.new_order
+@_validate.renamed
 def check_fits(
     model: torch.nn.Module,
     x: torch.Tensor,
@@ -267,7 +268,7 @@ def _traced_cycle(model, optimizer, batches, loss_weights, options: CycleOptions
     )
 
 
-@_validate.new_order
+@_validate.renamed
 def check_cycle_fits(
     model: torch.nn.Module,
     batches: Sequence,
@@ -320,7 +321,7 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-@_validate.new_order
+@_validate.renamed
 def fit_batch(
     model: torch.nn.Module,
     example_batch: tuple[torch.Tensor, torch.Tensor],

@@ -115,14 +115,20 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model._modules.get("_orig_mod") or model
 
 
+def _is(module: torch.nn.Module, kind: type) -> bool:
+    """Whether `module` is a `kind` (a subclass's instance too), from its type's MRO: isinstance() with DDP, whose
+    base is an abc class, would run Python at every cycle."""
+    return kind in type(module).__mro__
+
+
 def is_fsdp(model: torch.nn.Module) -> bool:
     """An FSDP2 model (`fully_shard(model)`), also inside torch.compile's wrapper."""
-    return isinstance(_unwrapped(model), FSDPModule)
+    return _is(_unwrapped(model), FSDPModule)
 
 
 def is_ddp(model: torch.nn.Module) -> bool:
     """A DistributedDataParallel model, also inside torch.compile's wrapper."""
-    return isinstance(_unwrapped(model), DistributedDataParallel)
+    return _is(_unwrapped(model), DistributedDataParallel)
 
 
 def world_and_rank(model: torch.nn.Module) -> tuple[int, int]:
@@ -151,10 +157,9 @@ def cycle_sync(model: torch.nn.Module, no_sync: bool):
     for a model on one process, else a `_DDPSync` or `_FSDPSync` (no_sync: gradients synchronised in the last
     micro-batch's backward only)."""
     inner = _unwrapped(model)
-    kinds = type(inner).__mro__  # not isinstance(): DDP's abc base would make that a Python call every cycle
-    if DistributedDataParallel in kinds:
+    if _is(inner, DistributedDataParallel):
         return _DDPSync(inner, no_sync)
-    if FSDPModule in kinds:
+    if _is(inner, FSDPModule):
         return _FSDPSync(inner, no_sync)
     return None
 
